@@ -1,0 +1,102 @@
+#include "core/tensor.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace ferry {
+
+std::string Device::to_string() const {
+  return is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", index);
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_to_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+TensorView::TensorView(void* data, DType dtype, Shape shape, Device device)
+    : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {
+  strides_ = contiguous_strides(shape_);
+}
+
+TensorView::TensorView(void* data, DType dtype, Shape shape, Shape strides, Device device)
+    : data_(data), dtype_(dtype), shape_(std::move(shape)), strides_(std::move(strides)), device_(device) {}
+
+bool TensorView::is_contiguous() const {
+  int64_t expect = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != expect) return false;
+    expect *= shape_[i];
+  }
+  return true;
+}
+
+int64_t TensorView::rows() const { return shape_.empty() ? 1 : shape_[0]; }
+
+int64_t TensorView::cols() const {
+  int64_t c = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) c *= shape_[i];
+  return c;
+}
+
+std::string TensorView::describe() const {
+  return fmt::format("{}{} {}", dtype_name(dtype_), shape_to_string(shape_), device_.to_string());
+}
+
+Region Region::whole(const Shape& shape) { return Region{Shape(shape.size(), 0), shape}; }
+
+bool Region::overlaps(const Region& other) const {
+  if (other.rank() != rank()) return false;
+  for (int i = 0; i < rank(); ++i) {
+    const auto k = static_cast<size_t>(i);
+    if (size[k] == 0 || other.size[k] == 0) return false;
+    if (offset[k] + size[k] <= other.offset[k] || other.offset[k] + other.size[k] <= offset[k]) return false;
+  }
+  return true;
+}
+
+bool Region::inside(const Shape& shape) const {
+  if (shape.size() != size.size() || offset.size() != size.size()) return false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (offset[i] < 0 || size[i] < 0 || offset[i] + size[i] > shape[i]) return false;
+  }
+  return true;
+}
+
+std::string Region::to_string() const {
+  std::string out = "[";
+  for (size_t i = 0; i < size.size(); ++i) {
+    if (i) out += ", ";
+    out += fmt::format("{}:{}", offset[i], offset[i] + size[i]);
+  }
+  return out + "]";
+}
+
+Status expect_tensor(const TensorView& view, std::string_view what, DType dtype, const Shape& shape) {
+  if (view.empty() && view.numel() != 0) return Status::invalid_argument(fmt::format("{}: null data", what));
+  if (view.dtype() != dtype) {
+    return Status::invalid_argument(
+        fmt::format("{}: dtype {} where {} was expected", what, dtype_name(view.dtype()), dtype_name(dtype)));
+  }
+  if (view.shape() != shape) {
+    return Status::invalid_argument(fmt::format("{}: shape {} where {} was expected", what,
+                                                shape_to_string(view.shape()), shape_to_string(shape)));
+  }
+  if (!view.is_contiguous()) return Status::invalid_argument(fmt::format("{}: must be contiguous", what));
+  return ok_status();
+}
+
+}  // namespace ferry
