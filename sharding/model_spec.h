@@ -1,0 +1,66 @@
+// What a rollout rank holds and what the trainer sends, in checkpoint names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace ferry::sharding {
+
+// One tensor of the manifest: what the trainer will send, in checkpoint format.
+struct SourceTensor {
+  std::string name;  // model.layers.3.self_attn.q_proj.weight
+  DType dtype = DType::kBF16;
+  Shape shape;
+  bool operator==(const SourceTensor&) const = default;
+};
+
+using Manifest = std::vector<SourceTensor>;
+
+// A region of a source tensor that lands at `dst_offset` inside a destination parameter.
+// The region and its landing box have the same extent; a 1-D or 2-D source may land in a
+// destination of higher rank by leading unit dimensions.
+struct SourceSlice {
+  std::string source;
+  Region src;
+  Shape dst_offset;
+};
+
+// One parameter of one rank, in full precision after fusion and sharding. Its processing (scheme)
+// turns it into the registered storage.
+struct ParamSpec {
+  std::string name;   // engine name, fused: model.layers.0.self_attn.qkv_proj.weight
+  std::string layer;  // the layer it belongs to: model.layers.0, model.embed_tokens, model.norm, lm_head
+  Shape shape;        // full-precision shape on this rank
+  DType source_dtype = DType::kBF16;
+  std::string scheme = "none";      // quantization scheme name (kernels/quantize.h)
+  std::vector<int64_t> shard_rows;  // logical shards of a fused parameter (q, k, v); empty: one
+  std::vector<SourceSlice> slices;  // where every element comes from; disjoint
+};
+
+// One rank of one replica.
+struct RankSpec {
+  int replica = 0;
+  int tp_rank = 0;
+  int tp_size = 1;
+  Manifest expects;  // every source tensor this rank's model takes, with its full shape
+  std::vector<ParamSpec> params;
+};
+
+// Destination box of a slice inside its parameter.
+Region slice_dst_region(const SourceSlice& slice, const ParamSpec& param);
+
+// Checks a rank's parameters: slices inside their source and destination, disjoint, extents agree.
+Status validate_rank_spec(const RankSpec& spec, const Manifest& manifest);
+
+// The layer key of a checkpoint or engine name: "model.layers.N" for per-layer tensors, otherwise the
+// name without its last component ("model.embed_tokens.weight" -> "model.embed_tokens").
+std::string layer_of(const std::string& name);
+// The decoder layer index of a name, or -1 for tensors outside the decoder stack.
+int layer_index_of(const std::string& name);
+
+}  // namespace ferry::sharding

@@ -1,0 +1,205 @@
+#include "sharding/planner.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+namespace ferry::sharding {
+namespace {
+
+std::string describe(const SourceTensor& t) { return fmt::format("{}{}", dtype_name(t.dtype), shape_to_string(t.shape)); }
+
+class Hasher {
+ public:
+  Hasher() : st_(XXH3_createState()) { XXH3_64bits_reset(st_); }
+  ~Hasher() { XXH3_freeState(st_); }
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+  void add(const void* p, size_t n) { XXH3_64bits_update(st_, p, n); }
+  void add(const std::string& s) {
+    add_int(static_cast<int64_t>(s.size()));
+    add(s.data(), s.size());
+  }
+  void add_int(int64_t v) { add(&v, sizeof(v)); }
+  void add_shape(const Shape& s) {
+    add_int(static_cast<int64_t>(s.size()));
+    for (int64_t d : s) add_int(d);
+  }
+  uint64_t digest() { return XXH3_64bits_digest(st_); }
+
+ private:
+  XXH3_state_t* st_;
+};
+
+}  // namespace
+
+Status check_manifest(const Manifest& manifest, const std::vector<RankSpec>& ranks) {
+  std::unordered_map<std::string, const SourceTensor*> sent;
+  for (const auto& t : manifest) {
+    if (!sent.emplace(t.name, &t).second) return Status::invalid_argument("trainer sends " + t.name + " twice");
+  }
+  std::set<std::string> expected;
+  for (const RankSpec& r : ranks) {
+    for (const SourceTensor& e : r.expects) {
+      expected.insert(e.name);
+      auto it = sent.find(e.name);
+      if (it == sent.end()) {
+        return Status::invalid_argument(fmt::format("tensor {}: replica {} rank {} expects {}, trainer sends nothing",
+                                                    e.name, r.replica, r.tp_rank, describe(e)));
+      }
+      if (it->second->dtype != e.dtype || it->second->shape != e.shape) {
+        return Status::invalid_argument(fmt::format("tensor {}: replica {} rank {} expects {}, trainer sends {}", e.name,
+                                                    r.replica, r.tp_rank, describe(e), describe(*it->second)));
+      }
+    }
+    FERRY_RETURN_IF_ERROR(validate_rank_spec(r, r.expects));
+  }
+  for (const auto& t : manifest) {
+    if (!expected.count(t.name)) {
+      return Status::invalid_argument(
+          fmt::format("tensor {}: trainer sends {}, but no replica has a tensor of that name", t.name, describe(t)));
+    }
+  }
+  return ok_status();
+}
+
+uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, const std::vector<SenderInfo>& senders) {
+  Hasher h;
+  for (const auto& t : manifest) {
+    h.add(t.name);
+    h.add_int(static_cast<int64_t>(t.dtype));
+    h.add_shape(t.shape);
+  }
+  for (const RankSpec& r : ranks) {
+    h.add_int(r.replica);
+    h.add_int(r.tp_rank);
+    h.add_int(r.tp_size);
+    for (const ParamSpec& p : r.params) {
+      h.add(p.name);
+      h.add_shape(p.shape);
+      h.add(p.scheme);
+      for (const SourceSlice& s : p.slices) {
+        h.add(s.source);
+        h.add_shape(s.src.offset);
+        h.add_shape(s.src.size);
+        h.add_shape(s.dst_offset);
+      }
+    }
+  }
+  for (const SenderInfo& s : senders) {
+    h.add_int(static_cast<int64_t>(s.owns.size()));
+    for (const auto& n : s.owns) h.add(n);
+  }
+  return h.digest();
+}
+
+Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                       const std::vector<SenderInfo>& senders) {
+  if (senders.empty()) return Status::invalid_argument("a plan needs at least one sender");
+  FERRY_RETURN_IF_ERROR(check_manifest(manifest, ranks));
+  std::unordered_map<std::string, int> index;
+  for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = static_cast<int>(i);
+
+  // Which senders can send each source.
+  std::vector<std::vector<int>> can_send(manifest.size());
+  for (size_t s = 0; s < senders.size(); ++s) {
+    if (senders[s].owns.empty()) {
+      for (auto& v : can_send) v.push_back(static_cast<int>(s));
+      continue;
+    }
+    for (const auto& n : senders[s].owns) {
+      auto it = index.find(n);
+      if (it == index.end()) return Status::invalid_argument(fmt::format("sender {} owns unknown tensor {}", s, n));
+      can_send[static_cast<size_t>(it->second)].push_back(static_cast<int>(s));
+    }
+  }
+  for (size_t i = 0; i < manifest.size(); ++i) {
+    if (can_send[i].empty()) return Status::invalid_argument(fmt::format("tensor {}: no sender holds it", manifest[i].name));
+  }
+
+  Plan plan;
+  plan.key = plan_key(manifest, ranks, senders);
+  // Transfer order: decoder layers in index order, with the tensors outside the stack placed where
+  // an engine meets them (embeddings first, final norm and lm_head last); stable within a layer.
+  plan.source_order.resize(manifest.size());
+  std::iota(plan.source_order.begin(), plan.source_order.end(), 0);
+  auto rank_of = [&](int i) {
+    const std::string& n = manifest[static_cast<size_t>(i)].name;
+    const int li = layer_index_of(n);
+    if (li >= 0) return static_cast<int64_t>(li) + 1;
+    return n.starts_with("model.embed_tokens") ? int64_t{0} : std::numeric_limits<int64_t>::max();
+  };
+  std::stable_sort(plan.source_order.begin(), plan.source_order.end(),
+                   [&](int a, int b) { return rank_of(a) < rank_of(b); });
+  for (int i : plan.source_order) {
+    const std::string layer = layer_of(manifest[static_cast<size_t>(i)].name);
+    if (plan.layers.empty() || plan.layers.back() != layer) plan.layers.push_back(layer);
+  }
+
+  // Pieces, grouped by source.
+  std::vector<std::vector<Piece>> per_source(manifest.size());
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    const auto& params = ranks[d].params;
+    for (size_t p = 0; p < params.size(); ++p) {
+      for (size_t s = 0; s < params[p].slices.size(); ++s) {
+        const SourceSlice& sl = params[p].slices[s];
+        const int src = index.at(sl.source);
+        Piece pc;
+        pc.dst = static_cast<int>(d);
+        pc.param = static_cast<int>(p);
+        pc.slice = static_cast<int>(s);
+        pc.source = src;
+        pc.src = sl.src;
+        pc.bytes = dtype_bytes(manifest[static_cast<size_t>(src)].dtype, sl.src.numel());
+        per_source[static_cast<size_t>(src)].push_back(std::move(pc));
+      }
+    }
+  }
+
+  // Balance senders: each piece goes to the least-loaded sender that holds its source. Replicated
+  // pieces of one source thereby fan out over senders instead of all leaving from one.
+  plan.bytes_per_sender.assign(senders.size(), 0);
+  plan.bytes_per_dst.assign(ranks.size(), 0);
+  plan.by_source.resize(manifest.size());
+  for (int src : plan.source_order) {
+    for (Piece& pc : per_source[static_cast<size_t>(src)]) {
+      const auto& cands = can_send[static_cast<size_t>(src)];
+      int best = cands.front();
+      for (int c : cands) {
+        if (plan.bytes_per_sender[static_cast<size_t>(c)] < plan.bytes_per_sender[static_cast<size_t>(best)]) best = c;
+      }
+      pc.sender = best;
+      plan.bytes_per_sender[static_cast<size_t>(best)] += pc.bytes;
+      plan.bytes_per_dst[static_cast<size_t>(pc.dst)] += pc.bytes;
+      plan.total_bytes += pc.bytes;
+      plan.by_source[static_cast<size_t>(src)].push_back(static_cast<int>(plan.pieces.size()));
+      plan.pieces.push_back(std::move(pc));
+    }
+  }
+  return plan;
+}
+
+Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                                                   const std::vector<SenderInfo>& senders) {
+  const uint64_t key = plan_key(manifest, ranks, senders);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) {
+      ++hits_;
+      return it->second;
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(Plan plan, make_plan(manifest, ranks, senders));
+  auto shared = std::make_shared<const Plan>(std::move(plan));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++misses_;
+  plans_[key] = shared;
+  return std::shared_ptr<const Plan>(shared);
+}
+
+}  // namespace ferry::sharding

@@ -1,0 +1,67 @@
+// The planner: from a manifest and every destination rank's spec, the pieces each sender moves to
+// each rank, in layer order, with senders balanced by bytes. Deterministic; computed once per
+// (manifest, specs) and reused through PlanCache.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sharding/model_spec.h"
+
+namespace ferry::sharding {
+
+struct Piece {
+  int dst = 0;     // index of the destination rank
+  int param = 0;   // parameter index in that rank's spec
+  int slice = 0;   // slice index within the parameter
+  int source = 0;  // manifest index of the source tensor
+  Region src;      // region of the source tensor
+  uint64_t bytes = 0;
+  int sender = 0;
+};
+
+struct Plan {
+  std::vector<std::string> layers;            // layer keys in transfer order
+  std::vector<int> source_order;              // manifest indices in transfer order
+  std::vector<Piece> pieces;                  // grouped by source, in source_order
+  std::vector<std::vector<int>> by_source;    // manifest index -> piece indices
+  std::vector<uint64_t> bytes_per_sender;
+  std::vector<uint64_t> bytes_per_dst;
+  uint64_t total_bytes = 0;
+  uint64_t key = 0;                           // hash of manifest and specs
+};
+
+struct SenderInfo {
+  // Names this sender can send; empty means every tensor of the manifest.
+  std::vector<std::string> owns;
+};
+
+// Checks the manifest against every rank before anything moves; errors name the tensor, what the
+// replica expects and what the trainer sends.
+Status check_manifest(const Manifest& manifest, const std::vector<RankSpec>& ranks);
+
+Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                       const std::vector<SenderInfo>& senders);
+
+uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, const std::vector<SenderInfo>& senders);
+
+// Plans keyed by plan_key(); a steady RL loop plans once.
+class PlanCache {
+ public:
+  Result<std::shared_ptr<const Plan>> get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                                          const std::vector<SenderInfo>& senders);
+  size_t hits() const { return hits_; }
+  size_t misses() const { return misses_; }
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<const Plan>> plans_;
+  size_t hits_ = 0;
+  size_t misses_ = 0;
+};
+
+}  // namespace ferry::sharding
