@@ -1,6 +1,30 @@
 // Online quantization: full-precision tensors in, a scheme's storage layout out, written into
 // caller-given storage (kernels never allocate their outputs). CPU and CUDA share these entry
-// points; the device of the views picks the implementation.
+// points; the device of the views picks the implementation (all views on one device; CUDA views
+// on a build without CUDA give Unavailable).
+//
+// Definitions (every scheme, CPU and CUDA bit for bit):
+//  - Input is f32, bf16 or f16, contiguous, viewed as rows x cols (rows = dim 0). bf16/f16 are
+//    widened to f32 exactly; all arithmetic below is IEEE f32 (no fused multiply-add).
+//  - amax: the largest |x| over the finite values of the group. NaN and +-inf are ignored.
+//  - fp8 (all three fp8 schemes): scale = amax / 448 (f32 division); when that is not > 0 (amax
+//    is 0, or the quotient underflows) scale = 1. q = e4m3fn(x / scale), the quotient rounded to
+//    nearest even; finite overflow and +-inf saturate to +-448; NaN becomes the e4m3fn NaN
+//    (0x7F | sign). Dequantized value: f32(q) * scale.
+//      fp8_per_tensor: one scale per logical shard (shard_rows, or the whole tensor), scale f32[S].
+//      fp8_per_channel: one scale per row, f32[rows].
+//      fp8_block: one scale per 128x128 block, f32[ceil(rows/128), ceil(cols/128)]; edge blocks
+//      may be partial and use only the elements they hold.
+//  - int8_per_channel: scale = amax / 127 (f32), 1 when not > 0. q = round_half_even(x / scale)
+//    clamped to [-127, 127]; NaN becomes 0, +-inf clamp to +-127. Dequantized: float(q) * scale.
+//  - int4_group: groups of 128 consecutive columns of one row; cols % 128 != 0 is InvalidArgument.
+//    s = amax / 7 (f32), then rounded to f16 (nearest even). When the f16 scale is 0 it becomes
+//    1.0; when it overflows it becomes the largest finite f16 (65504). q = round_half_even(x /
+//    f32(scale)) clamped to [-8, 7]; NaN becomes 0. Stored as DType::kI4Packed [rows, cols]: two
+//    two's-complement nibbles per byte, column 2k in the low nibble. Scales f16[rows, cols/128].
+//  - none: f32(x) converted to the storage dtype, round to nearest even, IEEE overflow to inf,
+//    NaN kept (quiet). Same dtype in and out is a plain copy.
+//  - gptq_int4 is not an online scheme: see gptq_reload() in kernels/gptq.h. quantize() refuses it.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +48,15 @@ enum class Scheme : uint8_t {
   kGptqInt4,        // quantized reload of a GPTQ act-order checkpoint
 };
 
+inline constexpr Scheme kAllSchemes[] = {Scheme::kNone,           Scheme::kFp8PerTensor, Scheme::kFp8PerChannel,
+                                         Scheme::kFp8Block,       Scheme::kInt8PerChannel, Scheme::kInt4Group,
+                                         Scheme::kGptqInt4};
+
+inline constexpr int64_t kFp8BlockSize = 128;   // fp8_block: rows and cols per scale block
+inline constexpr int64_t kInt4GroupSize = 128;  // int4_group: columns per scale
+
+// "none", "fp8_per_tensor", "fp8_per_channel", "fp8_block", "int8_per_channel", "int4_group",
+// "gptq_int4".
 std::string_view scheme_name(Scheme scheme);
 Result<Scheme> parse_scheme(std::string_view name);
 
@@ -41,6 +74,14 @@ struct StorageTensor {
 // `shard_rows` splits the rows into logical shards (q, k, v of a fused qkv); empty means one shard.
 // `none_dtype` is the storage dtype for Scheme::kNone. Fails with InvalidArgument when the shape
 // breaks the scheme's grouping (e.g. int4_group with cols not a multiple of 128).
+//   none:             weight none_dtype[shape]
+//   fp8_per_tensor:   weight f8_e4m3fn[shape], weight_scale f32[S] (S = shards, 1 when none given)
+//   fp8_per_channel:  weight f8_e4m3fn[shape], weight_scale f32[rows]
+//   fp8_block:        weight f8_e4m3fn[shape], weight_scale f32[ceil(rows/128), ceil(cols/128)]
+//   int8_per_channel: weight i8[shape], weight_scale f32[rows]
+//   int4_group:       weight i4x2[rows, cols], weight_scale f16[rows, cols/128]
+//   gptq_int4:        see gptq_storage_layout() in kernels/gptq.h (shape is [N, K] = [out, in]).
+// Shapes of rank > 2 are viewed as rows x cols; the weight keeps the given shape.
 Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& shape, std::span<const int64_t> shard_rows,
                                                   DType none_dtype = DType::kBF16);
 
@@ -52,11 +93,14 @@ struct Exec {
 };
 
 // Quantizes `input` (f32, bf16 or f16; contiguous; rows x cols) into `outputs`, which follow
-// storage_layout() in order. All views on one device.
+// storage_layout() in order. All views on one device. `shard_rows` must sum to rows when given
+// (only fp8_per_tensor uses it). On CUDA the work is enqueued on exec.stream and not waited for.
 Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec = {});
 
-// The inverse, to f32 (tests and reference GEMMs).
+// The inverse, to f32 (tests and reference GEMMs). `output_f32` is f32 [rows, cols] in the
+// parameter's logical (checkpoint) order; for gptq_int4 that is [N, K] with the act-order
+// permutation undone.
 Status dequantize(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
                   const TensorView& output_f32, const Exec& exec = {});
 

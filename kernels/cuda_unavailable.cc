@@ -1,0 +1,16 @@
+// The CUDA back end of a build without CUDA: every call on device views is Unavailable.
+#include "kernels/internal.h"
+
+namespace ferry::kernels::detail::cuda {
+namespace {
+Status unavailable() {
+  return Status::unavailable("kernels: tensors are on a CUDA device but ferry was built without CUDA");
+}
+}  // namespace
+
+Status quantize(const QuantArgs&, void*) { return unavailable(); }
+Status dequantize(const WeightArgs&, float*, void*) { return unavailable(); }
+Status gemm(const GemmArgs&, void*) { return unavailable(); }
+Status gptq_reload(const GptqArgs&, void*) { return unavailable(); }
+
+}  // namespace ferry::kernels::detail::cuda

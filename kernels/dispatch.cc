@@ -1,0 +1,58 @@
+// Public entry points: validate, then hand raw arguments to the CPU or CUDA back end.
+#include <fmt/format.h>
+
+#include "kernels/gemm.h"
+#include "kernels/gptq.h"
+#include "kernels/internal.h"
+#include "kernels/quantize.h"
+
+namespace ferry::kernels {
+
+Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
+                std::span<const TensorView> outputs, const Exec& exec) {
+  FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, input, shard_rows, outputs));
+  if (input.device().is_cuda()) return detail::cuda::quantize(args, exec.stream);
+  return detail::cpu::quantize(args, exec.threads);
+}
+
+Status dequantize(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
+                  const TensorView& output_f32, const Exec& exec) {
+  if (output_f32.rank() < 1) return Status::invalid_argument("dequantize output: rank 0 (expected rows x cols)");
+  FERRY_RETURN_IF_ERROR(expect_tensor(output_f32, "dequantize output", DType::kF32, output_f32.shape()));
+  FERRY_ASSIGN_OR_RETURN(auto w, detail::check_weight(scheme, storage, shard_rows, output_f32.rows(),
+                                                      output_f32.cols(), output_f32.device()));
+  if (output_f32.device().is_cuda()) return detail::cuda::dequantize(w, output_f32.data_as<float>(), exec.stream);
+  return detail::cpu::dequantize(w, output_f32.data_as<float>(), exec.threads);
+}
+
+Status gptq_reload(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
+                   std::span<const TensorView> outputs, const Exec& exec) {
+  FERRY_ASSIGN_OR_RETURN(auto args, detail::check_gptq(qweight, scales, g_idx, outputs));
+  if (qweight.device().is_cuda()) return detail::cuda::gptq_reload(args, exec.stream);
+  return detail::cpu::gptq_reload(args, exec.threads);
+}
+
+Status gemm(Scheme scheme, const TensorView& x, std::span<const TensorView> weight, std::span<const int64_t> shard_rows,
+            const TensorView& y, const Exec& exec) {
+  if (x.rank() != 2 || (x.dtype() != DType::kF32 && x.dtype() != DType::kBF16) || !x.is_contiguous()) {
+    return Status::invalid_argument(fmt::format("gemm x: {} (expected contiguous f32 or bf16 [M, K])", x.describe()));
+  }
+  if (y.rank() != 2 || y.dim(0) != x.dim(0)) {
+    return Status::invalid_argument(
+        fmt::format("gemm y: {} (expected f32 [M, N] with M = {})", y.describe(), x.dim(0)));
+  }
+  FERRY_RETURN_IF_ERROR(expect_tensor(y, "gemm y", DType::kF32, y.shape()));
+  if (y.device() != x.device()) return Status::invalid_argument("gemm: x and y lie on different devices");
+  if (x.numel() > 0 && x.empty()) return Status::invalid_argument("gemm x: null data");
+  FERRY_ASSIGN_OR_RETURN(auto w, detail::check_weight(scheme, weight, shard_rows, y.dim(1), x.dim(1), x.device()));
+  detail::GemmArgs a;
+  a.w = std::move(w);
+  a.x = x.data();
+  a.x_dtype = x.dtype();
+  a.m = x.dim(0);
+  a.y = y.data_as<float>();
+  if (x.device().is_cuda()) return detail::cuda::gemm(a, exec.stream);
+  return detail::cpu::gemm(a, exec.threads);
+}
+
+}  // namespace ferry::kernels

@@ -1,0 +1,45 @@
+// GPTQ int4 with act-order: quantized reload into the layout the kernel reads.
+//
+// Checkpoint (input), for a linear layer with N outputs and K inputs (logical weight [N, K]):
+//   qweight i32[K/8, N]: word (i, n) holds k = 8i + j in bits 4j..4j+3, unsigned 4-bit codes.
+//   scales  f16[K/128, N]: one scale per group and output column.
+//   g_idx   i32[K]: the group of input row k (act-order: groups are not contiguous in k).
+// The checkpoint is symmetric (GPTQ sym=True): the zero point is 8 for every group, so
+// w[n, k] = (code(k, n) - 8) * f32(scales[g_idx[k], n]). qzeros are not read.
+//
+// Kernel layout (storage, in this order):
+//   qweight   i32[K/8, N]  the codes in sorted order: row k' of the sorted weight is input row perm[k']
+//   scales    f16[K/128, N] copied; sorted row k' uses group k' / 128
+//   perm      i32[K]        runtime: perm = stable argsort(g_idx); the GEMM gathers x[:, perm[k']]
+//   workspace i32[ceil(N/64)] runtime: zeroed; one counter per 64-column tile that the CUDA GEMM's
+//             K-slices use to take turns (and leave at zero when they finish)
+// Every group must hold exactly 128 rows (so that the sorted order has one group per 128 rows, as
+// act-order kernels require); otherwise InvalidArgument. K must be a multiple of 128.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "kernels/quantize.h"
+
+namespace ferry::kernels {
+
+inline constexpr int64_t kGptqGroupSize = 128;
+inline constexpr int64_t kGptqPackFactor = 8;  // int4 codes per i32 word
+inline constexpr int64_t kGptqZeroPoint = 8;
+inline constexpr int64_t kGptqTileN = 64;  // output columns per workspace counter
+
+// The checkpoint tensors gptq_reload() reads for a logical weight `shape` = [N, K]:
+// qweight, scales, g_idx (none runtime).
+Result<std::vector<StorageTensor>> gptq_checkpoint_layout(const Shape& shape);
+// The storage the kernel reads (what storage_layout(Scheme::kGptqInt4, shape, {}) returns).
+Result<std::vector<StorageTensor>> gptq_storage_layout(const Shape& shape);
+
+// Derives perm from g_idx, repacks qweight into the sorted layout, copies scales and zeroes the
+// workspace, writing into `outputs` (gptq_storage_layout order). All views on one device.
+Status gptq_reload(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
+                   std::span<const TensorView> outputs, const Exec& exec = {});
+
+}  // namespace ferry::kernels

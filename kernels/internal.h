@@ -1,0 +1,98 @@
+// Shared between the kernel front ends (dispatch.cc) and the CPU and CUDA back ends: arguments
+// after validation, as raw pointers and sizes, so the back ends never re-check shapes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "kernels/quantize.h"
+
+namespace ferry::kernels::detail {
+
+struct QuantArgs {
+  Scheme scheme = Scheme::kNone;
+  const void* in = nullptr;
+  DType in_dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  void* out = nullptr;  // the weight tensor
+  DType out_dtype = DType::kF32;
+  void* scale = nullptr;             // null for none
+  std::vector<int64_t> shard_begin;  // S + 1 row boundaries: 0, ..., rows
+};
+
+// A scheme's stored weight, for dequantize and the GEMMs. Logical weight is rows x cols ([N, K]).
+struct WeightArgs {
+  Scheme scheme = Scheme::kNone;
+  const void* w = nullptr;  // weight / gptq sorted qweight
+  DType w_dtype = DType::kF32;
+  const void* scale = nullptr;  // null for none
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<int64_t> shard_begin;
+  const int32_t* perm = nullptr;  // gptq_int4 only
+  int32_t* workspace = nullptr;   // gptq_int4 only
+  int64_t workspace_len = 0;
+};
+
+struct GemmArgs {
+  WeightArgs w;
+  const void* x = nullptr;
+  DType x_dtype = DType::kF32;
+  int64_t m = 0;
+  float* y = nullptr;
+};
+
+struct GptqArgs {
+  const int32_t* qweight = nullptr;
+  const uint16_t* scales = nullptr;
+  const int32_t* g_idx = nullptr;
+  int64_t n = 0;
+  int64_t k = 0;
+  int32_t* out_qweight = nullptr;
+  uint16_t* out_scales = nullptr;
+  int32_t* perm = nullptr;
+  int32_t* workspace = nullptr;
+  int64_t workspace_len = 0;
+};
+
+// Logical shards of one fused parameter (q, k, v; gate, up) are few; kernels keep their bounds in
+// kernel arguments.
+inline constexpr size_t kMaxShards = 64;
+
+// Validation (validate.cc). Every message names the tensor and what was wrong.
+Result<std::vector<int64_t>> shard_bounds(std::span<const int64_t> shard_rows, int64_t rows);
+Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
+                                 std::span<const TensorView> outputs);
+Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
+                                int64_t rows, int64_t cols, Device device);
+Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
+                            std::span<const TensorView> outputs);
+// The act-order permutation: stable argsort of g_idx, after checking every group holds exactly 128
+// rows and every entry is in [0, k/128).
+Result<std::vector<int32_t>> gptq_permutation(const int32_t* g_idx, int64_t k);
+
+// Runs fn(begin, end) over [0, n) in chunks of at least `grain` items on up to `threads` workers
+// (0: all cores). Runs inline when one chunk suffices.
+void parallel_for(int64_t n, int64_t grain, int threads, const std::function<void(int64_t, int64_t)>& fn);
+
+namespace cpu {
+Status quantize(const QuantArgs& a, int threads);
+Status dequantize(const WeightArgs& w, float* out, int threads);
+Status gemm(const GemmArgs& a, int threads);
+Status gptq_reload(const GptqArgs& a, int threads);
+}  // namespace cpu
+
+// Implemented in kernels/cuda/*.cu, or by cuda_unavailable.cc (Unavailable) without CUDA.
+namespace cuda {
+Status quantize(const QuantArgs& a, void* stream);
+Status dequantize(const WeightArgs& w, float* out, void* stream);
+Status gemm(const GemmArgs& a, void* stream);
+Status gptq_reload(const GptqArgs& a, void* stream);
+}  // namespace cuda
+
+}  // namespace ferry::kernels::detail

@@ -1,0 +1,64 @@
+// The per-element arithmetic of every scheme, shared by the CPU and CUDA kernels so that both give
+// the same bits. See kernels/quantize.h for the definitions these implement.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "core/float_convert.h"
+
+namespace ferry::kernels::ops {
+
+inline constexpr float kFltMax = 3.40282347e+38f;
+inline constexpr uint16_t kF16One = 0x3C00;
+inline constexpr uint16_t kF16Max = 0x7BFF;
+inline constexpr uint16_t kF16Inf = 0x7C00;
+
+// |x| for finite x, 0 for NaN and +-inf (they do not take part in amax).
+FERRY_HOST_DEVICE float finite_abs(float x) {
+  const float a = fabsf(x);
+  return a <= kFltMax ? a : 0.0f;
+}
+
+FERRY_HOST_DEVICE float fp8_scale(float amax) {
+  const float s = amax / 448.0f;
+  return s > 0.0f ? s : 1.0f;
+}
+
+FERRY_HOST_DEVICE float int8_scale(float amax) {
+  const float s = amax / 127.0f;
+  return s > 0.0f ? s : 1.0f;
+}
+
+FERRY_HOST_DEVICE uint16_t int4_scale_f16(float amax) {
+  const uint16_t h = f32_to_f16(amax / 7.0f);
+  return h == 0 ? kF16One : (h >= kF16Inf ? kF16Max : h);
+}
+
+FERRY_HOST_DEVICE uint8_t quant_fp8(float x, float scale) { return f32_to_e4m3fn(x / scale); }
+
+FERRY_HOST_DEVICE int32_t quant_int(float x, float scale, float lo, float hi) {
+  float v = x / scale;
+  v = (v == v) ? v : 0.0f;
+  v = fminf(fmaxf(v, lo), hi);
+  return static_cast<int32_t>(rintf(v));
+}
+
+FERRY_HOST_DEVICE int8_t quant_int8(float x, float scale) {
+  return static_cast<int8_t>(quant_int(x, scale, -127.0f, 127.0f));
+}
+
+// The low nibble of the result holds the code.
+FERRY_HOST_DEVICE uint8_t quant_int4(float x, float scale) {
+  return static_cast<uint8_t>(quant_int(x, scale, -8.0f, 7.0f) & 0xF);
+}
+
+// Sign-extends a 4-bit two's-complement code.
+FERRY_HOST_DEVICE int32_t int4_value(uint32_t nibble) {
+  return static_cast<int32_t>(nibble & 0xFu) - static_cast<int32_t>((nibble & 0x8u) << 1);
+}
+
+FERRY_HOST_DEVICE uint16_t f32_to_storage16(float x, bool bf16) { return bf16 ? f32_to_bf16(x) : f32_to_f16(x); }
+
+}  // namespace ferry::kernels::ops

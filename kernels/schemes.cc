@@ -1,0 +1,126 @@
+// Scheme names and the storage each scheme needs.
+#include <fmt/format.h>
+
+#include <string>
+
+#include "kernels/gptq.h"
+#include "kernels/internal.h"
+#include "kernels/quantize.h"
+
+namespace ferry::kernels {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+std::string_view scheme_name(Scheme scheme) {
+  switch (scheme) {
+    case Scheme::kNone: return "none";
+    case Scheme::kFp8PerTensor: return "fp8_per_tensor";
+    case Scheme::kFp8PerChannel: return "fp8_per_channel";
+    case Scheme::kFp8Block: return "fp8_block";
+    case Scheme::kInt8PerChannel: return "int8_per_channel";
+    case Scheme::kInt4Group: return "int4_group";
+    case Scheme::kGptqInt4: return "gptq_int4";
+  }
+  return "unknown";
+}
+
+Result<Scheme> parse_scheme(std::string_view name) {
+  for (Scheme s : kAllSchemes) {
+    if (scheme_name(s) == name) return s;
+  }
+  return Status::invalid_argument(fmt::format(
+      "unknown quantization scheme '{}' (expected one of none fp8_per_tensor fp8_per_channel fp8_block "
+      "int8_per_channel int4_group gptq_int4)",
+      name));
+}
+
+Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& shape, std::span<const int64_t> shard_rows,
+                                                  DType none_dtype) {
+  if (shape.empty()) return Status::invalid_argument("storage_layout: a weight needs rank >= 1, got a scalar shape");
+  for (int64_t d : shape) {
+    if (d < 0) return Status::invalid_argument(fmt::format("storage_layout: negative dim in {}", shape_to_string(shape)));
+  }
+  const int64_t rows = shape[0];
+  int64_t cols = 1;
+  for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+  FERRY_ASSIGN_OR_RETURN(std::vector<int64_t> bounds, detail::shard_bounds(shard_rows, rows));
+  const auto shards = static_cast<int64_t>(bounds.size()) - 1;
+
+  std::vector<StorageTensor> out;
+  switch (scheme) {
+    case Scheme::kNone:
+      if (none_dtype != DType::kF32 && none_dtype != DType::kBF16 && none_dtype != DType::kF16) {
+        return Status::invalid_argument(
+            fmt::format("storage_layout: scheme none stores f32, bf16 or f16, not {}", dtype_name(none_dtype)));
+      }
+      out.push_back({"weight", none_dtype, shape, false});
+      break;
+    case Scheme::kFp8PerTensor:
+      out.push_back({"weight", DType::kF8E4M3FN, shape, false});
+      out.push_back({"weight_scale", DType::kF32, {shards}, false});
+      break;
+    case Scheme::kFp8PerChannel:
+      out.push_back({"weight", DType::kF8E4M3FN, shape, false});
+      out.push_back({"weight_scale", DType::kF32, {rows}, false});
+      break;
+    case Scheme::kFp8Block:
+      out.push_back({"weight", DType::kF8E4M3FN, shape, false});
+      out.push_back(
+          {"weight_scale", DType::kF32, {ceil_div(rows, kFp8BlockSize), ceil_div(cols, kFp8BlockSize)}, false});
+      break;
+    case Scheme::kInt8PerChannel:
+      out.push_back({"weight", DType::kI8, shape, false});
+      out.push_back({"weight_scale", DType::kF32, {rows}, false});
+      break;
+    case Scheme::kInt4Group:
+      if (cols % kInt4GroupSize != 0) {
+        return Status::invalid_argument(fmt::format(
+            "storage_layout: int4_group needs cols divisible by {}, shape {} has {} cols", kInt4GroupSize,
+            shape_to_string(shape), cols));
+      }
+      out.push_back({"weight", DType::kI4Packed, {rows, cols}, false});
+      out.push_back({"weight_scale", DType::kF16, {rows, cols / kInt4GroupSize}, false});
+      break;
+    case Scheme::kGptqInt4:
+      return gptq_storage_layout(shape);
+  }
+  return out;
+}
+
+namespace {
+
+Status check_gptq_shape(const Shape& shape) {
+  if (shape.size() != 2) {
+    return Status::invalid_argument(
+        fmt::format("gptq_int4: the logical weight must be [N, K], got {}", shape_to_string(shape)));
+  }
+  if (shape[0] <= 0 || shape[1] <= 0 || shape[1] % kGptqGroupSize != 0) {
+    return Status::invalid_argument(fmt::format(
+        "gptq_int4: weight {} needs N > 0 and K a positive multiple of {}", shape_to_string(shape), kGptqGroupSize));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::vector<StorageTensor>> gptq_checkpoint_layout(const Shape& shape) {
+  FERRY_RETURN_IF_ERROR(check_gptq_shape(shape));
+  const int64_t n = shape[0], k = shape[1];
+  return std::vector<StorageTensor>{{"qweight", DType::kI32, {k / kGptqPackFactor, n}, false},
+                                    {"scales", DType::kF16, {k / kGptqGroupSize, n}, false},
+                                    {"g_idx", DType::kI32, {k}, false}};
+}
+
+Result<std::vector<StorageTensor>> gptq_storage_layout(const Shape& shape) {
+  FERRY_RETURN_IF_ERROR(check_gptq_shape(shape));
+  const int64_t n = shape[0], k = shape[1];
+  return std::vector<StorageTensor>{{"qweight", DType::kI32, {k / kGptqPackFactor, n}, false},
+                                    {"scales", DType::kF16, {k / kGptqGroupSize, n}, false},
+                                    {"perm", DType::kI32, {k}, true},
+                                    {"workspace", DType::kI32, {ceil_div(n, kGptqTileN)}, true}};
+}
+
+}  // namespace ferry::kernels

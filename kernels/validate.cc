@@ -1,0 +1,171 @@
+// Argument checks shared by every back end: shapes, dtypes, contiguity, devices, shard splits.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/gptq.h"
+#include "kernels/internal.h"
+
+namespace ferry::kernels::detail {
+namespace {
+
+Status check_outputs(std::string_view what, const std::vector<StorageTensor>& layout,
+                     std::span<const TensorView> views, Device device) {
+  if (views.size() != layout.size()) {
+    std::string names;
+    for (const auto& t : layout) names += (names.empty() ? "" : ", ") + t.suffix;
+    return Status::invalid_argument(
+        fmt::format("{}: {} tensors given where the layout has {} ({})", what, views.size(), layout.size(), names));
+  }
+  for (size_t i = 0; i < views.size(); ++i) {
+    const std::string name = fmt::format("{} '{}'", what, layout[i].suffix);
+    FERRY_RETURN_IF_ERROR(expect_tensor(views[i], name, layout[i].dtype, layout[i].shape));
+    if (views[i].device() != device) {
+      return Status::invalid_argument(
+          fmt::format("{}: on {} while the other tensors are on {}", name, views[i].device().to_string(),
+                      device.to_string()));
+    }
+    if (views[i].numel() > 0 && views[i].data() == nullptr) {
+      return Status::invalid_argument(fmt::format("{}: null data", name));
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::vector<int64_t>> shard_bounds(std::span<const int64_t> shard_rows, int64_t rows) {
+  std::vector<int64_t> bounds{0};
+  if (shard_rows.empty()) {
+    bounds.push_back(rows);
+    return bounds;
+  }
+  if (shard_rows.size() > kMaxShards) {
+    return Status::invalid_argument(fmt::format("shard_rows: {} shards (at most {})", shard_rows.size(), kMaxShards));
+  }
+  for (int64_t r : shard_rows) {
+    if (r <= 0) return Status::invalid_argument(fmt::format("shard_rows: shard of {} rows (must be > 0)", r));
+    bounds.push_back(bounds.back() + r);
+  }
+  if (bounds.back() != rows) {
+    return Status::invalid_argument(
+        fmt::format("shard_rows: shards sum to {} rows but the tensor has {}", bounds.back(), rows));
+  }
+  return bounds;
+}
+
+Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
+                                 std::span<const TensorView> outputs) {
+  if (scheme == Scheme::kGptqInt4) {
+    return Status::invalid_argument("quantize: gptq_int4 is a quantized reload; call gptq_reload()");
+  }
+  const DType dt = input.dtype();
+  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16) {
+    return Status::invalid_argument(fmt::format("quantize input: dtype {} (expected f32, bf16 or f16)", dtype_name(dt)));
+  }
+  if (input.rank() < 1) return Status::invalid_argument("quantize input: rank 0 (expected rows x cols)");
+  if (!input.is_contiguous()) {
+    return Status::invalid_argument(fmt::format("quantize input: {} must be contiguous", input.describe()));
+  }
+  if (input.numel() > 0 && input.empty()) return Status::invalid_argument("quantize input: null data");
+  if (outputs.empty()) return Status::invalid_argument("quantize: no output tensors given");
+  FERRY_ASSIGN_OR_RETURN(auto layout, storage_layout(scheme, input.shape(), shard_rows, outputs[0].dtype()));
+  FERRY_RETURN_IF_ERROR(check_outputs(fmt::format("quantize {} output", scheme_name(scheme)), layout, outputs,
+                                      input.device()));
+  QuantArgs a;
+  a.scheme = scheme;
+  a.in = input.data();
+  a.in_dtype = dt;
+  a.rows = input.rows();
+  a.cols = input.cols();
+  a.out = outputs[0].data();
+  a.out_dtype = outputs[0].dtype();
+  a.scale = outputs.size() > 1 ? outputs[1].data() : nullptr;
+  FERRY_ASSIGN_OR_RETURN(a.shard_begin, shard_bounds(shard_rows, a.rows));
+  return a;
+}
+
+Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
+                                int64_t rows, int64_t cols, Device device) {
+  if (storage.empty()) return Status::invalid_argument("weight storage: no tensors given");
+  Shape shape{rows, cols};
+  FERRY_ASSIGN_OR_RETURN(auto layout, storage_layout(scheme, shape, shard_rows, storage[0].dtype()));
+  // A weight of rank > 2 is stored with its own shape; compare its element count instead.
+  std::vector<StorageTensor> expect = layout;
+  if (scheme != Scheme::kGptqInt4 && storage[0].rank() > 2 && storage[0].rows() == rows &&
+      storage[0].cols() == cols) {
+    expect[0].shape = storage[0].shape();
+  }
+  FERRY_RETURN_IF_ERROR(check_outputs(fmt::format("{} storage", scheme_name(scheme)), expect, storage, device));
+  WeightArgs w;
+  w.scheme = scheme;
+  w.w = storage[0].data();
+  w.w_dtype = storage[0].dtype();
+  w.scale = storage.size() > 1 ? storage[1].data() : nullptr;
+  w.rows = rows;
+  w.cols = cols;
+  FERRY_ASSIGN_OR_RETURN(w.shard_begin, shard_bounds(shard_rows, rows));
+  if (scheme == Scheme::kGptqInt4) {
+    w.perm = storage[2].data_as<const int32_t>();
+    w.workspace = storage[3].data_as<int32_t>();
+    w.workspace_len = storage[3].numel();
+  }
+  return w;
+}
+
+Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
+                            std::span<const TensorView> outputs) {
+  if (qweight.rank() != 2 || qweight.dtype() != DType::kI32) {
+    return Status::invalid_argument(
+        fmt::format("gptq_reload qweight: {} (expected i32[K/8, N])", qweight.describe()));
+  }
+  const int64_t n = qweight.dim(1);
+  const int64_t k = qweight.dim(0) * kGptqPackFactor;
+  FERRY_ASSIGN_OR_RETURN(auto in_layout, gptq_checkpoint_layout({n, k}));
+  const TensorView ins[] = {qweight, scales, g_idx};
+  FERRY_RETURN_IF_ERROR(check_outputs("gptq_reload checkpoint", in_layout, ins, qweight.device()));
+  FERRY_ASSIGN_OR_RETURN(auto out_layout, gptq_storage_layout({n, k}));
+  FERRY_RETURN_IF_ERROR(check_outputs("gptq_reload output", out_layout, outputs, qweight.device()));
+  GptqArgs a;
+  a.qweight = qweight.data_as<const int32_t>();
+  a.scales = scales.data_as<const uint16_t>();
+  a.g_idx = g_idx.data_as<const int32_t>();
+  a.n = n;
+  a.k = k;
+  a.out_qweight = outputs[0].data_as<int32_t>();
+  a.out_scales = outputs[1].data_as<uint16_t>();
+  a.perm = outputs[2].data_as<int32_t>();
+  a.workspace = outputs[3].data_as<int32_t>();
+  a.workspace_len = outputs[3].numel();
+  return a;
+}
+
+Result<std::vector<int32_t>> gptq_permutation(const int32_t* g_idx, int64_t k) {
+  const int64_t groups = k / kGptqGroupSize;
+  std::vector<int64_t> count(static_cast<size_t>(groups), 0);
+  for (int64_t i = 0; i < k; ++i) {
+    const int32_t g = g_idx[i];
+    if (g < 0 || g >= groups) {
+      return Status::invalid_argument(
+          fmt::format("gptq_reload g_idx: g_idx[{}] = {} lies outside [0, {})", i, g, groups));
+    }
+    ++count[static_cast<size_t>(g)];
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    if (count[static_cast<size_t>(g)] != kGptqGroupSize) {
+      return Status::invalid_argument(fmt::format("gptq_reload g_idx: group {} holds {} rows (every group must hold {})",
+                                                  g, count[static_cast<size_t>(g)], kGptqGroupSize));
+    }
+  }
+  // Counting sort by group keeps equal groups in increasing k: a stable argsort.
+  std::vector<int64_t> next(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) next[static_cast<size_t>(g)] = g * kGptqGroupSize;
+  std::vector<int32_t> perm(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) {
+    perm[static_cast<size_t>(next[static_cast<size_t>(g_idx[i])]++)] = static_cast<int32_t>(i);
+  }
+  return perm;
+}
+
+}  // namespace ferry::kernels::detail
