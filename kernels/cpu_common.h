@@ -8,7 +8,7 @@
 #include "core/dtype.h"
 #include "core/float_convert.h"
 
-namespace ferry::kernels::cpu {
+namespace ferry::kernels::detail::cpu {
 
 // Elements per worker below which splitting across threads costs more than it saves.
 inline constexpr int64_t kMinElemsPerWorker = 1 << 18;
@@ -37,4 +37,4 @@ inline void with_float_dtype(DType dt, Fn&& fn) {
   }
 }
 
-}  // namespace ferry::kernels::cpu
+}  // namespace ferry::kernels::detail::cpu

@@ -5,7 +5,7 @@
 #include "kernels/internal.h"
 #include "kernels/weight_ops.h"
 
-namespace ferry::kernels::cpu {
+namespace ferry::kernels::detail::cpu {
 
 Status dequantize(const detail::WeightArgs& a, float* out, int threads) {
   const detail::WeightRef w = detail::make_weight_ref(a);
@@ -27,4 +27,4 @@ Status dequantize(const detail::WeightArgs& a, float* out, int threads) {
   return ok_status();
 }
 
-}  // namespace ferry::kernels::cpu
+}  // namespace ferry::kernels::detail::cpu

@@ -6,7 +6,7 @@
 #include "kernels/internal.h"
 #include "kernels/weight_ops.h"
 
-namespace ferry::kernels::cpu {
+namespace ferry::kernels::detail::cpu {
 
 Status gemm(const detail::GemmArgs& a, int threads) {
   const detail::WeightRef w = detail::make_weight_ref(a.w);
@@ -36,4 +36,4 @@ Status gemm(const detail::GemmArgs& a, int threads) {
   return ok_status();
 }
 
-}  // namespace ferry::kernels::cpu
+}  // namespace ferry::kernels::detail::cpu

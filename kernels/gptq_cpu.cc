@@ -7,7 +7,7 @@
 #include "kernels/gptq.h"
 #include "kernels/internal.h"
 
-namespace ferry::kernels::cpu {
+namespace ferry::kernels::detail::cpu {
 
 Status gptq_reload(const detail::GptqArgs& a, int threads) {
   FERRY_ASSIGN_OR_RETURN(std::vector<int32_t> perm, detail::gptq_permutation(a.g_idx, a.k));
@@ -32,4 +32,4 @@ Status gptq_reload(const detail::GptqArgs& a, int threads) {
   return ok_status();
 }
 
-}  // namespace ferry::kernels::cpu
+}  // namespace ferry::kernels::detail::cpu

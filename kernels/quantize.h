@@ -10,7 +10,7 @@
 //  - fp8 (all three fp8 schemes): scale = amax / 448 (f32 division); when that is not > 0 (amax
 //    is 0, or the quotient underflows) scale = 1. q = e4m3fn(x / scale), the quotient rounded to
 //    nearest even; finite overflow and +-inf saturate to +-448; NaN becomes the e4m3fn NaN
-//    (0x7F | sign). Dequantized value: f32(q) * scale.
+//    0x7F (the sign is dropped, as GPU arithmetic drops it). Dequantized value: f32(q) * scale.
 //      fp8_per_tensor: one scale per logical shard (shard_rows, or the whole tensor), scale f32[S].
 //      fp8_per_channel: one scale per row, f32[rows].
 //      fp8_block: one scale per 128x128 block, f32[ceil(rows/128), ceil(cols/128)]; edge blocks
@@ -23,7 +23,8 @@
 //    f32(scale)) clamped to [-8, 7]; NaN becomes 0. Stored as DType::kI4Packed [rows, cols]: two
 //    two's-complement nibbles per byte, column 2k in the low nibble. Scales f16[rows, cols/128].
 //  - none: f32(x) converted to the storage dtype, round to nearest even, IEEE overflow to inf,
-//    NaN kept (quiet). Same dtype in and out is a plain copy.
+//    NaN becomes the quiet NaN of the storage dtype with its sign.
+//    Same dtype in and out is a plain copy (NaN payloads kept).
 //  - gptq_int4 is not an online scheme: see gptq_reload() in kernels/gptq.h. quantize() refuses it.
 #pragma once
 

@@ -9,7 +9,7 @@
 #include "kernels/quantize.h"
 #include "kernels/scalar_ops.h"
 
-namespace ferry::kernels::cpu {
+namespace ferry::kernels::detail::cpu {
 namespace {
 
 using detail::parallel_for;
@@ -44,7 +44,7 @@ void none(const QuantArgs& a, int threads) {
       for (int64_t i = b; i < e; ++i) out[i] = load<D>(a.in, i);
     } else if (a.out_dtype == DType::kBF16) {
       uint16_t* out = static_cast<uint16_t*>(a.out);
-      for (int64_t i = b; i < e; ++i) out[i] = f32_to_bf16(load<D>(a.in, i));
+      for (int64_t i = b; i < e; ++i) out[i] = ops::to_bf16(load<D>(a.in, i));
     } else {
       uint16_t* out = static_cast<uint16_t*>(a.out);
       for (int64_t i = b; i < e; ++i) out[i] = f32_to_f16(load<D>(a.in, i));
@@ -165,4 +165,4 @@ Status quantize(const QuantArgs& a, int threads) {
   return ok_status();
 }
 
-}  // namespace ferry::kernels::cpu
+}  // namespace ferry::kernels::detail::cpu

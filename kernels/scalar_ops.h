@@ -36,7 +36,12 @@ FERRY_HOST_DEVICE uint16_t int4_scale_f16(float amax) {
   return h == 0 ? kF16One : (h >= kF16Inf ? kF16Max : h);
 }
 
-FERRY_HOST_DEVICE uint8_t quant_fp8(float x, float scale) { return f32_to_e4m3fn(x / scale); }
+// NaN maps to the positive e4m3fn NaN: GPUs drop a NaN's sign in arithmetic, so it is not kept on
+// either side.
+FERRY_HOST_DEVICE uint8_t quant_fp8(float x, float scale) {
+  const uint8_t q = f32_to_e4m3fn(x / scale);
+  return x == x ? q : static_cast<uint8_t>(0x7F);
+}
 
 FERRY_HOST_DEVICE int32_t quant_int(float x, float scale, float lo, float hi) {
   float v = x / scale;
@@ -59,6 +64,14 @@ FERRY_HOST_DEVICE int32_t int4_value(uint32_t nibble) {
   return static_cast<int32_t>(nibble & 0xFu) - static_cast<int32_t>((nibble & 0x8u) << 1);
 }
 
-FERRY_HOST_DEVICE uint16_t f32_to_storage16(float x, bool bf16) { return bf16 ? f32_to_bf16(x) : f32_to_f16(x); }
+// f32 -> bf16, nearest even. core's f32_to_bf16 turns f32 subnormals into bf16 normals (it gives
+// them the exponent of 2^-126), so the kernels round here instead: adding 0x7FFF plus the kept
+// lsb rounds to nearest even, and the carry moves into the exponent exactly as IEEE wants
+// (subnormal to normal, largest finite to inf).
+FERRY_HOST_DEVICE uint16_t to_bf16(float x) {
+  const uint32_t u = f32_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7FC0u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
 }  // namespace ferry::kernels::ops

@@ -1,0 +1,61 @@
+// Copies between host test tensors and device buffers. GPU tests call skip_without_gpu() first.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/tensor.h"
+
+#if defined(FERRY_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ferry::kernels::testing {
+
+#define FERRY_SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                            \
+    if (!::ferry::cuda_device_available()) GTEST_SKIP() << "no CUDA device here"; \
+  } while (0)
+
+struct DeviceTensor {
+  Buffer buffer;
+  TensorView view;
+};
+
+// A device copy of `bytes` viewed as dtype[shape], starting `offset_bytes` into its buffer (to
+// test unaligned views).
+inline DeviceTensor to_device(const std::vector<uint8_t>& bytes, DType dtype, const Shape& shape,
+                              size_t offset_bytes = 0) {
+  DeviceTensor t;
+#if defined(FERRY_HAVE_CUDA)
+  auto alloc = cuda_allocator(0);
+  EXPECT_TRUE(alloc.ok()) << alloc.status().to_string();
+  auto buf = Buffer::allocate(bytes.size() + offset_bytes + 16, **alloc);
+  EXPECT_TRUE(buf.ok()) << buf.status().to_string();
+  t.buffer = std::move(*buf);
+  char* base = t.buffer.data_as<char>() + offset_bytes;
+  EXPECT_EQ(cudaMemset(t.buffer.data(), 0xA5, t.buffer.size()), cudaSuccess);
+  if (!bytes.empty()) {
+    EXPECT_EQ(cudaMemcpy(base, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  t.view = TensorView(base, dtype, shape, Device::cuda(0));
+#else
+  (void)bytes, (void)dtype, (void)shape, (void)offset_bytes;
+#endif
+  return t;
+}
+
+inline std::vector<uint8_t> to_host(const TensorView& v) {
+  std::vector<uint8_t> out(v.nbytes());
+#if defined(FERRY_HAVE_CUDA)
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (!out.empty()) {
+    EXPECT_EQ(cudaMemcpy(out.data(), v.data(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+#endif
+  return out;
+}
+
+}  // namespace ferry::kernels::testing

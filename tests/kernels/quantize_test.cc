@@ -1,0 +1,159 @@
+// Every online scheme on the CPU, bit for bit against the reference quantizer in reference.h, over
+// random and adversarial inputs; and CUDA bit for bit against the CPU when a device is present.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/quantize.h"
+#include "tests/kernels/gpu_util.h"
+#include "tests/kernels/ref_quantize.h"
+#include "tests/kernels/test_util.h"
+
+namespace ferry::kernels::testing {
+namespace {
+
+struct Case {
+  Scheme scheme;
+  DType in_dtype;
+  DType none_dtype;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(scheme_name(info.param.scheme)) + "_" + std::string(dtype_name(info.param.in_dtype)) + "_to_" +
+         std::string(dtype_name(info.param.none_dtype));
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (DType in : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) cases.push_back({Scheme::kNone, in, out});
+    for (Scheme s : {Scheme::kFp8PerTensor, Scheme::kFp8PerChannel, Scheme::kFp8Block, Scheme::kInt8PerChannel,
+                     Scheme::kInt4Group}) {
+      cases.push_back({s, in, DType::kBF16});
+    }
+  }
+  return cases;
+}
+
+std::vector<Shape> shapes_for(Scheme s) {
+  if (s == Scheme::kInt4Group) return {{1, 128}, {3, 256}, {10, 384}, {131, 128}, {4, 2, 128}, {0, 128}};
+  return {{1, 1}, {3, 5}, {10, 130}, {128, 128}, {130, 257}, {257, 200}, {4, 3, 43}, {0, 16}};
+}
+
+std::vector<int64_t> shards_for(Scheme s, int64_t rows) {
+  if (s != Scheme::kFp8PerTensor || rows < 3) return {};
+  return {rows / 2, rows / 3, rows - rows / 2 - rows / 3};  // q, k, v of different sizes
+}
+
+struct Outputs {
+  std::vector<HostTensor> tensors;
+  std::vector<TensorView> views;
+  std::vector<std::vector<uint8_t>> bytes() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& t : tensors) out.push_back(t.bytes);
+    return out;
+  }
+};
+
+Outputs make_outputs(const std::vector<StorageTensor>& layout) {
+  Outputs o;
+  for (const auto& t : layout) o.tensors.push_back(empty_like(t.dtype, t.shape));
+  for (auto& t : o.tensors) o.views.push_back(t.view());
+  return o;
+}
+
+class QuantizeTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QuantizeTest, CpuMatchesReference) {
+  const Case c = GetParam();
+  uint64_t seed = 1;
+  for (const Shape& shape : shapes_for(c.scheme)) {
+    for (int rep = 0; rep < 3; ++rep, ++seed) {
+      SCOPED_TRACE("shape " + shape_to_string(shape) + " seed " + std::to_string(seed));
+      HostTensor in = make_input(c.in_dtype, shape, seed);
+      const auto shards = shards_for(c.scheme, in.rows());
+      auto layout = storage_layout(c.scheme, shape, shards, c.none_dtype);
+      ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+      Outputs out = make_outputs(*layout);
+      Status st = quantize(c.scheme, in.view(), shards, out.views);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      const auto want = ref_quantize(c.scheme, in, shards, c.none_dtype);
+      ASSERT_EQ(want.size(), out.tensors.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(same_bytes(out.tensors[i].dtype, out.tensors[i].bytes, want[i])) << "output " << (*layout)[i].suffix;
+      }
+      // Dequantize back, against the reference dequantization of the same stored bytes.
+      HostTensor deq = empty_like(DType::kF32, {in.rows(), in.cols()});
+      st = dequantize(c.scheme, out.views, shards, deq.view());
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      const auto want_deq = ref_dequantize(c.scheme, out.bytes(), c.none_dtype, in.rows(), in.cols(), shards);
+      std::vector<uint8_t> want_bytes(want_deq.size() * 4);
+      if (!want_deq.empty()) std::memcpy(want_bytes.data(), want_deq.data(), want_bytes.size());
+      EXPECT_TRUE(same_bytes(DType::kF32, deq.bytes, want_bytes)) << "dequantize";
+    }
+  }
+}
+
+// Large enough to split across workers; every thread count gives the same bytes as the reference.
+TEST_P(QuantizeTest, CpuThreadsAgree) {
+  const Case c = GetParam();
+  const Shape shape{1024, 640};
+  HostTensor in = make_input(c.in_dtype, shape, 99);
+  const auto shards = shards_for(c.scheme, in.rows());
+  auto layout = storage_layout(c.scheme, shape, shards, c.none_dtype);
+  ASSERT_TRUE(layout.ok());
+  const auto want = ref_quantize(c.scheme, in, shards, c.none_dtype);
+  for (int threads : {1, 2, 5}) {
+    Outputs out = make_outputs(*layout);
+    ASSERT_TRUE(quantize(c.scheme, in.view(), shards, out.views, Exec{nullptr, threads}).ok());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(same_bytes(out.tensors[i].dtype, out.tensors[i].bytes, want[i])) << "threads " << threads;
+    }
+  }
+}
+
+TEST_P(QuantizeTest, CudaMatchesCpu) {
+  FERRY_SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  uint64_t seed = 500;
+  std::vector<Shape> shapes = shapes_for(c.scheme);
+  shapes.push_back(c.scheme == Scheme::kInt4Group ? Shape{777, 1024} : Shape{777, 1000});
+  for (const Shape& shape : shapes) {
+    for (size_t misalign : {size_t{0}, size_t{4}}) {
+      SCOPED_TRACE("shape " + shape_to_string(shape) + " input offset " + std::to_string(misalign));
+      HostTensor in = make_input(c.in_dtype, shape, seed++);
+      const auto shards = shards_for(c.scheme, in.rows());
+      auto layout = storage_layout(c.scheme, shape, shards, c.none_dtype);
+      ASSERT_TRUE(layout.ok());
+      Outputs cpu = make_outputs(*layout);
+      ASSERT_TRUE(quantize(c.scheme, in.view(), shards, cpu.views).ok());
+      DeviceTensor din = to_device(in.bytes, in.dtype, shape, misalign);
+      std::vector<DeviceTensor> douts;
+      std::vector<TensorView> dviews;
+      for (const auto& t : *layout) {
+        douts.push_back(to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0), t.dtype, t.shape));
+        dviews.push_back(douts.back().view);
+      }
+      Status st = quantize(c.scheme, din.view, shards, dviews);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      for (size_t i = 0; i < dviews.size(); ++i) {
+        EXPECT_TRUE(same_bytes(dviews[i].dtype(), to_host(dviews[i]), cpu.tensors[i].bytes)) << (*layout)[i].suffix;
+      }
+      DeviceTensor ddeq = to_device(std::vector<uint8_t>(dtype_bytes(DType::kF32, in.rows() * in.cols()), 0),
+                                    DType::kF32, {in.rows(), in.cols()});
+      HostTensor deq = empty_like(DType::kF32, {in.rows(), in.cols()});
+      ASSERT_TRUE(dequantize(c.scheme, cpu.views, shards, deq.view()).ok());
+      st = dequantize(c.scheme, dviews, shards, ddeq.view);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      EXPECT_TRUE(same_bytes(DType::kF32, to_host(ddeq.view), deq.bytes)) << "dequantize";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSchemes, QuantizeTest, ::testing::ValuesIn(all_cases()), case_name);
+
+}  // namespace
+}  // namespace ferry::kernels::testing
