@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "sharding/scheme_check.h"
+
 namespace ferry::sharding {
 
 Region slice_dst_region(const SourceSlice& slice, const ParamSpec& param) {
@@ -23,6 +25,7 @@ Status validate_rank_spec(const RankSpec& spec, const Manifest& manifest) {
   std::map<std::string, const SourceTensor*> by_name;
   for (const auto& t : manifest) by_name[t.name] = &t;
   for (const ParamSpec& p : spec.params) {
+    FERRY_RETURN_IF_ERROR(check_scheme_shape(p));
     std::vector<Region> dsts;
     int64_t covered = 0;
     for (const SourceSlice& s : p.slices) {

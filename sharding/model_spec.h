@@ -47,6 +47,7 @@ struct RankSpec {
   int replica = 0;
   int tp_rank = 0;
   int tp_size = 1;
+  int ep_size = 1;   // expert-parallel groups inside the replica's tp_size ranks (1: experts TP-sharded)
   Manifest expects;  // every source tensor this rank's model takes, with its full shape
   std::vector<ParamSpec> params;
 };

@@ -1,12 +1,16 @@
 #include "sharding/planner.h"
 
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
 #include <xxhash.h>
+
+#include "core/settings.h"
 
 namespace ferry::sharding {
 namespace {
@@ -78,10 +82,14 @@ uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, 
     h.add_int(r.replica);
     h.add_int(r.tp_rank);
     h.add_int(r.tp_size);
+    h.add_int(r.ep_size);
     for (const ParamSpec& p : r.params) {
       h.add(p.name);
+      h.add(p.layer);
       h.add_shape(p.shape);
+      h.add_int(static_cast<int64_t>(p.source_dtype));
       h.add(p.scheme);
+      h.add_shape(p.shard_rows);
       for (const SourceSlice& s : p.slices) {
         h.add(s.source);
         h.add_shape(s.src.offset);
@@ -99,30 +107,51 @@ uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, 
 
 Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
                        const std::vector<SenderInfo>& senders) {
+  return make_plan(manifest, ranks, senders, PlanOptions{});
+}
+
+Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                       const std::vector<SenderInfo>& senders, const PlanOptions& options) {
   if (senders.empty()) return Status::invalid_argument("a plan needs at least one sender");
+  uint64_t bucket_bytes = options.bucket_bytes;
+  if (bucket_bytes == 0) {
+    FERRY_ASSIGN_OR_RETURN(bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+    if (bucket_bytes == 0) return Status::invalid_argument("FERRY_BUCKET_BYTES must be positive");
+  }
   FERRY_RETURN_IF_ERROR(check_manifest(manifest, ranks));
   std::unordered_map<std::string, int> index;
   for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = static_cast<int>(i);
 
-  // Which senders can send each source.
-  std::vector<std::vector<int>> can_send(manifest.size());
+  // Which senders can send each source; senders owning everything share one list.
+  std::vector<int> everyone;
+  std::vector<std::vector<int>> owners(manifest.size());
   for (size_t s = 0; s < senders.size(); ++s) {
     if (senders[s].owns.empty()) {
-      for (auto& v : can_send) v.push_back(static_cast<int>(s));
+      everyone.push_back(static_cast<int>(s));
       continue;
     }
     for (const auto& n : senders[s].owns) {
       auto it = index.find(n);
       if (it == index.end()) return Status::invalid_argument(fmt::format("sender {} owns unknown tensor {}", s, n));
-      can_send[static_cast<size_t>(it->second)].push_back(static_cast<int>(s));
+      auto& v = owners[static_cast<size_t>(it->second)];
+      if (v.empty() || v.back() != static_cast<int>(s)) v.push_back(static_cast<int>(s));
     }
   }
+  std::vector<std::vector<int>> can_send(manifest.size());
   for (size_t i = 0; i < manifest.size(); ++i) {
-    if (can_send[i].empty()) return Status::invalid_argument(fmt::format("tensor {}: no sender holds it", manifest[i].name));
+    if (owners[i].empty()) continue;
+    can_send[i] = everyone;
+    can_send[i].insert(can_send[i].end(), owners[i].begin(), owners[i].end());
+    std::sort(can_send[i].begin(), can_send[i].end());
+  }
+  auto candidates = [&](size_t src) -> const std::vector<int>& { return owners[src].empty() ? everyone : can_send[src]; };
+  for (size_t i = 0; i < manifest.size(); ++i) {
+    if (candidates(i).empty()) return Status::invalid_argument(fmt::format("tensor {}: no sender holds it", manifest[i].name));
   }
 
   Plan plan;
   plan.key = plan_key(manifest, ranks, senders);
+  plan.bucket_bytes = bucket_bytes;
   // Transfer order: decoder layers in index order, with the tensors outside the stack placed where
   // an engine meets them (embeddings first, final norm and lm_head last); stable within a layer.
   plan.source_order.resize(manifest.size());
@@ -159,33 +188,74 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
       }
     }
   }
-
-  // Balance senders: each piece goes to the least-loaded sender that holds its source. Replicated
-  // pieces of one source thereby fan out over senders instead of all leaving from one.
-  plan.bytes_per_sender.assign(senders.size(), 0);
   plan.bytes_per_dst.assign(ranks.size(), 0);
   plan.by_source.resize(manifest.size());
   for (int src : plan.source_order) {
     for (Piece& pc : per_source[static_cast<size_t>(src)]) {
-      const auto& cands = can_send[static_cast<size_t>(src)];
-      int best = cands.front();
-      for (int c : cands) {
-        if (plan.bytes_per_sender[static_cast<size_t>(c)] < plan.bytes_per_sender[static_cast<size_t>(best)]) best = c;
-      }
-      pc.sender = best;
-      plan.bytes_per_sender[static_cast<size_t>(best)] += pc.bytes;
       plan.bytes_per_dst[static_cast<size_t>(pc.dst)] += pc.bytes;
       plan.total_bytes += pc.bytes;
       plan.by_source[static_cast<size_t>(src)].push_back(static_cast<int>(plan.pieces.size()));
       plan.pieces.push_back(std::move(pc));
     }
   }
+
+  // Balance senders, largest pieces first (LPT): the heaviest sender ends within one piece of the
+  // ideal split, and the copies of a replicated piece go to different senders in turn.
+  std::vector<int> by_size(plan.pieces.size());
+  std::iota(by_size.begin(), by_size.end(), 0);
+  std::stable_sort(by_size.begin(), by_size.end(), [&](int a, int b) {
+    return plan.pieces[static_cast<size_t>(a)].bytes > plan.pieces[static_cast<size_t>(b)].bytes;
+  });
+  plan.bytes_per_sender.assign(senders.size(), 0);
+  for (int i : by_size) {
+    Piece& pc = plan.pieces[static_cast<size_t>(i)];
+    const auto& cands = candidates(static_cast<size_t>(pc.source));
+    int best = cands.front();
+    for (int c : cands) {
+      if (plan.bytes_per_sender[static_cast<size_t>(c)] < plan.bytes_per_sender[static_cast<size_t>(best)]) best = c;
+    }
+    pc.sender = best;
+    plan.bytes_per_sender[static_cast<size_t>(best)] += pc.bytes;
+  }
+  plan.buckets = pack_buckets(plan, bucket_bytes);
   return plan;
+}
+
+std::vector<Bucket> pack_buckets(const Plan& plan, uint64_t bucket_bytes) {
+  std::vector<Bucket> buckets;
+  std::map<std::pair<int, int>, size_t> open;  // (sender, dst) -> bucket being filled
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const Piece& pc = plan.pieces[i];
+    const auto key = std::make_pair(pc.sender, pc.dst);
+    auto it = open.find(key);
+    if (it != open.end() && buckets[it->second].bytes + pc.bytes > bucket_bytes) {
+      open.erase(it);
+      it = open.end();
+    }
+    if (it == open.end()) {
+      buckets.push_back(Bucket{pc.sender, pc.dst, 0, {}});
+      it = open.emplace(key, buckets.size() - 1).first;
+    }
+    Bucket& b = buckets[it->second];
+    b.bytes += pc.bytes;
+    b.pieces.push_back(static_cast<int>(i));
+    if (b.bytes >= bucket_bytes) open.erase(it);
+  }
+  return buckets;
 }
 
 Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
                                                    const std::vector<SenderInfo>& senders) {
-  const uint64_t key = plan_key(manifest, ranks, senders);
+  return get(manifest, ranks, senders, PlanOptions{});
+}
+
+Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                                                   const std::vector<SenderInfo>& senders, const PlanOptions& options) {
+  PlanOptions resolved = options;
+  if (resolved.bucket_bytes == 0) {
+    FERRY_ASSIGN_OR_RETURN(resolved.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  }
+  const auto key = std::make_pair(plan_key(manifest, ranks, senders), resolved.bucket_bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
@@ -194,7 +264,7 @@ Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, con
       return it->second;
     }
   }
-  FERRY_ASSIGN_OR_RETURN(Plan plan, make_plan(manifest, ranks, senders));
+  FERRY_ASSIGN_OR_RETURN(Plan plan, make_plan(manifest, ranks, senders, resolved));
   auto shared = std::make_shared<const Plan>(std::move(plan));
   std::lock_guard<std::mutex> lock(mu_);
   ++misses_;

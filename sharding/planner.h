@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sharding/model_spec.h"
@@ -24,6 +25,20 @@ struct Piece {
   int sender = 0;
 };
 
+// Pieces from one sender to one destination rank, packed in plan order; the unit a transport moves.
+// A bucket holds at most Plan::bucket_bytes, except a single piece larger than that, which travels
+// alone (pieces are never split: a receiver's coverage is per slice).
+struct Bucket {
+  int sender = 0;
+  int dst = 0;
+  uint64_t bytes = 0;
+  std::vector<int> pieces;  // indices into Plan::pieces, in plan order
+};
+
+struct PlanOptions {
+  uint64_t bucket_bytes = 0;  // 0: FERRY_BUCKET_BYTES
+};
+
 struct Plan {
   std::vector<std::string> layers;            // layer keys in transfer order
   std::vector<int> source_order;              // manifest indices in transfer order
@@ -33,6 +48,8 @@ struct Plan {
   std::vector<uint64_t> bytes_per_dst;
   uint64_t total_bytes = 0;
   uint64_t key = 0;                           // hash of manifest and specs
+  std::vector<Bucket> buckets;                // in order of their first piece
+  uint64_t bucket_bytes = 0;
 };
 
 struct SenderInfo {
@@ -44,8 +61,15 @@ struct SenderInfo {
 // replica expects and what the trainer sends.
 Status check_manifest(const Manifest& manifest, const std::vector<RankSpec>& ranks);
 
+// Sender assignment: largest pieces first, each to the least-loaded sender holding its source
+// (ties to the lowest index). Copies of a replicated tensor thus leave from different senders.
 Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
                        const std::vector<SenderInfo>& senders);
+Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                       const std::vector<SenderInfo>& senders, const PlanOptions& options);
+
+// Packs the plan's pieces into buckets per (sender, destination) of at most `bucket_bytes`.
+std::vector<Bucket> pack_buckets(const Plan& plan, uint64_t bucket_bytes);
 
 uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, const std::vector<SenderInfo>& senders);
 
@@ -54,12 +78,14 @@ class PlanCache {
  public:
   Result<std::shared_ptr<const Plan>> get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
                                           const std::vector<SenderInfo>& senders);
+  Result<std::shared_ptr<const Plan>> get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
+                                          const std::vector<SenderInfo>& senders, const PlanOptions& options);
   size_t hits() const { return hits_; }
   size_t misses() const { return misses_; }
 
  private:
   std::mutex mu_;
-  std::map<uint64_t, std::shared_ptr<const Plan>> plans_;
+  std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const Plan>> plans_;  // (plan_key, bucket bytes)
   size_t hits_ = 0;
   size_t misses_ = 0;
 };

@@ -1,0 +1,188 @@
+#include "cli/plan_command.h"
+
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/settings.h"
+#include "sharding/cost_model.h"
+#include "sharding/layout.h"
+#include "sharding/planner.h"
+#include "sharding/presets.h"
+
+namespace ferry::cli {
+namespace {
+
+using sharding::CostReport;
+
+struct PlanArgs {
+  std::string model;
+  std::string config;
+  int trainers = 8;
+  int replicas = 1;
+  int tp = 1;
+  int ep = 1;
+  std::string scheme = "fp8_block";
+  std::string bucket_bytes;
+  sharding::Topology topo;
+  bool quantize_on_sender = false;
+  bool json = false;
+};
+
+struct Side {
+  CostReport cost;
+  double planning_seconds = 0;
+  uint64_t min_sender_bytes = 0;
+};
+
+std::string gb(uint64_t bytes) { return fmt::format("{:.2f} GB", static_cast<double>(bytes) / 1e9); }
+
+Result<Side> plan_and_cost(const sharding::Manifest& manifest, const std::vector<sharding::RankSpec>& ranks,
+                           const std::vector<sharding::SenderInfo>& senders, const sharding::PlanOptions& opts,
+                           const PlanArgs& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FERRY_ASSIGN_OR_RETURN(sharding::Plan plan, sharding::make_plan(manifest, ranks, senders, opts));
+  Side side;
+  side.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  FERRY_ASSIGN_OR_RETURN(side.cost, sharding::estimate_cost(plan, ranks, static_cast<int>(senders.size()), a.topo,
+                                                            {a.quantize_on_sender}));
+  side.min_sender_bytes = side.cost.max_sender_bytes;
+  for (uint64_t b : plan.bytes_per_sender) side.min_sender_bytes = std::min(side.min_sender_bytes, b);
+  return side;
+}
+
+nlohmann::json side_json(const Side& s) {
+  nlohmann::json j;
+  j["predicted_seconds"] = s.cost.predicted_seconds;
+  j["bytes_moved"] = s.cost.bytes_moved;
+  j["max_link_bytes"] = s.cost.max_link_bytes;
+  j["max_sender_bytes"] = s.cost.max_sender_bytes;
+  j["max_receiver_bytes"] = s.cost.max_receiver_bytes;
+  j["senders_used"] = s.cost.senders_used;
+  j["pieces"] = s.cost.pieces;
+  j["buckets"] = s.cost.buckets;
+  j["receiver_bound_seconds"] = s.cost.receiver_bound_seconds;
+  j["planning_seconds"] = s.planning_seconds;
+  j["bottleneck"] = s.cost.busiest.empty() ? std::string() : s.cost.busiest.front().link;
+  return j;
+}
+
+Status run_plan(const PlanArgs& a, std::ostream& out) {
+  if (a.model.empty() == a.config.empty()) return Status::invalid_argument("give one of --model PRESET or --config FILE");
+  sharding::ModelDesc model;
+  if (!a.model.empty()) {
+    FERRY_ASSIGN_OR_RETURN(model, sharding::preset_model(a.model));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(model, sharding::model_from_file(a.config));
+  }
+  sharding::PlanOptions opts;
+  if (!a.bucket_bytes.empty()) {
+    FERRY_ASSIGN_OR_RETURN(opts.bucket_bytes, parse_bytes(a.bucket_bytes));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(opts.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  }
+  if (opts.bucket_bytes == 0) return Status::invalid_argument("bucket bytes must be positive");
+  if (a.trainers <= 0) return Status::invalid_argument("--trainers must be positive");
+  FERRY_ASSIGN_OR_RETURN(auto ranks, sharding::model_rank_specs(model, a.replicas, a.tp, a.ep, a.scheme));
+  const sharding::Manifest manifest = sharding::model_manifest(model);
+  int64_t params = 0;
+  for (const auto& t : manifest) params += shape_numel(t.shape);
+
+  // Every trainer rank holds full tensors (after its gather); the broadcast plan sends from rank 0 only.
+  FERRY_ASSIGN_OR_RETURN(Side bcast, plan_and_cost(manifest, ranks, std::vector<sharding::SenderInfo>(1), opts, a));
+  FERRY_ASSIGN_OR_RETURN(Side bal, plan_and_cost(manifest, ranks,
+                                                 std::vector<sharding::SenderInfo>(static_cast<size_t>(a.trainers)), opts, a));
+  const double ideal = static_cast<double>(bal.cost.bytes_moved) / a.trainers;
+  const double imbalance = ideal > 0 ? static_cast<double>(bal.cost.max_sender_bytes) / ideal - 1.0 : 0.0;
+
+  if (a.json) {
+    nlohmann::json j = side_json(bal);
+    j["model"] = model.name;
+    j["parameters"] = params;
+    j["tensors"] = manifest.size();
+    j["trainers"] = a.trainers;
+    j["replicas"] = a.replicas;
+    j["tp"] = a.tp;
+    j["ep"] = a.ep;
+    j["rollout_gpus"] = ranks.size();
+    j["scheme"] = a.scheme;
+    j["quantize_on_sender"] = a.quantize_on_sender;
+    j["bucket_bytes"] = opts.bucket_bytes;
+    j["sender_imbalance"] = imbalance;
+    j["broadcast"] = side_json(bcast);
+    j["speedup_over_broadcast"] = bal.cost.predicted_seconds > 0 ? bcast.cost.predicted_seconds / bal.cost.predicted_seconds : 0.0;
+    out << j.dump() << "\n";
+    return ok_status();
+  }
+  out << fmt::format("model {}: {:.3g} parameters in {} tensors\n", model.name, static_cast<double>(params), manifest.size());
+  out << fmt::format("rollouts: {} replica(s) x TP {} (EP {}) = {} GPUs, scheme {}; trainers: {} GPUs\n", a.replicas, a.tp,
+                     a.ep, ranks.size(), a.scheme, a.trainers);
+  out << fmt::format("links per GPU: NVLink {} Gb/s, PCIe {} Gb/s, NIC {} Gb/s; {} GPUs per node{}; wire: {}\n",
+                     a.topo.nvlink_gbps, a.topo.pcie_gbps, a.topo.nic_gbps, a.topo.gpus_per_node,
+                     a.topo.colocated ? ", colocated" : "", a.quantize_on_sender ? "quantized by the sender" : "source dtype");
+  out << fmt::format("{:<22}{:>26}{:>26}\n", "", "broadcast from rank 0", "ferry balanced");
+  auto row = [&](const char* what, const std::string& x, const std::string& y) {
+    out << fmt::format("{:<22}{:>26}{:>26}\n", what, x, y);
+  };
+  row("bytes moved", gb(bcast.cost.bytes_moved), gb(bal.cost.bytes_moved));
+  row("senders used", std::to_string(bcast.cost.senders_used), std::to_string(bal.cost.senders_used));
+  row("max bytes per sender", gb(bcast.cost.max_sender_bytes), gb(bal.cost.max_sender_bytes));
+  row("max bytes per receiver", gb(bcast.cost.max_receiver_bytes), gb(bal.cost.max_receiver_bytes));
+  row("max link bytes", gb(bcast.cost.max_link_bytes), gb(bal.cost.max_link_bytes));
+  row("pieces / buckets", fmt::format("{} / {}", bcast.cost.pieces, bcast.cost.buckets),
+      fmt::format("{} / {}", bal.cost.pieces, bal.cost.buckets));
+  row("planning time", fmt::format("{:.3f} s", bcast.planning_seconds), fmt::format("{:.3f} s", bal.planning_seconds));
+  row("predicted update", fmt::format("{:.3f} s", bcast.cost.predicted_seconds), fmt::format("{:.3f} s", bal.cost.predicted_seconds));
+  out << fmt::format("sender balance: max {} vs ideal {} ({:+.2f}%)\n", gb(bal.cost.max_sender_bytes),
+                     gb(static_cast<uint64_t>(ideal)), imbalance * 100);
+  out << fmt::format("receiver bound (busiest rollout GPU through its NIC): {:.3f} s\n", bal.cost.receiver_bound_seconds);
+  out << "busiest links (balanced):\n";
+  for (const auto& l : bal.cost.busiest) {
+    out << fmt::format("  {:<40} {:>12} {:>8} buckets {:>9.3f} s\n", l.link, gb(l.bytes), l.buckets, l.seconds);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) { add_plan_command(app, std::cout); }
+
+void add_plan_command(CLI::App& app, std::ostream& out) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand("plan", "plan a weight update and predict its time on a cluster");
+  cmd->add_option("--model", args->model, "preset model: " + [] {
+    std::string s;
+    for (const auto& n : sharding::preset_names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }());
+  cmd->add_option("--config", args->config, "a Hugging Face config.json, or a ferry mapping file");
+  cmd->add_option("--trainers", args->trainers, "trainer (sender) GPUs")->capture_default_str();
+  cmd->add_option("--replicas", args->replicas, "rollout replicas")->capture_default_str();
+  cmd->add_option("--tp", args->tp, "tensor-parallel ranks per replica")->capture_default_str();
+  cmd->add_option("--ep", args->ep, "expert-parallel groups inside a replica's TP ranks")->capture_default_str();
+  cmd->add_option("--scheme", args->scheme, "quantization of the rollouts' linear layers")->capture_default_str();
+  cmd->add_option("--bucket-bytes", args->bucket_bytes, "bytes per bucket (default FERRY_BUCKET_BYTES)");
+  cmd->add_option("--nvlink-gbps", args->topo.nvlink_gbps, "NVLink Gb/s per GPU per direction")->capture_default_str();
+  cmd->add_option("--pcie-gbps", args->topo.pcie_gbps, "PCIe Gb/s per GPU per direction")->capture_default_str();
+  cmd->add_option("--nic-gbps", args->topo.nic_gbps, "NIC Gb/s per GPU per direction")->capture_default_str();
+  cmd->add_option("--gpus-per-node", args->topo.gpus_per_node, "GPUs per node")->capture_default_str();
+  cmd->add_option("--seconds-per-bucket", args->topo.seconds_per_bucket, "fixed cost of one bucket on a link")
+      ->capture_default_str();
+  cmd->add_flag("--colocated", args->topo.colocated, "rollout ranks share the trainers' nodes");
+  cmd->add_flag("--quantize-on-sender", args->quantize_on_sender, "quantized parameters cross the wire at scheme width");
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  std::ostream* sink = &out;
+  cmd->callback([args, sink] {
+    Status s = run_plan(*args, *sink);
+    if (!s.ok()) {
+      std::cerr << "ferry plan: " << s.to_string() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+  });
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,49 @@
+// Model families from a Hugging Face style config.json: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3
+// (q/k norm), and the mixture-of-experts families Qwen3-MoE and Mixtral. Each becomes a ModelDesc
+// in the engine's fused naming (qkv_proj, gate_up_proj, experts.w13_weight / w2_weight).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "sharding/layout.h"
+#include "sharding/llama.h"
+
+namespace ferry::sharding {
+
+struct ModelConfig {
+  std::string family;  // llama, mistral, qwen2, qwen3, qwen3_moe, mixtral
+  int64_t hidden_size = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;  // 0: hidden_size / num_heads
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  int64_t num_layers = 0;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;
+  bool qk_norm = false;
+  DType dtype = DType::kBF16;
+  int64_t vocab_pad_multiple = 64;
+  // Mixture of experts (num_experts > 0).
+  int64_t num_experts = 0;
+  int64_t moe_intermediate_size = 0;  // per expert
+  int64_t decoder_sparse_step = 1;    // Qwen3-MoE: layer i is sparse when (i + 1) % step == 0
+  std::vector<int64_t> mlp_only_layers;
+
+  int64_t effective_head_dim() const { return head_dim ? head_dim : hidden_size / num_heads; }
+  bool layer_is_moe(int64_t layer) const;
+};
+
+Result<ModelConfig> parse_hf_config(std::string_view json_text);
+Result<ModelConfig> load_hf_config(const std::string& path);
+
+// The dense families as a LlamaConfig (llama_rank_spec); MoE configs are refused.
+Result<LlamaConfig> to_llama_config(const ModelConfig& cfg);
+
+Result<ModelDesc> describe_model(const ModelConfig& cfg);
+
+}  // namespace ferry::sharding

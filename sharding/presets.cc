@@ -1,0 +1,127 @@
+#include "sharding/presets.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "sharding/mapping.h"
+#include "sharding/model_config.h"
+
+namespace ferry::sharding {
+namespace {
+
+// Sizes as published in each model's config.json.
+constexpr std::pair<std::string_view, std::string_view> kPresets[] = {
+    {"llama2-7b", R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
+      "intermediate_size": 11008, "vocab_size": 32000, "num_hidden_layers": 32, "torch_dtype": "float16"})"},
+    {"llama3-8b", R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "intermediate_size": 14336, "vocab_size": 128256, "num_hidden_layers": 32, "torch_dtype": "bfloat16"})"},
+    {"llama3-70b", R"({"model_type": "llama", "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
+      "intermediate_size": 28672, "vocab_size": 128256, "num_hidden_layers": 80, "torch_dtype": "bfloat16"})"},
+    {"llama3.2-1b", R"({"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256, "num_hidden_layers": 16,
+      "tie_word_embeddings": true, "torch_dtype": "bfloat16"})"},
+    {"mistral-7b", R"({"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "intermediate_size": 14336, "vocab_size": 32768, "num_hidden_layers": 32, "torch_dtype": "bfloat16"})"},
+    {"qwen2-7b", R"({"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+      "intermediate_size": 18944, "vocab_size": 152064, "num_hidden_layers": 28, "torch_dtype": "bfloat16"})"},
+    {"qwen3-8b", R"({"model_type": "qwen3", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936, "num_hidden_layers": 36,
+      "torch_dtype": "bfloat16"})"},
+    {"qwen3-30b-a3b", R"({"model_type": "qwen3_moe", "hidden_size": 2048, "num_attention_heads": 32,
+      "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+      "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+      "vocab_size": 151936, "num_hidden_layers": 48, "torch_dtype": "bfloat16"})"},
+    {"mixtral-8x7b", R"({"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "intermediate_size": 14336, "num_local_experts": 8, "vocab_size": 32000, "num_hidden_layers": 32,
+      "torch_dtype": "bfloat16"})"},
+    // Kimi-K2: DeepSeek-V3 layout. MLA: q_a / kv_a projections replicated, q_b / kv_b split by heads
+    // (192 = 128 nope + 64 rope rows per q head, 256 = 128 k + 128 v rows per kv_b head), o_proj
+    // row-parallel; layer 0 dense, layers 1..60 with 384 routed experts and one shared expert.
+    {"kimi-k2", R"({"ferry_mapping": 1, "name": "kimi-k2", "dtype": "bf16",
+      "vars": {"H": 7168, "V": 163840, "QL": 1536, "QB": 12288, "KVA": 576, "KVL": 512, "KVB": 16384, "O": 8192,
+               "DI": 18432, "MI": 2048, "E": 384, "NL": 61},
+      "params": [
+        {"param": "model.embed_tokens.weight", "layout": "vocab_parallel", "shape": ["V", "H"], "pad_multiple": 64},
+        {"param": "model.layers.{L}.input_layernorm.weight", "layers": [0, "NL"], "layout": "replicated", "shape": ["H"]},
+        {"param": "model.layers.{L}.self_attn.q_a_proj.weight", "layers": [0, "NL"], "layout": "replicated",
+         "quantize": true, "shape": ["QL", "H"]},
+        {"param": "model.layers.{L}.self_attn.q_a_layernorm.weight", "layers": [0, "NL"], "layout": "replicated",
+         "shape": ["QL"]},
+        {"param": "model.layers.{L}.self_attn.q_b_proj.weight", "layers": [0, "NL"], "layout": "column", "unit": 192,
+         "shape": ["QB", "QL"]},
+        {"param": "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight", "layers": [0, "NL"], "layout": "replicated",
+         "quantize": true, "shape": ["KVA", "H"]},
+        {"param": "model.layers.{L}.self_attn.kv_a_layernorm.weight", "layers": [0, "NL"], "layout": "replicated",
+         "shape": ["KVL"]},
+        {"param": "model.layers.{L}.self_attn.kv_b_proj.weight", "layers": [0, "NL"], "layout": "column", "unit": 256,
+         "shape": ["KVB", "KVL"]},
+        {"param": "model.layers.{L}.self_attn.o_proj.weight", "layers": [0, "NL"], "layout": "row", "shape": ["H", "O"]},
+        {"param": "model.layers.{L}.post_attention_layernorm.weight", "layers": [0, "NL"], "layout": "replicated",
+         "shape": ["H"]},
+        {"param": "model.layers.{L}.mlp.gate_up_proj.weight", "layers": [0, 1], "layout": "merged_column",
+         "sources": ["model.layers.{L}.mlp.gate_proj.weight", "model.layers.{L}.mlp.up_proj.weight"], "shape": ["DI", "H"]},
+        {"param": "model.layers.{L}.mlp.down_proj.weight", "layers": [0, 1], "layout": "row", "shape": ["H", "DI"]},
+        {"param": "model.layers.{L}.mlp.gate.weight", "layers": [1, "NL"], "layout": "replicated", "shape": ["E", "H"]},
+        {"param": "model.layers.{L}.mlp.gate.e_score_correction_bias", "layers": [1, "NL"], "layout": "replicated",
+         "dtype": "f32", "shape": ["E"]},
+        {"param": "model.layers.{L}.mlp.experts.w13_weight", "layers": [1, "NL"], "layout": "experts", "split": "column",
+         "num_experts": "E", "shape": ["MI", "H"],
+         "sources": ["model.layers.{L}.mlp.experts.{E}.gate_proj.weight", "model.layers.{L}.mlp.experts.{E}.up_proj.weight"]},
+        {"param": "model.layers.{L}.mlp.experts.w2_weight", "layers": [1, "NL"], "layout": "experts", "split": "row",
+         "num_experts": "E", "shape": ["H", "MI"], "source": "model.layers.{L}.mlp.experts.{E}.down_proj.weight"},
+        {"param": "model.layers.{L}.mlp.shared_experts.gate_up_proj.weight", "layers": [1, "NL"],
+         "layout": "merged_column", "shape": ["MI", "H"],
+         "sources": ["model.layers.{L}.mlp.shared_experts.gate_proj.weight",
+                     "model.layers.{L}.mlp.shared_experts.up_proj.weight"]},
+        {"param": "model.layers.{L}.mlp.shared_experts.down_proj.weight", "layers": [1, "NL"], "layout": "row",
+         "shape": ["H", "MI"]},
+        {"param": "model.norm.weight", "layout": "replicated", "shape": ["H"]},
+        {"param": "lm_head.weight", "layout": "vocab_parallel", "shape": ["V", "H"], "pad_multiple": 64}
+      ]})"},
+};
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : kPresets) out.emplace_back(n);
+  return out;
+}
+
+Result<std::string> preset_text(std::string_view name) {
+  for (const auto& [n, t] : kPresets) {
+    if (n == name) return std::string(t);
+  }
+  std::string known;
+  for (const auto& [n, t] : kPresets) known += (known.empty() ? "" : ", ") + std::string(n);
+  return Status::not_found(fmt::format("no preset model {}; presets: {}", name, known));
+}
+
+Result<ModelDesc> model_from_json(std::string_view text) {
+  if (looks_like_mapping(text)) return parse_mapping(text);
+  FERRY_ASSIGN_OR_RETURN(ModelConfig cfg, parse_hf_config(text));
+  return describe_model(cfg);
+}
+
+Result<ModelDesc> preset_model(std::string_view name) {
+  FERRY_ASSIGN_OR_RETURN(std::string text, preset_text(name));
+  auto m = model_from_json(text);
+  if (!m.ok()) return m.status().with_context(fmt::format("preset {}", name));
+  if (m->name.empty() || m->name == "custom" || !looks_like_mapping(text)) m->name = std::string(name);
+  return m;
+}
+
+Result<ModelDesc> model_from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::not_found(fmt::format("cannot open {}", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto m = model_from_json(ss.str());
+  if (!m.ok()) return m.status().with_context(path);
+  return m;
+}
+
+}  // namespace ferry::sharding
