@@ -56,6 +56,7 @@ void Buffer::reset() {
   if (data_ != nullptr && allocator_ != nullptr) allocator_->deallocate(data_, size_);
   data_ = nullptr;
   size_ = 0;
+  allocator_ = nullptr;
 }
 
 Result<Buffer> Buffer::allocate(size_t bytes, Allocator& allocator) {

@@ -66,7 +66,8 @@ FERRY_HOST_DEVICE uint32_t encode_float(float f) {
     if (e + kBias >= static_cast<int>(kExpAllOnes) + 1) {
       q = 0xffffffffu;  // far beyond the largest finite value
     } else {
-      const uint32_t v = (static_cast<uint32_t>(e + kBias) << 23) | mant;
+      // An f32 subnormal (exponent field 0) only reaches here for bf16, whose exponent range matches f32.
+      const uint32_t v = (exp_field == 0 ? 0u : (static_cast<uint32_t>(e + kBias) << 23)) | mant;
       q = round_shift_rne(v, 23 - kM);
     }
   } else {

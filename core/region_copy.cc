@@ -1,0 +1,76 @@
+#include "core/region_copy.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace ferry {
+namespace {
+
+// Walks the region as contiguous runs: the innermost dimensions that the region spans completely
+// merge into one run, so whole-row shards copy as one memcpy.
+template <typename Fn>
+Status for_each_run(const TensorView& t, const Region& region, size_t io_bytes, Fn&& fn) {
+  if (!t.is_contiguous()) return Status::invalid_argument("region copy needs a contiguous tensor: " + t.describe());
+  if (!t.device().is_cpu()) return Status::invalid_argument("region copy runs on host tensors: " + t.describe());
+  if (dtype_bits(t.dtype()) % 8) return Status::invalid_argument("region copy needs whole-byte elements");
+  if (!region.inside(t.shape())) {
+    return Status::out_of_range(fmt::format("region {} outside tensor {}", region.to_string(), t.describe()));
+  }
+  const size_t elem = static_cast<size_t>(dtype_bits(t.dtype()) / 8);
+  const size_t need = static_cast<size_t>(region.numel()) * elem;
+  if (io_bytes != need) {
+    return Status::invalid_argument(fmt::format("region {} of {} holds {} bytes, buffer has {}", region.to_string(),
+                                                t.describe(), need, io_bytes));
+  }
+  if (need == 0) return ok_status();
+  const int rank = t.rank();
+  const Shape strides = contiguous_strides(t.shape());
+  // Merge trailing dims covered whole into one run.
+  int inner = rank - 1;
+  int64_t run = rank == 0 ? 1 : region.size[static_cast<size_t>(inner)];
+  while (inner > 0 && region.size[static_cast<size_t>(inner)] == t.dim(inner) &&
+         region.offset[static_cast<size_t>(inner)] == 0) {
+    --inner;
+    run *= region.size[static_cast<size_t>(inner)];
+  }
+  if (rank == 0) {
+    fn(0, 0, elem);
+    return ok_status();
+  }
+  Shape idx(static_cast<size_t>(inner), 0);  // counters over the outer dims
+  size_t packed = 0;
+  const size_t run_bytes = static_cast<size_t>(run) * elem;
+  while (true) {
+    int64_t off = 0;
+    for (int d = 0; d < inner; ++d) off += (region.offset[static_cast<size_t>(d)] + idx[static_cast<size_t>(d)]) * strides[static_cast<size_t>(d)];
+    off += region.offset[static_cast<size_t>(inner)] * strides[static_cast<size_t>(inner)];
+    fn(static_cast<size_t>(off) * elem, packed, run_bytes);
+    packed += run_bytes;
+    int d = inner - 1;
+    for (; d >= 0; --d) {
+      if (++idx[static_cast<size_t>(d)] < region.size[static_cast<size_t>(d)]) break;
+      idx[static_cast<size_t>(d)] = 0;
+    }
+    if (d < 0) break;
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status pack_region(const TensorView& tensor, const Region& region, void* out, size_t out_bytes) {
+  const auto* base = static_cast<const uint8_t*>(tensor.data());
+  auto* o = static_cast<uint8_t*>(out);
+  return for_each_run(tensor, region, out_bytes,
+                      [&](size_t t_off, size_t p_off, size_t n) { std::memcpy(o + p_off, base + t_off, n); });
+}
+
+Status unpack_region(const TensorView& tensor, const Region& region, const void* in, size_t in_bytes) {
+  auto* base = static_cast<uint8_t*>(tensor.data());
+  const auto* i = static_cast<const uint8_t*>(in);
+  return for_each_run(tensor, region, in_bytes,
+                      [&](size_t t_off, size_t p_off, size_t n) { std::memcpy(base + t_off, i + p_off, n); });
+}
+
+}  // namespace ferry

@@ -1,0 +1,15 @@
+// Copies between a box of a contiguous host tensor and a packed (row-major, contiguous) buffer.
+// Used to cut pieces out of source tensors and to place them into staging.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace ferry {
+
+// Packs the elements of `region` of `tensor` (contiguous, host, whole-byte dtype) into `out`, which
+// must hold region.numel() elements.
+Status pack_region(const TensorView& tensor, const Region& region, void* out, size_t out_bytes);
+// The inverse: scatters `in` (region.numel() packed elements) into `region` of `tensor`.
+Status unpack_region(const TensorView& tensor, const Region& region, const void* in, size_t in_bytes);
+
+}  // namespace ferry
