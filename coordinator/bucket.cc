@@ -1,0 +1,99 @@
+#include "coordinator/bucket.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+namespace ferry::coordinator {
+namespace {
+
+constexpr size_t kHeaderFixedBytes = 64;
+constexpr size_t kPieceHeaderBytes = 96;  // generous upper bound of one encoded PieceHeader
+
+void put_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+uint32_t get_u32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace
+
+uint64_t payload_checksum(const uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
+
+BucketBuilder::BucketBuilder(size_t capacity) {
+  auto b = Buffer::allocate(capacity);
+  if (b.ok()) buffer_ = std::move(*b);
+}
+
+void BucketBuilder::reset(uint64_t version, int sender, uint64_t seq) {
+  header_.Clear();
+  header_.set_version(version);
+  header_.set_sender(sender);
+  header_.set_seq(seq);
+  payload_ = 0;
+  header_estimate_ = kHeaderFixedBytes;
+}
+
+size_t BucketBuilder::payload_room() const {
+  const size_t used = payload_ + header_estimate_ + kPieceHeaderBytes + kBucketTrailerBytes;
+  return used >= buffer_.size() ? 0 : buffer_.size() - used;
+}
+
+uint8_t* BucketBuilder::add_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes) {
+  wire::PieceHeader* p = header_.add_pieces();
+  p->set_param(param);
+  for (int64_t v : dst.offset) p->add_dst_offset(v);
+  for (int64_t v : dst.size) p->add_size(v);
+  p->set_offset(payload_);
+  p->set_bytes(bytes);
+  p->set_dtype(std::string(dtype_name(dtype)));
+  uint8_t* where = data() + payload_;
+  payload_ += bytes;
+  header_estimate_ += kPieceHeaderBytes;
+  return where;
+}
+
+Result<size_t> BucketBuilder::seal(bool checksum) {
+  header_.set_payload_bytes(payload_);
+  header_.set_checksum(checksum ? payload_checksum(data(), payload_) : 0);
+  const size_t hlen = header_.ByteSizeLong();
+  if (payload_ + hlen + kBucketTrailerBytes > buffer_.size()) {
+    return Status::internal(fmt::format("bucket header of {} bytes does not fit", hlen));
+  }
+  if (!header_.SerializeToArray(data() + payload_, static_cast<int>(hlen))) {
+    return Status::internal("bucket header failed to serialize");
+  }
+  put_u32(data() + payload_ + hlen, static_cast<uint32_t>(hlen));
+  put_u32(data() + payload_ + hlen + 4, kBucketMagic);
+  return payload_ + hlen + kBucketTrailerBytes;
+}
+
+Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* header) {
+  if (size < kBucketTrailerBytes) return Status::data_loss(fmt::format("bucket of {} bytes has no trailer", size));
+  if (get_u32(data + size - 4) != kBucketMagic) return Status::data_loss("bucket trailer has a bad magic number");
+  const size_t hlen = get_u32(data + size - 8);
+  if (hlen > size - kBucketTrailerBytes) return Status::data_loss(fmt::format("bucket header length {} exceeds the bucket", hlen));
+  const size_t payload = size - kBucketTrailerBytes - hlen;
+  if (!header->ParseFromArray(data + payload, static_cast<int>(hlen))) return Status::data_loss("bucket header does not parse");
+  if (header->payload_bytes() != payload) {
+    return Status::data_loss(fmt::format("bucket says {} payload bytes, carries {}", header->payload_bytes(), payload));
+  }
+  for (const auto& p : header->pieces()) {
+    if (p.offset() > payload || p.bytes() > payload - p.offset()) {
+      return Status::data_loss(fmt::format("piece for parameter #{} at {}+{} lies outside a {}-byte payload", p.param(),
+                                           p.offset(), p.bytes(), payload));
+    }
+    if (p.dst_offset_size() != p.size_size()) return Status::data_loss("piece region has mismatched rank");
+  }
+  if (header->checksum() != 0 && payload_checksum(data, payload) != header->checksum()) {
+    return Status::data_loss(fmt::format("bucket {} from sender {} failed its XXH3-64 checksum", header->seq(), header->sender()));
+  }
+  return ok_status();
+}
+
+}  // namespace ferry::coordinator

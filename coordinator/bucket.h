@@ -1,0 +1,49 @@
+// The bucket format: the bytes of many pieces for one destination rank, then a BucketHeader that
+// says where each piece goes, then a trailer (u32 header length, u32 magic "FRYB"). Building the
+// header after the payload lets pieces be packed straight into the bucket without a second copy.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/tensor.h"
+#include "proto/ferry.pb.h"
+
+namespace ferry::coordinator {
+
+inline constexpr uint32_t kBucketMagic = 0x42595246;  // "FRYB"
+inline constexpr size_t kBucketTrailerBytes = 8;
+
+class BucketBuilder {
+ public:
+  // `capacity` bytes of host memory hold payload, header and trailer.
+  explicit BucketBuilder(size_t capacity);
+
+  void reset(uint64_t version, int sender, uint64_t seq);
+  // Bytes of payload that still fit along with one more piece header.
+  size_t payload_room() const;
+  size_t payload_bytes() const { return payload_; }
+  size_t piece_count() const { return static_cast<size_t>(header_.pieces_size()); }
+  // Reserves `bytes` of payload for a piece landing at `dst` of parameter `param`; returns where to
+  // write the piece's packed elements.
+  uint8_t* add_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes);
+  // Writes header and trailer; returns the bucket's total size. `checksum` adds XXH3-64 of the payload.
+  Result<size_t> seal(bool checksum);
+  uint8_t* data() const { return buffer_.data_as<uint8_t>(); }
+  size_t capacity() const { return buffer_.size(); }
+  bool ok() const { return buffer_.data() != nullptr || buffer_.size() == 0; }
+
+ private:
+  Buffer buffer_;
+  wire::BucketHeader header_;
+  size_t payload_ = 0;
+  size_t header_estimate_ = 0;
+};
+
+// Checks the trailer, header and every piece's bounds (and the checksum when present).
+Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* header);
+
+uint64_t payload_checksum(const uint8_t* data, size_t size);
+
+}  // namespace ferry::coordinator

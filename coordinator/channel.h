@@ -1,0 +1,57 @@
+// A control connection: length-prefixed protobuf Envelopes over TCP, size-capped. A malformed,
+// oversized or truncated frame closes this connection only.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/asio.h"
+
+#include "core/status.h"
+#include "proto/ferry.pb.h"
+
+namespace ferry::coordinator {
+
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  using MessageFn = std::function<void(const std::shared_ptr<Channel>&, wire::Envelope&)>;
+  using ClosedFn = std::function<void(const std::shared_ptr<Channel>&, const Status&)>;
+
+  Channel(boost::asio::ip::tcp::socket socket, uint64_t max_frame_bytes);
+
+  // Starts reading; callbacks run on the socket's I/O thread.
+  void start(MessageFn on_message, ClosedFn on_closed);
+  // Thread-safe; frames go out in call order.
+  void send(const wire::Envelope& env);
+  // Thread-safe; the closed callback runs once with `why`.
+  void close(const Status& why);
+  std::string peer() const { return peer_; }
+  boost::asio::any_io_executor executor() { return socket_.get_executor(); }
+
+ private:
+  void read_header();
+  void read_body(uint32_t n);
+  void write_next();
+  void fail(const Status& why);
+
+  boost::asio::ip::tcp::socket socket_;
+  uint64_t max_frame_;
+  std::string peer_;
+  MessageFn on_message_;
+  ClosedFn on_closed_;
+  uint8_t header_[4] = {};
+  std::string body_;
+  std::deque<std::string> out_;
+  bool closed_ = false;
+};
+
+// Encodes one frame (exposed for tests and the fuzzer).
+std::string encode_frame(const wire::Envelope& env);
+
+// Connects to "host:port" within `timeout_ms`, on `io`.
+Result<boost::asio::ip::tcp::socket> connect_control(boost::asio::io_context& io, const std::string& address,
+                                                     int64_t timeout_ms);
+
+}  // namespace ferry::coordinator

@@ -1,0 +1,44 @@
+// The coordinator: membership, the per-update state machine, the pause barrier, and the release of
+// every rank of a replica together at the new version. Runs on its own I/O thread; embedded in
+// trainer rank 0 by default, or alone as `ferry coordinator`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace ferry::coordinator {
+
+struct CoordinatorOptions {
+  std::string host;   // empty: FERRY_LISTEN_HOST
+  uint16_t port = 0;  // 0: any free port
+};
+
+struct MemberInfo {
+  int id = 0;
+  std::string role;
+  std::string peer;
+  int replica = -1;
+  int tp_rank = -1;
+  uint64_t version = 0;
+  std::string state;
+};
+
+class Coordinator {
+ public:
+  static Result<std::unique_ptr<Coordinator>> start(const CoordinatorOptions& options);
+  virtual ~Coordinator() = default;
+
+  // "host:port" that members join.
+  virtual std::string address() const = 0;
+  virtual int rollout_ranks() const = 0;
+  virtual std::vector<MemberInfo> members() const = 0;
+  // Waits until `n` rollout ranks have joined (DeadlineExceeded past `timeout_ms`).
+  virtual Status wait_for_ranks(int n, int64_t timeout_ms) = 0;
+  virtual void stop() = 0;
+};
+
+}  // namespace ferry::coordinator

@@ -1,0 +1,277 @@
+#include "coordinator/rollout_worker.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "core/asio.h"
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/settings.h"
+#include "core/version.h"
+#include "coordinator/bucket.h"
+#include "coordinator/channel.h"
+#include "coordinator/mailbox.h"
+#include "coordinator/wire.h"
+#include "reload/engine.h"
+#include "transport/transport.h"
+
+namespace ferry::coordinator {
+namespace {
+
+namespace asio = boost::asio;
+
+class RolloutWorkerImpl final : public RolloutWorker {
+ public:
+  explicit RolloutWorkerImpl(RolloutOptions o)
+      : options_(std::move(o)), work_(asio::make_work_guard(io_)), timer_(io_) {}
+
+  ~RolloutWorkerImpl() override {
+    if (channel_) channel_->close(Status::unavailable("rollout worker closed"));
+    if (transport_) transport_->shutdown();
+    work_.reset();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+    transport_.reset();
+  }
+
+  Status init() {
+    FERRY_RETURN_IF_ERROR(validate_settings());
+    if (options_.storage == nullptr) return Status::invalid_argument("RolloutOptions.storage is required");
+    FERRY_ASSIGN_OR_RETURN(timeout_ms_, setting_int("FERRY_TIMEOUT_MS"));
+    FERRY_ASSIGN_OR_RETURN(verify_, setting_bool("FERRY_VERIFY"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
+    std::string address = options_.coordinator;
+    if (address.empty()) {
+      FERRY_ASSIGN_OR_RETURN(address, setting_string("FERRY_COORDINATOR"));
+    }
+    if (address.empty()) return Status::invalid_argument("no coordinator address: set FERRY_COORDINATOR=host:port");
+    FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage));
+    FERRY_ASSIGN_OR_RETURN(transport_, transport::create_transport(""));
+    FERRY_ASSIGN_OR_RETURN(
+        endpoint_, transport_->listen([this](const uint8_t* d, size_t n) { return on_bucket(d, n); },
+                                      [](const Status& why) {
+                                        if (!why.ok()) FERRY_LOG_WARN("data connection closed: {}", why.message());
+                                      }));
+    thread_ = std::thread([this] { io_.run(); });
+    FERRY_ASSIGN_OR_RETURN(auto socket, connect_control(io_, address, timeout_ms_));
+    channel_ = std::make_shared<Channel>(std::move(socket), max_frame);
+    channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { on_message(e); },
+                    [this](const std::shared_ptr<Channel>&, const Status& why) { on_closed(why); });
+    wire::Envelope hello;
+    auto* h = hello.mutable_hello();
+    h->set_protocol_version(kProtocolVersion);
+    h->set_role("rollout");
+    to_wire(options_.spec, h->mutable_spec());
+    h->set_data_endpoint(endpoint_);
+    h->set_transport(std::string(transport_->name()));
+    h->set_pid(static_cast<int32_t>(getpid()));
+    channel_->send(hello);
+    FERRY_ASSIGN_OR_RETURN(auto w, welcome_.wait(wire::Envelope::kWelcome,
+                                                 std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_),
+                                                 "welcome"));
+    return from_wire(w.welcome().status());
+  }
+
+  uint64_t weight_version() const override { return version_.load(); }
+  bool consistent() const override { return consistent_.load(); }
+  bool paused() const override { return paused_.load(); }
+
+  Status wait_closed(int64_t timeout_ms) override {
+    std::unique_lock<std::mutex> lock(closed_mu_);
+    if (!closed_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return closed_; })) {
+      return Status::deadline_exceeded("coordinator still connected");
+    }
+    return ok_status();
+  }
+
+ private:
+  void reply(wire::Envelope& env) { channel_->send(env); }
+
+  void on_message(wire::Envelope& env) {
+    switch (env.body_case()) {
+      case wire::Envelope::kWelcome: return welcome_.push(std::move(env));
+      case wire::Envelope::kPause: return on_pause(env.pause());
+      case wire::Envelope::kFinalize: return on_finalize(env.finalize());
+      case wire::Envelope::kResume: return on_resume(env.resume());
+      case wire::Envelope::kAbort: return on_abort(env.abort());
+      default: FERRY_LOG_WARN("unexpected control message {}", static_cast<int>(env.body_case()));
+    }
+  }
+
+  void on_pause(const wire::Pause& p) {
+    Status st;
+    if (options_.pause) st = options_.pause(PauseRequest{p.version(), p.mode()});
+    paused_ = true;
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      st = engine_->begin(p.version());
+      update_version_ = p.version();
+      received_ = 0;
+      expected_ = -1;
+      finalized_ = false;
+      bucket_error_ = Status();
+    }
+    wire::Envelope env;
+    env.mutable_pause_ack()->set_version(p.version());
+    to_wire(st, env.mutable_pause_ack()->mutable_status());
+    reply(env);
+  }
+
+  void on_finalize(const wire::Finalize& f) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (f.version() != update_version_) return;
+      expected_ = static_cast<int64_t>(f.buckets());
+      if (received_ < expected_) {
+        timer_.expires_after(std::chrono::milliseconds(timeout_ms_));
+        timer_.async_wait([this, v = f.version()](boost::system::error_code ec) {
+          if (!ec) finalize(v, true);
+        });
+        return;
+      }
+    }
+    finalize(f.version(), false);
+  }
+
+  // Runs on the I/O thread once every announced bucket arrived, or when the deadline passes.
+  void finalize(uint64_t version, bool deadline) {
+    wire::Envelope env;
+    auto* out = env.mutable_finalized();
+    out->set_version(version);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finalized_ || version != update_version_) return;
+      finalized_ = true;
+      timer_.cancel();
+      Status st = bucket_error_;
+      if (st.ok() && deadline) {
+        st = Status::deadline_exceeded(fmt::format("received {} of {} buckets of update v{} within FERRY_TIMEOUT_MS",
+                                                   received_, expected_, version));
+      }
+      if (st.ok()) {
+        auto r = engine_->finalize();
+        if (r.ok()) {
+          out->set_moved(r->census.moved);
+          out->set_registered(r->census.registered);
+          out->set_bytes(r->bytes);
+          out->set_peak_staging_bytes(r->peak_staging_bytes);
+          out->set_process_seconds(r->process_seconds);
+        }
+        st = r.status();
+      } else {
+        engine_->abort();
+      }
+      if (!st.ok()) FERRY_LOG_ERROR("update v{} failed on this rank: {}", version, st.message());
+      to_wire(st, out->mutable_status());
+    }
+    reply(env);
+  }
+
+  void on_resume(const wire::Resume& r) {
+    Status st;
+    if (options_.resume) st = options_.resume(r.version());
+    if (!st.ok()) FERRY_LOG_ERROR("resume hook failed at v{}: {}", r.version(), st.message());
+    version_ = r.version();
+    consistent_ = true;
+    paused_ = false;
+    wire::Envelope env;
+    env.mutable_resume_ack()->set_version(r.version());
+    reply(env);
+  }
+
+  void on_abort(const wire::Abort& a) {
+    std::lock_guard<std::mutex> lock(mu_);
+    engine_->abort();
+    finalized_ = true;
+    timer_.cancel();
+    consistent_ = false;
+    FERRY_LOG_ERROR("update v{} aborted; staying paused until a complete update lands: {}", a.version(), a.reason());
+  }
+
+  void on_closed(const Status& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (engine_->in_update()) {
+        engine_->abort();
+        consistent_ = false;
+      }
+    }
+    welcome_.close(why);
+    {
+      std::lock_guard<std::mutex> lock(closed_mu_);
+      closed_ = true;
+    }
+    closed_cv_.notify_all();
+  }
+
+  // Runs on the transport's thread.
+  Status on_bucket(const uint8_t* data, size_t size) {
+    wire::BucketHeader header;
+    Status st = decode_bucket(data, size, &header);
+    if (st.ok() && verify_ && header.checksum() == 0) {
+      st = Status::data_loss(fmt::format("bucket {} carries no checksum while FERRY_VERIFY=1", header.seq()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (st.ok() && (header.version() != update_version_ || !engine_->in_update())) {
+      st = Status::failed_precondition(fmt::format("bucket of update v{} while this rank is at v{}{}", header.version(),
+                                                   update_version_, engine_->in_update() ? "" : " (no update open)"));
+    }
+    for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
+      const auto& p = header.pieces(i);
+      auto dt = parse_dtype(p.dtype());
+      if (!dt.ok()) {
+        st = dt.status();
+        break;
+      }
+      Region dst{Shape(p.dst_offset().begin(), p.dst_offset().end()), Shape(p.size().begin(), p.size().end())};
+      st = engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());
+    }
+    if (!st.ok() && bucket_error_.ok()) bucket_error_ = st;
+    ++received_;
+    if (expected_ >= 0 && received_ >= expected_ && !finalized_) {
+      asio::post(io_, [this, v = update_version_] { finalize(v, false); });
+    }
+    return ok_status();
+  }
+
+  RolloutOptions options_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  asio::steady_timer timer_;
+  std::thread thread_;
+  std::shared_ptr<Channel> channel_;
+  Mailbox welcome_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string endpoint_;
+  int64_t timeout_ms_ = 0;
+  bool verify_ = false;
+
+  std::mutex mu_;  // engine and update counters
+  std::unique_ptr<reload::ReloadEngine> engine_;
+  uint64_t update_version_ = 0;
+  int64_t received_ = 0;
+  int64_t expected_ = -1;
+  bool finalized_ = false;
+  Status bucket_error_;
+
+  std::atomic<uint64_t> version_{0};
+  std::atomic<bool> consistent_{true};
+  std::atomic<bool> paused_{false};
+
+  std::mutex closed_mu_;
+  std::condition_variable closed_cv_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RolloutWorker>> RolloutWorker::create(RolloutOptions options) {
+  auto w = std::make_unique<RolloutWorkerImpl>(std::move(options));
+  FERRY_RETURN_IF_ERROR(w->init());
+  return std::unique_ptr<RolloutWorker>(std::move(w));
+}
+
+}  // namespace ferry::coordinator

@@ -1,0 +1,54 @@
+// The rollout side of ferry: a rank registers its model spec and live storage, and serves weight
+// updates on background threads. The engine's pause and resume hooks run around every update.
+//
+//   RolloutOptions o;
+//   o.spec = ferry::sharding::llama_rank_spec(cfg, tp_rank, tp_size, "fp8_per_tensor").value();
+//   o.storage = &storage;                 // the tensors the model's kernels read
+//   o.pause = [&](const PauseRequest& r) { engine.pause(r.mode); return ferry::ok_status(); };
+//   o.resume = [&](uint64_t v) { engine.resume(); return ferry::ok_status(); };
+//   auto worker = RolloutWorker::create(std::move(o)).value();   // joins the coordinator
+//   ... generate, tagging samples with worker->weight_version() ...
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "reload/model_storage.h"
+#include "sharding/model_spec.h"
+
+namespace ferry::coordinator {
+
+struct PauseRequest {
+  uint64_t version = 0;  // the version about to be loaded
+  std::string mode;      // abort: cancel in-flight generation; wait: drain it; keep: freeze it in place
+};
+
+struct RolloutOptions {
+  std::string coordinator;  // host:port; empty: FERRY_COORDINATOR
+  sharding::RankSpec spec;
+  reload::ModelStorage* storage = nullptr;
+  // Runs before any byte of the update is written; generation must not read weights until resume.
+  std::function<Status(const PauseRequest&)> pause;
+  // Runs once every rank of the replica holds `version` complete.
+  std::function<Status(uint64_t version)> resume;
+};
+
+class RolloutWorker {
+ public:
+  // Joins the coordinator and starts serving updates on background threads.
+  static Result<std::unique_ptr<RolloutWorker>> create(RolloutOptions options);
+  virtual ~RolloutWorker() = default;
+
+  // The version the rank's storage holds; every generated sample can carry it.
+  virtual uint64_t weight_version() const = 0;
+  // False after an aborted update, until a complete update lands.
+  virtual bool consistent() const = 0;
+  virtual bool paused() const = 0;
+  // Blocks until the coordinator closes the connection (the job ended) or `timeout_ms` passes.
+  virtual Status wait_closed(int64_t timeout_ms) = 0;
+};
+
+}  // namespace ferry::coordinator

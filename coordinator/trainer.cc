@@ -1,0 +1,377 @@
+#include "coordinator/trainer.h"
+
+#include <chrono>
+#include <deque>
+#include <thread>
+
+#include "core/asio.h"
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/region_copy.h"
+#include "core/settings.h"
+#include "core/version.h"
+#include "coordinator/bucket.h"
+#include "coordinator/channel.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/mailbox.h"
+#include "coordinator/wire.h"
+#include "sharding/planner.h"
+#include "transport/transport.h"
+
+namespace ferry::coordinator {
+namespace {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kBucketSlack = 1 << 20;  // room for headers beyond FERRY_BUCKET_BYTES of payload
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One destination rank: its connection, a pool of bucket buffers, and the buckets in flight.
+struct Destination {
+  std::string endpoint;
+  std::unique_ptr<transport::Connection> conn;
+  std::vector<std::unique_ptr<BucketBuilder>> pool;
+  std::vector<std::unique_ptr<transport::MemoryRegion>> regions;
+  std::deque<std::pair<std::unique_ptr<transport::TransferHandle>, size_t>> in_flight;
+  std::vector<size_t> free;
+  int open = -1;  // builder being filled
+  uint64_t buckets = 0;
+  uint64_t seq = 0;
+};
+
+class TrainerImpl final : public Trainer {
+ public:
+  explicit TrainerImpl(TrainerOptions o) : options_(std::move(o)), work_(asio::make_work_guard(io_)) {}
+
+  ~TrainerImpl() override {
+    if (channel_) channel_->close(Status::unavailable("trainer closed"));
+    // Connections go before their transport, bucket memory only after the transport's thread ended.
+    for (auto& d : dests_) d.conn.reset();
+    transport_.reset();
+    dests_.clear();
+    work_.reset();
+    if (thread_.joinable()) thread_.join();
+    if (embedded_) embedded_->stop();
+  }
+
+  Status init() {
+    FERRY_RETURN_IF_ERROR(validate_settings());
+    FERRY_ASSIGN_OR_RETURN(timeout_ms_, setting_int("FERRY_TIMEOUT_MS"));
+    FERRY_ASSIGN_OR_RETURN(bucket_bytes_, setting_bytes("FERRY_BUCKET_BYTES"));
+    FERRY_ASSIGN_OR_RETURN(int64_t inflight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
+    FERRY_ASSIGN_OR_RETURN(verify_, setting_bool("FERRY_VERIFY"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
+    if (inflight < 1) return Status::invalid_argument("FERRY_BUCKETS_IN_FLIGHT must be at least 1");
+    if (bucket_bytes_ < 4096) return Status::invalid_argument("FERRY_BUCKET_BYTES must be at least 4K");
+    in_flight_ = static_cast<size_t>(inflight);
+    std::string address = options_.coordinator;
+    if (address.empty()) {
+      FERRY_ASSIGN_OR_RETURN(embedded_, Coordinator::start({options_.listen_host, options_.port}));
+      address = embedded_->address();
+    }
+    address_ = address;
+    thread_ = std::thread([this] { io_.run(); });
+    FERRY_ASSIGN_OR_RETURN(auto socket, connect_control(io_, address, timeout_ms_));
+    channel_ = std::make_shared<Channel>(std::move(socket), max_frame);
+    channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { mailbox_.push(std::move(e)); },
+                    [this](const std::shared_ptr<Channel>&, const Status& why) { mailbox_.close(why); });
+    wire::Envelope hello;
+    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    hello.mutable_hello()->set_role("trainer");
+    hello.mutable_hello()->set_pid(static_cast<int32_t>(getpid()));
+    channel_->send(hello);
+    FERRY_ASSIGN_OR_RETURN(auto w, mailbox_.wait(wire::Envelope::kWelcome, deadline(), "welcome"));
+    return from_wire(w.welcome().status());
+  }
+
+  std::string coordinator_address() const override { return address_; }
+
+  Status wait_for_ranks(int n, int64_t timeout_ms) override {
+    if (!embedded_) return Status::failed_precondition("wait_for_ranks needs the coordinator embedded in this trainer");
+    return embedded_->wait_for_ranks(n, timeout_ms);
+  }
+
+  Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) override {
+    if (in_update_) return Status::failed_precondition(fmt::format("update v{} is still open; finish it first", version_));
+    t_start_ = Clock::now();
+    wire::Envelope env;
+    auto* s = env.mutable_start_update();
+    s->set_version(version);
+    s->set_pause_mode(options_.pause_mode);
+    for (const auto& t : manifest) to_wire(t, s->add_manifest());
+    channel_->send(env);
+    FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kStartReply, deadline(2), "start reply"));
+    const auto& r = reply.start_reply();
+    FERRY_RETURN_IF_ERROR(from_wire(r.status()));
+    pause_seconds_ = since(t_start_);
+    const auto t_plan = Clock::now();
+    ranks_.clear();
+    endpoints_.clear();
+    for (const auto& m : r.ranks()) {
+      FERRY_ASSIGN_OR_RETURN(auto spec, from_wire(m.spec()));
+      ranks_.push_back(std::move(spec));
+      endpoints_.push_back({m.data_endpoint(), m.transport()});
+    }
+    manifest_ = manifest;
+    index_.clear();
+    for (size_t i = 0; i < manifest_.size(); ++i) index_[manifest_[i].name] = i;
+    auto plan = plans_.get(manifest_, ranks_, {sharding::SenderInfo{}});
+    if (!plan.ok()) return plan.status();
+    plan_ = *plan;
+    plan_seconds_ = since(t_plan);
+    FERRY_RETURN_IF_ERROR(connect_all());
+    version_ = version;
+    sent_.assign(manifest_.size(), false);
+    failure_ = Status();
+    bytes_ = 0;
+    in_update_ = true;
+    t_transfer_ = Clock::now();
+    return ok_status();
+  }
+
+  Status send(const std::string& name, const TensorView& tensor) override {
+    if (!in_update_) return Status::failed_precondition("send(" + name + ") outside an update");
+    Status st = send_one(name, tensor);
+    if (!st.ok() && failure_.ok()) failure_ = st;
+    return st;
+  }
+
+  Status update_weights(WeightSource& source) override {
+    if (!in_update_) return Status::failed_precondition("update_weights outside an update");
+    for (int i : plan_->source_order) {
+      const std::string& name = manifest_[static_cast<size_t>(i)].name;
+      if (sent_[static_cast<size_t>(i)]) continue;
+      auto t = source.get(name);
+      if (!t.ok()) {
+        if (failure_.ok()) failure_ = t.status();
+        return t.status();
+      }
+      FERRY_RETURN_IF_ERROR(send(name, *t));
+    }
+    return ok_status();
+  }
+
+  Result<UpdateReport> finish_weight_update() override {
+    if (!in_update_) return Status::failed_precondition("finish_weight_update without start_weight_update");
+    in_update_ = false;
+    for (auto& d : dests_) {
+      if (failure_.ok()) record(flush(d));
+    }
+    for (auto& d : dests_) {
+      while (!d.in_flight.empty()) {
+        Status st = d.in_flight.front().first->wait(deadline());
+        if (!st.ok()) {
+          record(st);
+          d.conn->abort();
+          d.conn.reset();  // reconnect next update
+          d.buckets -= d.in_flight.size();
+          d.in_flight.clear();
+          break;
+        }
+        d.free.push_back(d.in_flight.front().second);
+        d.in_flight.pop_front();
+      }
+    }
+    const double transfer = since(t_transfer_);
+    wire::Envelope env;
+    auto* f = env.mutable_finish_update();
+    f->set_version(version_);
+    for (auto& d : dests_) f->add_buckets(d.buckets);
+    f->set_bytes(bytes_);
+    f->set_transfer_seconds(transfer);
+    channel_->send(env);
+    FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kFinishReply, deadline(4), "finish reply"));
+    const auto& r = reply.finish_reply();
+    Status st = from_wire(r.status());
+    if (!st.ok()) return failure_.ok() ? st : failure_.with_context(st.message());
+    if (!failure_.ok()) return failure_;
+    UpdateReport rep;
+    rep.version = r.version();
+    rep.ranks = r.ranks();
+    rep.bytes = r.bytes();
+    rep.moved = r.moved();
+    rep.registered = r.registered();
+    rep.peak_staging_bytes = r.peak_staging_bytes();
+    rep.seconds = since(t_start_);
+    rep.pause_seconds = pause_seconds_;
+    rep.plan_seconds = plan_seconds_;
+    rep.transfer_seconds = transfer;
+    rep.process_seconds = r.process_seconds();
+    rep.resume_seconds = r.resume_seconds();
+    return rep;
+  }
+
+ private:
+  Clock::time_point deadline(int factor = 1) const {
+    return Clock::now() + std::chrono::milliseconds(timeout_ms_ * factor);
+  }
+
+  void record(const Status& st) {
+    if (!st.ok() && failure_.ok()) failure_ = st;
+  }
+
+  Status connect_all() {
+    if (!transport_) {
+      const std::string wanted = endpoints_.empty() ? "tcp" : endpoints_.front().second;
+      FERRY_ASSIGN_OR_RETURN(transport_, transport::create_transport(wanted.empty() ? "tcp" : wanted));
+    }
+    // Bucket buffers hold at least the largest row of any piece, so every piece can be chunked.
+    uint64_t max_row = 0;
+    for (const auto& p : plan_->pieces) max_row = std::max<uint64_t>(max_row, p.bytes / std::max<int64_t>(1, p.src.size[0]));
+    std::vector<Destination> next(ranks_.size());
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      Destination& d = next[i];
+      d.endpoint = endpoints_[i].first;
+      for (auto& old : dests_) {
+        if (old.endpoint == d.endpoint && old.conn && old.in_flight.empty()) {
+          d = std::move(old);
+          break;
+        }
+      }
+      d.buckets = 0;
+      d.open = -1;
+      const size_t want = std::max<uint64_t>(std::min<uint64_t>(bucket_bytes_, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
+      if (d.pool.empty() || d.pool.front()->capacity() < want) {
+        d.pool.clear();
+        d.regions.clear();
+        d.free.clear();
+        for (size_t k = 0; k < in_flight_; ++k) {
+          auto b = std::make_unique<BucketBuilder>(want);
+          if (b->capacity() < want) return Status::resource_exhausted(fmt::format("bucket buffer of {} bytes", want));
+          FERRY_ASSIGN_OR_RETURN(auto region, transport_->register_memory(b->data(), b->capacity(), Device::cpu()));
+          d.regions.push_back(std::move(region));
+          d.pool.push_back(std::move(b));
+          d.free.push_back(k);
+        }
+      }
+      if (!d.conn) {
+        auto c = transport_->connect(d.endpoint, deadline());
+        if (!c.ok()) return c.status().with_context(fmt::format("replica {} rank {}", ranks_[i].replica, ranks_[i].tp_rank));
+        d.conn = std::move(*c);
+      }
+    }
+    dests_ = std::move(next);
+    return ok_status();
+  }
+
+  // A builder ready to take pieces for `d`, waiting for the oldest bucket in flight if all are busy.
+  Result<BucketBuilder*> open_bucket(Destination& d) {
+    if (d.open >= 0) return d.pool[static_cast<size_t>(d.open)].get();
+    if (d.free.empty()) {
+      auto& [handle, k] = d.in_flight.front();
+      FERRY_RETURN_IF_ERROR(handle->wait(deadline()));
+      d.free.push_back(k);
+      d.in_flight.pop_front();
+    }
+    d.open = static_cast<int>(d.free.back());
+    d.free.pop_back();
+    BucketBuilder* b = d.pool[static_cast<size_t>(d.open)].get();
+    b->reset(version_, 0, d.seq++);
+    return b;
+  }
+
+  Status flush(Destination& d) {
+    if (d.open < 0) return ok_status();
+    const size_t k = static_cast<size_t>(d.open);
+    d.open = -1;
+    BucketBuilder& b = *d.pool[k];
+    if (b.piece_count() == 0) {
+      d.free.push_back(k);
+      return ok_status();
+    }
+    FERRY_ASSIGN_OR_RETURN(size_t size, b.seal(verify_));
+    FERRY_ASSIGN_OR_RETURN(auto handle, d.conn->post(*d.regions[k], 0, size));
+    d.in_flight.emplace_back(std::move(handle), k);
+    ++d.buckets;
+    return ok_status();
+  }
+
+  Status send_one(const std::string& name, const TensorView& tensor) {
+    auto it = index_.find(name);
+    if (it == index_.end()) return Status::invalid_argument("send(" + name + "): not in this update's manifest");
+    const sharding::SourceTensor& meta = manifest_[it->second];
+    FERRY_RETURN_IF_ERROR(expect_tensor(tensor, "send(" + name + ")", meta.dtype, meta.shape));
+    if (sent_[it->second]) return Status::invalid_argument("send(" + name + "): already sent in this update");
+    sent_[it->second] = true;
+    for (int pi : plan_->by_source[it->second]) {
+      const sharding::Piece& piece = plan_->pieces[static_cast<size_t>(pi)];
+      const sharding::ParamSpec& param = ranks_[static_cast<size_t>(piece.dst)].params[static_cast<size_t>(piece.param)];
+      const Region dst_full = sharding::slice_dst_region(param.slices[static_cast<size_t>(piece.slice)], param);
+      Destination& d = dests_[static_cast<size_t>(piece.dst)];
+      const int64_t rows = piece.src.size.empty() ? 1 : piece.src.size[0];
+      const size_t row_bytes = rows ? piece.bytes / static_cast<uint64_t>(rows) : 0;
+      const size_t k = dst_full.size.size() - piece.src.size.size();  // dst dim of src dim 0
+      int64_t row = 0;
+      while (row < rows) {
+        FERRY_ASSIGN_OR_RETURN(BucketBuilder * b, open_bucket(d));
+        const int64_t n = std::min<int64_t>(rows - row, static_cast<int64_t>(b->payload_room() / std::max<size_t>(1, row_bytes)));
+        if (n == 0) {
+          FERRY_RETURN_IF_ERROR(flush(d));
+          continue;
+        }
+        Region src = piece.src;
+        Region dst = dst_full;
+        if (!src.size.empty()) {
+          src.offset[0] += row;
+          src.size[0] = n;
+          dst.offset[k] += row;
+          dst.size[k] = n;
+        }
+        const size_t bytes = static_cast<size_t>(n) * row_bytes;
+        uint8_t* where = b->add_piece(static_cast<uint32_t>(piece.param), dst, meta.dtype, bytes);
+        FERRY_RETURN_IF_ERROR(pack_region(tensor, src, where, bytes).with_context(name));
+        bytes_ += bytes;
+        row += n;
+      }
+    }
+    return ok_status();
+  }
+
+  TrainerOptions options_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread thread_;
+  std::unique_ptr<Coordinator> embedded_;
+  std::string address_;
+  std::shared_ptr<Channel> channel_;
+  Mailbox mailbox_;
+  int64_t timeout_ms_ = 0;
+  uint64_t bucket_bytes_ = 0;
+  size_t in_flight_ = 1;
+  bool verify_ = false;
+
+  std::unique_ptr<transport::Transport> transport_;
+  sharding::PlanCache plans_;
+  std::shared_ptr<const sharding::Plan> plan_;
+  sharding::Manifest manifest_;
+  std::map<std::string, size_t> index_;
+  std::vector<sharding::RankSpec> ranks_;
+  std::vector<std::pair<std::string, std::string>> endpoints_;
+  std::vector<Destination> dests_;
+  std::vector<bool> sent_;
+  bool in_update_ = false;
+  uint64_t version_ = 0;
+  uint64_t bytes_ = 0;
+  Status failure_;
+  Clock::time_point t_start_, t_transfer_;
+  double pause_seconds_ = 0, plan_seconds_ = 0;
+};
+
+}  // namespace
+
+Result<TensorView> MapSource::get(const std::string& name) {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return Status::not_found("weight source has no tensor " + name);
+  return it->second;
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& options) {
+  auto t = std::make_unique<TrainerImpl>(options);
+  FERRY_RETURN_IF_ERROR(t->init());
+  return std::unique_ptr<Trainer>(std::move(t));
+}
+
+}  // namespace ferry::coordinator

@@ -1,0 +1,83 @@
+// The trainer side of ferry: start_weight_update / send / finish_weight_update.
+//
+//   auto trainer = ferry::coordinator::Trainer::create({}).value();   // embeds the coordinator
+//   trainer->start_weight_update(step, manifest);                     // pauses every replica
+//   for (auto& [name, t] : weights) trainer->send(name, t);          // or update_weights(source)
+//   auto report = trainer->finish_weight_update();                   // resumes them at `step`
+//
+// Contract: a tensor passed to send() is read during the call only on the host path; transports
+// that read in place (cuda_ipc) read it until finish_weight_update() returns, so the trainer must
+// not modify its weights between start and finish.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "sharding/model_spec.h"
+
+namespace ferry::coordinator {
+
+struct TrainerOptions {
+  std::string coordinator;  // host:port to join; empty: embed a coordinator in this process
+  std::string listen_host;  // embedded coordinator's address; empty: FERRY_LISTEN_HOST
+  uint16_t port = 0;        // embedded coordinator's port; 0: any
+  std::string pause_mode = "abort";  // abort, wait or keep
+};
+
+struct UpdateReport {
+  uint64_t version = 0;
+  int ranks = 0;
+  uint64_t bytes = 0;
+  uint64_t moved = 0;
+  uint64_t registered = 0;
+  uint64_t peak_staging_bytes = 0;
+  double seconds = 0;  // start_weight_update to finish_weight_update returning
+  double pause_seconds = 0;
+  double plan_seconds = 0;
+  double transfer_seconds = 0;
+  double process_seconds = 0;
+  double resume_seconds = 0;
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
+};
+
+// Named tensors a trainer sends; update_weights() asks for them in plan order.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual Result<TensorView> get(const std::string& name) = 0;
+};
+
+class MapSource final : public WeightSource {
+ public:
+  explicit MapSource(std::map<std::string, TensorView> tensors) : tensors_(std::move(tensors)) {}
+  Result<TensorView> get(const std::string& name) override;
+
+ private:
+  std::map<std::string, TensorView> tensors_;
+};
+
+class Trainer {
+ public:
+  static Result<std::unique_ptr<Trainer>> create(const TrainerOptions& options);
+  virtual ~Trainer() = default;
+
+  // host:port of the coordinator this trainer uses.
+  virtual std::string coordinator_address() const = 0;
+  // Waits until `n` rollout ranks have joined; needs the embedded coordinator.
+  virtual Status wait_for_ranks(int n, int64_t timeout_ms) = 0;
+
+  // Checks `manifest` against every replica (any mismatch fails here, before a byte moves), pauses
+  // them all, and plans the transfer.
+  virtual Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) = 0;
+  // Sends one tensor of the manifest; any order.
+  virtual Status send(const std::string& name, const TensorView& tensor) = 0;
+  // Sends every tensor of the manifest, pulled from `source` in plan order.
+  virtual Status update_weights(WeightSource& source) = 0;
+  // Waits until every rank holds the complete version, resumes them together, and reports.
+  virtual Result<UpdateReport> finish_weight_update() = 0;
+};
+
+}  // namespace ferry::coordinator

@@ -1,0 +1,59 @@
+#include "reload/model_storage.h"
+
+#include <fmt/format.h>
+
+namespace ferry::reload {
+
+std::string storage_name(const std::string& param, const std::string& suffix) {
+  if (suffix == "weight" || suffix.empty()) return param;
+  const size_t dot = param.rfind('.');
+  return (dot == std::string::npos ? param : param.substr(0, dot)) + "." + suffix;
+}
+
+Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSpec& p, DType none_dtype) {
+  FERRY_ASSIGN_OR_RETURN(kernels::Scheme scheme, kernels::parse_scheme(p.scheme));
+  auto layout = kernels::storage_layout(scheme, p.shape, p.shard_rows, none_dtype);
+  if (!layout.ok()) return layout.status().with_context(p.name);
+  return layout;
+}
+
+Result<ModelStorage> ModelStorage::allocate(const sharding::RankSpec& spec, Device device, DType none_dtype) {
+  ModelStorage s;
+  s.device_ = device;
+  for (const auto& p : spec.params) {
+    FERRY_ASSIGN_OR_RETURN(auto layout, param_layout(p, none_dtype));
+    for (const auto& t : layout) {
+      const std::string name = storage_name(p.name, t.suffix);
+      FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(dtype_bytes(t.dtype, shape_numel(t.shape)), device));
+      FERRY_RETURN_IF_ERROR(b.zero());
+      FERRY_ASSIGN_OR_RETURN(TensorView v, b.view(t.dtype, t.shape));
+      if (!s.views_.emplace(name, v).second) return Status::invalid_argument("two storage tensors named " + name);
+      s.buffers_.emplace(name, std::move(b));
+    }
+  }
+  return s;
+}
+
+Result<TensorView> ModelStorage::get(const std::string& name) const {
+  auto it = views_.find(name);
+  if (it == views_.end()) return Status::not_found("no storage tensor " + name);
+  return it->second;
+}
+
+Status ModelStorage::replace(const std::string& name, Buffer buffer) {
+  auto it = views_.find(name);
+  if (it == views_.end()) return Status::not_found("no storage tensor " + name);
+  if (buffer.size() < it->second.nbytes()) return Status::invalid_argument("replacement for " + name + " is too small");
+  TensorView v(buffer.data(), it->second.dtype(), it->second.shape(), buffer.device());
+  it->second = v;
+  buffers_[name] = std::move(buffer);
+  return ok_status();
+}
+
+uint64_t ModelStorage::bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, v] : views_) n += v.nbytes();
+  return n;
+}
+
+}  // namespace ferry::reload

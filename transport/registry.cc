@@ -1,0 +1,36 @@
+// The one place transports are listed, in priority order. Adding a transport adds one line here.
+#include <fmt/format.h>
+
+#include "core/settings.h"
+#include "transport/tcp_transport.h"
+#include "transport/transport.h"
+
+namespace ferry::transport {
+
+const std::vector<TransportFactory>& transport_factories() {
+  static const std::vector<TransportFactory> factories = {
+      {"tcp", create_tcp_transport},
+  };
+  return factories;
+}
+
+Result<std::unique_ptr<Transport>> create_transport(std::string_view name) {
+  if (name.empty()) {
+    FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
+    return create_transport(forced);
+  }
+  Status last = Status::unavailable("no transport could be created");
+  for (const auto& f : transport_factories()) {
+    if (name != "auto" && f.name != name) continue;
+    auto t = f.create();
+    if (t.ok()) return t;
+    last = t.status().with_context(std::string(f.name));
+    if (name != "auto") return last;
+  }
+  if (name != "auto") {
+    return Status::unavailable(fmt::format("transport '{}' is not built into this ferry", name));
+  }
+  return last;
+}
+
+}  // namespace ferry::transport

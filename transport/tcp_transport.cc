@@ -1,0 +1,293 @@
+#include "transport/tcp_transport.h"
+
+#include <array>
+#include <deque>
+#include <future>
+#include <list>
+#include <thread>
+
+#include "core/asio.h"
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/settings.h"
+#include "transport/handle.h"
+
+namespace ferry::transport {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+constexpr int kSocketBufferBytes = 8 << 20;
+
+void tune(tcp::socket& s) {
+  boost::system::error_code ec;
+  s.set_option(tcp::no_delay(true), ec);
+  s.set_option(asio::socket_base::send_buffer_size(kSocketBufferBytes), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(kSocketBufferBytes), ec);
+}
+
+Status net_error(std::string_view what, const boost::system::error_code& ec) {
+  return Status::unavailable(fmt::format("tcp {}: {}", what, ec.message()));
+}
+
+// Receives buckets from one sender.
+class Receiver : public std::enable_shared_from_this<Receiver> {
+ public:
+  Receiver(tcp::socket socket, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed)
+      : socket_(std::move(socket)), max_bucket_(max_bucket), on_bucket_(std::move(on_bucket)),
+        on_closed_(std::move(on_closed)) {}
+
+  void start() { read_header(); }
+  void close() {
+    boost::system::error_code ec;
+    socket_.close(ec);
+  }
+
+ private:
+  void read_header() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(header_), [self](boost::system::error_code ec, size_t) {
+      if (ec) return self->finish(ec == asio::error::eof ? ok_status() : net_error("receive", ec));
+      uint64_t n = 0;
+      for (int i = 7; i >= 0; --i) n = (n << 8) | self->header_[static_cast<size_t>(i)];
+      if (n > self->max_bucket_) {
+        return self->finish(Status::resource_exhausted(
+            fmt::format("tcp: peer announced a {}-byte bucket; the limit is {}", n, self->max_bucket_)));
+      }
+      self->body_.resize(n);
+      self->read_body();
+    });
+  }
+
+  void read_body() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(body_), [self](boost::system::error_code ec, size_t) {
+      if (ec) return self->finish(net_error("receive", ec));
+      Status st = self->on_bucket_(self->body_.data(), self->body_.size());
+      if (!st.ok()) return self->finish(st);
+      self->read_header();
+    });
+  }
+
+  void finish(Status st) {
+    close();
+    if (on_closed_) on_closed_(st);
+  }
+
+  tcp::socket socket_;
+  uint64_t max_bucket_;
+  BucketCallback on_bucket_;
+  PeerClosedCallback on_closed_;
+  std::array<uint8_t, 8> header_{};
+  std::vector<uint8_t> body_;
+};
+
+class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(asio::io_context& io, tcp::socket socket) : io_(io), socket_(std::move(socket)) {}
+  ~TcpConnection() override = default;
+
+  Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) override {
+    if (offset > region.size() || size > region.size() - offset) {
+      return Status::out_of_range(fmt::format("post of {} bytes at {} exceeds a {}-byte region", size, offset, region.size()));
+    }
+    auto state = std::make_shared<CompletionState>();
+    Op op{static_cast<const uint8_t*>(region.data()) + offset, size, state, {}};
+    for (int i = 0; i < 8; ++i) op.header[static_cast<size_t>(i)] = static_cast<uint8_t>(size >> (8 * i));
+    auto self = shared_from_this();
+    asio::post(io_, [self, op = std::move(op)]() mutable {
+      if (self->failed_) {
+        op.state->complete(self->failure_);
+        return;
+      }
+      self->queue_.push_back(std::move(op));
+      if (self->queue_.size() == 1) self->write_next();
+    });
+    std::weak_ptr<TcpConnection> weak = self;
+    return std::unique_ptr<TransferHandle>(std::make_unique<StateHandle>(state, [weak] {
+      if (auto c = weak.lock()) c->abort();
+    }));
+  }
+
+  void abort() override {
+    auto self = shared_from_this();
+    asio::post(io_, [self] { self->fail(Status::aborted("tcp connection aborted")); });
+  }
+
+ private:
+  struct Op {
+    const uint8_t* data;
+    size_t size;
+    std::shared_ptr<CompletionState> state;
+    std::array<uint8_t, 8> header;
+  };
+
+  void write_next() {
+    Op& op = queue_.front();
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(op.header), asio::buffer(op.data, op.size)};
+    auto self = shared_from_this();
+    asio::async_write(socket_, bufs, [self](boost::system::error_code ec, size_t) {
+      if (self->failed_) return;
+      if (ec) return self->fail(net_error("send", ec));
+      self->queue_.front().state->complete(ok_status());
+      self->queue_.pop_front();
+      if (!self->queue_.empty()) self->write_next();
+    });
+  }
+
+  void fail(Status st) {
+    if (!failed_) {
+      failed_ = true;
+      failure_ = st;
+    }
+    boost::system::error_code ec;
+    socket_.close(ec);
+    for (Op& op : queue_) op.state->complete(failure_);
+    queue_.clear();
+  }
+
+  asio::io_context& io_;
+  tcp::socket socket_;
+  std::deque<Op> queue_;  // touched only on the I/O thread
+  bool failed_ = false;
+  Status failure_;
+};
+
+// Connections are owned by the transport's I/O thread; the caller holds a thin owner that aborts on
+// destruction so no socket outlives its user.
+class OwnedConnection final : public Connection {
+ public:
+  explicit OwnedConnection(std::shared_ptr<TcpConnection> c) : c_(std::move(c)) {}
+  ~OwnedConnection() override { c_->abort(); }
+  Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& r, size_t o, size_t s) override {
+    return c_->post(r, o, s);
+  }
+  void abort() override { c_->abort(); }
+
+ private:
+  std::shared_ptr<TcpConnection> c_;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport() : work_(asio::make_work_guard(io_)), acceptor_(io_) {
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~TcpTransport() override {
+    shutdown();
+    work_.reset();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::string_view name() const override { return "tcp"; }
+  Capabilities capabilities() const override { return {true, true, true, false}; }
+
+  Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
+    if (!device.is_cpu()) return Status::invalid_argument("tcp moves host memory only; got " + device.to_string());
+    return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
+  }
+
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+    FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
+    max_bucket_ = bucket * 4 + (64ull << 20);
+    boost::system::error_code ec;
+    auto addr = asio::ip::make_address(host, ec);
+    if (ec) return Status::invalid_argument(fmt::format("FERRY_LISTEN_HOST='{}' is not an address", host));
+    std::promise<Result<std::string>> done;
+    asio::post(io_, [&] {
+      boost::system::error_code e;
+      acceptor_.open(addr.is_v4() ? tcp::v4() : tcp::v6(), e);
+      if (!e) acceptor_.set_option(tcp::acceptor::reuse_address(true), e);
+      if (!e) acceptor_.bind(tcp::endpoint(addr, 0), e);
+      if (!e) acceptor_.listen(asio::socket_base::max_listen_connections, e);
+      if (e) return done.set_value(net_error("listen on " + host, e));
+      on_bucket_ = std::move(on_bucket);
+      on_closed_ = std::move(on_closed);
+      accept();
+      const auto ep = acceptor_.local_endpoint();
+      done.set_value(fmt::format("tcp://{}:{}", ep.address().to_string(), ep.port()));
+    });
+    return done.get_future().get();
+  }
+
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
+    constexpr std::string_view kScheme = "tcp://";
+    const size_t colon = blob.rfind(':');
+    if (!blob.starts_with(kScheme) || colon == std::string::npos || colon < kScheme.size()) {
+      return Status::invalid_argument("tcp: malformed endpoint '" + blob + "'");
+    }
+    const std::string host = blob.substr(kScheme.size(), colon - kScheme.size());
+    const std::string port = blob.substr(colon + 1);
+    auto socket = std::make_shared<tcp::socket>(io_);
+    auto state = std::make_shared<CompletionState>();
+    asio::post(io_, [this, socket, state, host, port] {
+      boost::system::error_code ec;
+      tcp::resolver resolver(io_);
+      auto eps = resolver.resolve(host, port, ec);
+      if (ec) return state->complete(net_error("resolve " + host, ec));
+      asio::async_connect(*socket, eps, [socket, state, host, port](boost::system::error_code e, const tcp::endpoint&) {
+        if (e) return state->complete(net_error(fmt::format("connect to {}:{}", host, port), e));
+        tune(*socket);
+        state->complete(ok_status());
+      });
+    });
+    Status st = state->wait(deadline);
+    if (!st.ok()) {
+      asio::post(io_, [socket] {
+        boost::system::error_code ec;
+        socket->close(ec);
+      });
+      return st.with_context("tcp connect to " + blob);
+    }
+    auto conn = std::make_shared<TcpConnection>(io_, std::move(*socket));
+    return std::unique_ptr<Connection>(std::make_unique<OwnedConnection>(std::move(conn)));
+  }
+
+  void shutdown() override {
+    std::promise<void> done;
+    asio::post(io_, [&] {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+      for (auto& w : receivers_) {
+        if (auto r = w.lock()) r->close();
+      }
+      receivers_.clear();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+      if (ec) return;  // closed
+      tune(socket);
+      auto r = std::make_shared<Receiver>(std::move(socket), max_bucket_, on_bucket_, on_closed_);
+      receivers_.remove_if([](const std::weak_ptr<Receiver>& w) { return w.expired(); });
+      receivers_.push_back(r);
+      r->start();
+      accept();
+    });
+  }
+
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+  BucketCallback on_bucket_;
+  PeerClosedCallback on_closed_;
+  uint64_t max_bucket_ = 0;
+  std::list<std::weak_ptr<Receiver>> receivers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> create_tcp_transport() {
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>());
+}
+
+}  // namespace ferry::transport

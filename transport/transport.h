@@ -1,0 +1,97 @@
+// The data-plane interface every transport implements (tcp, shm, cuda_ipc, ucx, nccl).
+//
+// Shape, after NIXL and c10d: capability queries; memory registered once per buffer; connection
+// info exchanged as an opaque blob through the coordinator; asynchronous post returning a handle
+// that can be polled, waited on with a deadline, and aborted. A receiver gets each bucket whole, in
+// a callback, in memory valid until the callback returns.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace ferry::transport {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+struct Capabilities {
+  bool local = true;    // reaches peers on this node
+  bool remote = false;  // reaches peers on other nodes
+  bool host_memory = true;
+  bool device_memory = false;
+};
+
+// Registered memory: a region the transport may move from or into without further setup.
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+  virtual Device device() const = 0;
+};
+
+// One asynchronous operation.
+class TransferHandle {
+ public:
+  virtual ~TransferHandle() = default;
+  virtual bool is_completed() = 0;
+  // Waits until the operation completes or `deadline` passes (DeadlineExceeded); returns its Status.
+  virtual Status wait(Deadline deadline) = 0;
+  // Cancels the operation if it has not completed; a later wait() returns Aborted. Never blocks.
+  virtual void abort() = 0;
+};
+
+// A sender's link to one receiver.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  // Posts `size` bytes at `data` (inside a region registered with this transport) as one bucket.
+  // The bytes must stay untouched until the handle completes.
+  virtual Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) = 0;
+  // Fails every pending operation with Aborted and closes the link.
+  virtual void abort() = 0;
+};
+
+// Called once per received bucket; the bytes stay valid until it returns. A non-OK Status closes
+// the sending connection.
+using BucketCallback = std::function<Status(const uint8_t* data, size_t size)>;
+// Called when a sending peer's connection ends (OK for a clean close).
+using PeerClosedCallback = std::function<void(const Status& why)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string_view name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+
+  virtual Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) = 0;
+
+  // Receiver side: starts accepting buckets; returns the connection blob senders connect with.
+  virtual Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) = 0;
+  // Sender side.
+  virtual Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) = 0;
+  // Stops listening and closes every connection.
+  virtual void shutdown() = 0;
+};
+
+// Transport factories, in priority order (the first that can reach a peer wins).
+struct TransportFactory {
+  std::string_view name;
+  std::function<Result<std::unique_ptr<Transport>>()> create;
+};
+
+const std::vector<TransportFactory>& transport_factories();
+// Creates the transport FERRY_TRANSPORT names, or for "auto" the first in priority order that
+// can be created on this machine.
+Result<std::unique_ptr<Transport>> create_transport(std::string_view name);
+
+}  // namespace ferry::transport
