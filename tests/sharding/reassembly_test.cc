@@ -1,0 +1,131 @@
+// Property tests: for random configurations, reassembling every rank's planned pieces puts each
+// source element exactly where the layout (tests/sharding/oracle.cc) says, once, bit for bit.
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "sharding/layout.h"
+#include "sharding/llama.h"
+#include "sharding/model_config.h"
+#include "sharding/planner.h"
+#include "tests/sharding/oracle.h"
+
+namespace ferry::sharding {
+namespace {
+
+using testing::TCfg;
+
+std::vector<SenderInfo> random_senders(std::mt19937_64& rng, const Manifest& m) {
+  const int n = std::uniform_int_distribution<int>(1, 5)(rng);
+  std::vector<SenderInfo> senders(static_cast<size_t>(n));
+  if (n > 1 && rng() % 2) {
+    // Each sender owns a subset (round-robin over tensors); the last also owns everything again.
+    for (size_t i = 0; i < m.size(); ++i) senders[i % static_cast<size_t>(n - 1)].owns.push_back(m[i].name);
+  }
+  return senders;
+}
+
+void check_model(const TCfg& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(c.describe());
+  auto desc = describe_model(c.model_config());
+  ASSERT_TRUE(desc.ok()) << desc.status().to_string();
+  auto ranks = model_rank_specs(*desc, c.replicas, c.tp, c.ep, "none");
+  ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
+  const Manifest manifest = model_manifest(*desc);
+  PlanOptions opts;
+  opts.bucket_bytes = std::uniform_int_distribution<uint64_t>(1, 4096)(rng);
+  auto plan = make_plan(manifest, *ranks, random_senders(rng, manifest), opts);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const auto r = testing::reassemble(manifest, *ranks, *plan);
+  EXPECT_EQ(testing::check_against_oracle(c, manifest, *ranks, r), "");
+}
+
+TEST(Reassembly, RandomDenseModels) {
+  std::mt19937_64 rng(20240501);
+  for (int trial = 0; trial < 60; ++trial) check_model(testing::random_cfg(rng, false), rng);
+}
+
+TEST(Reassembly, RandomMoeModelsWithExpertParallelism) {
+  std::mt19937_64 rng(777);
+  for (int trial = 0; trial < 60; ++trial) check_model(testing::random_cfg(rng, true), rng);
+}
+
+// The hand-written Llama layout (llama_rank_spec) against the same oracle.
+TEST(Reassembly, LlamaRankSpecMatchesOracle) {
+  std::mt19937_64 rng(99);
+  for (int trial = 0; trial < 40; ++trial) {
+    TCfg c = testing::random_cfg(rng, false);
+    c.replicas = 1;
+    SCOPED_TRACE(c.describe());
+    auto lc = to_llama_config(c.model_config());
+    ASSERT_TRUE(lc.ok());
+    std::vector<RankSpec> ranks;
+    for (int r = 0; r < c.tp; ++r) {
+      auto spec = llama_rank_spec(*lc, r, c.tp, "none");
+      ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+      ranks.push_back(std::move(*spec));
+    }
+    const Manifest manifest = llama_manifest(*lc);
+    auto plan = make_plan(manifest, ranks, {SenderInfo{}, SenderInfo{}}, PlanOptions{1 << 20});
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(testing::check_against_oracle(c, manifest, ranks, testing::reassemble(manifest, ranks, *plan)), "");
+  }
+}
+
+// A layout bug must show: swap two ranks' specs and the oracle objects.
+TEST(Reassembly, OracleCatchesMisplacedShards) {
+  TCfg c;
+  c.tp = 2;
+  auto desc = describe_model(c.model_config());
+  ASSERT_TRUE(desc.ok());
+  auto ranks = model_rank_specs(*desc, 1, 2, 1, "none");
+  ASSERT_TRUE(ranks.ok());
+  std::swap((*ranks)[0].params, (*ranks)[1].params);
+  const Manifest manifest = model_manifest(*desc);
+  auto plan = make_plan(manifest, *ranks, {SenderInfo{}}, PlanOptions{1 << 20});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_NE(testing::check_against_oracle(c, manifest, *ranks, testing::reassemble(manifest, *ranks, *plan)), "");
+}
+
+TEST(Reassembly, KvHeadsReplicatedWhenTpExceedsThem) {
+  TCfg c;
+  c.tp = 8;
+  c.kv = 2;
+  c.nh = 8;
+  c.inter = 8;
+  auto desc = describe_model(c.model_config());
+  ASSERT_TRUE(desc.ok());
+  auto ranks = model_rank_specs(*desc, 1, 8, 1, "none");
+  ASSERT_TRUE(ranks.ok());
+  // Ranks 0..3 share KV head 0, ranks 4..7 head 1.
+  for (int r = 0; r < 8; ++r) {
+    const ParamSpec& qkv = (*ranks)[static_cast<size_t>(r)].params[2];
+    ASSERT_EQ(qkv.name, "model.layers.0.self_attn.qkv_proj.weight");
+    EXPECT_EQ(qkv.slices[1].src.offset[0], (r / 4) * c.hd);
+    EXPECT_EQ(qkv.shard_rows, (std::vector<int64_t>{c.hd, c.hd, c.hd}));
+  }
+  const Manifest manifest = model_manifest(*desc);
+  auto plan = make_plan(manifest, *ranks, {SenderInfo{}}, PlanOptions{1 << 20});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(testing::check_against_oracle(c, manifest, *ranks, testing::reassemble(manifest, *ranks, *plan)), "");
+}
+
+TEST(Reassembly, VocabPaddingLeavesTailRowsUnwritten) {
+  TCfg c;
+  c.tp = 4;
+  c.vocab = 10;
+  c.pad = 8;  // 8 rows per rank: ranks 0 and 1 hold rows, ranks 2 and 3 only padding
+  auto desc = describe_model(c.model_config());
+  ASSERT_TRUE(desc.ok());
+  auto ranks = model_rank_specs(*desc, 1, 4, 1, "none");
+  ASSERT_TRUE(ranks.ok());
+  for (int r = 0; r < 4; ++r) {
+    const ParamSpec& embed = (*ranks)[static_cast<size_t>(r)].params.front();
+    EXPECT_EQ(embed.shape, (Shape{8, c.h}));
+    EXPECT_EQ(embed.slices.size(), r < 2 ? 1u : 0u);
+  }
+  EXPECT_EQ((*ranks)[1].params.front().slices[0].src.size[0], 2);
+}
+
+}  // namespace
+}  // namespace ferry::sharding
