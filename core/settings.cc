@@ -22,9 +22,6 @@ constexpr SettingInfo kSettings[] = {
      "bound on out-of-order staging per rank; 0 means no bound beyond one layer", ""},
     {"FERRY_MAX_FRAME_BYTES", SettingType::kBytes, "64M", "largest control-plane frame accepted", ""},
     {"FERRY_VERIFY", SettingType::kBool, "0", "checksum every bucket (XXH3-64) on both ends", ""},
-    {"FERRY_TOKEN", SettingType::kString, "", "shared secret; when set, joining requires an HMAC answer", ""},
-    {"FERRY_ROLLBACK", SettingType::kChoice, "off", "keep a host copy of each layer to restore on abort",
-     "off host"},
 };
 
 Result<std::string> raw_value(std::string_view name, const SettingInfo** info_out) {

@@ -1,0 +1,16 @@
+// ferry: the command-line tool. `ferry info`, `ferry coordinator`, `ferry plan`, `ferry bench`.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "cli/plan_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ferry: moves fresh weights from RL trainers into live rollout engines"};
+  app.require_subcommand(1);
+  ferry::cli::add_info_command(app);
+  ferry::cli::add_coordinator_command(app);
+  ferry::cli::add_plan_command(app);
+  ferry::cli::add_bench_command(app);
+  CLI11_PARSE(app, argc, argv);
+  return 0;
+}
