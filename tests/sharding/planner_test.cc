@@ -1,0 +1,195 @@
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "sharding/layout.h"
+#include "sharding/model_config.h"
+#include "sharding/planner.h"
+#include "sharding/presets.h"
+
+namespace ferry::sharding {
+namespace {
+
+struct Fixture {
+  Manifest manifest;
+  std::vector<RankSpec> ranks;
+};
+
+Fixture small_model(int tp, int replicas, int layers = 4) {
+  ModelConfig c;
+  c.family = "llama";
+  c.hidden_size = 64;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.intermediate_size = 128;
+  c.vocab_size = 1000;
+  c.num_layers = layers;
+  c.vocab_pad_multiple = 8;
+  auto desc = describe_model(c);
+  EXPECT_TRUE(desc.ok());
+  auto ranks = model_rank_specs(*desc, replicas, tp, 1, "none");
+  EXPECT_TRUE(ranks.ok()) << ranks.status().to_string();
+  return {model_manifest(*desc), std::move(*ranks)};
+}
+
+TEST(Planner, DeterministicAcrossRuns) {
+  Fixture f = small_model(4, 2);
+  std::vector<SenderInfo> senders(3);
+  auto a = make_plan(f.manifest, f.ranks, senders, PlanOptions{4096});
+  auto b = make_plan(f.manifest, f.ranks, senders, PlanOptions{4096});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->key, b->key);
+  ASSERT_EQ(a->pieces.size(), b->pieces.size());
+  for (size_t i = 0; i < a->pieces.size(); ++i) {
+    EXPECT_EQ(a->pieces[i].sender, b->pieces[i].sender);
+    EXPECT_EQ(a->pieces[i].dst, b->pieces[i].dst);
+    EXPECT_EQ(a->pieces[i].src, b->pieces[i].src);
+  }
+  ASSERT_EQ(a->buckets.size(), b->buckets.size());
+  for (size_t i = 0; i < a->buckets.size(); ++i) EXPECT_EQ(a->buckets[i].pieces, b->buckets[i].pieces);
+}
+
+TEST(Planner, LayersInOrderEmbeddingFirstHeadLast) {
+  Fixture f = small_model(2, 1, 12);  // layer 10 must follow layer 9, not layer 1
+  auto plan = make_plan(f.manifest, f.ranks, {SenderInfo{}}, PlanOptions{1 << 20});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->layers.size(), 12u + 3u);
+  EXPECT_EQ(plan->layers.front(), "model.embed_tokens");
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(plan->layers[static_cast<size_t>(i) + 1], "model.layers." + std::to_string(i));
+  EXPECT_EQ(plan->layers.back(), "lm_head");
+  int last = -1;
+  for (const Piece& pc : plan->pieces) {
+    const int li = layer_index_of(f.manifest[static_cast<size_t>(pc.source)].name);
+    if (li >= 0) {
+      EXPECT_GE(li, last);
+      last = li;
+    }
+  }
+}
+
+TEST(Planner, BucketsHoldPiecesOfOneSenderAndDestinationUpToTheLimit) {
+  Fixture f = small_model(2, 2);
+  const uint64_t cap = 3000;
+  auto plan = make_plan(f.manifest, f.ranks, std::vector<SenderInfo>(3), PlanOptions{cap});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->bucket_bytes, cap);
+  std::vector<int> seen(plan->pieces.size(), 0);
+  std::map<std::pair<int, int>, int> last_piece;
+  for (const Bucket& b : plan->buckets) {
+    uint64_t bytes = 0;
+    for (int i : b.pieces) {
+      const Piece& pc = plan->pieces[static_cast<size_t>(i)];
+      EXPECT_EQ(pc.sender, b.sender);
+      EXPECT_EQ(pc.dst, b.dst);
+      bytes += pc.bytes;
+      ++seen[static_cast<size_t>(i)];
+      // Plan order within one (sender, destination) stream.
+      auto key = std::make_pair(b.sender, b.dst);
+      if (last_piece.count(key)) {
+        EXPECT_GT(i, last_piece[key]);
+      }
+      last_piece[key] = i;
+    }
+    EXPECT_EQ(bytes, b.bytes);
+    if (b.pieces.size() > 1) {
+      EXPECT_LE(b.bytes, cap);
+    }
+  }
+  for (int s : seen) EXPECT_EQ(s, 1);
+  // Large pieces (the embedding shard) travel alone.
+  bool oversized = false;
+  for (const Bucket& b : plan->buckets) oversized |= b.bytes > cap && b.pieces.size() == 1;
+  EXPECT_TRUE(oversized);
+}
+
+TEST(Planner, DefaultBucketSizeComesFromTheSetting) {
+  Fixture f = small_model(1, 1, 1);
+  unsetenv("FERRY_BUCKET_BYTES");
+  auto plan = make_plan(f.manifest, f.ranks, {SenderInfo{}});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->bucket_bytes, 64ull << 20);
+  EXPECT_EQ(plan->buckets.size(), 1u);  // a tiny model fits in one bucket
+}
+
+TEST(Planner, BalancedWithinTenPercentOfIdeal) {
+  for (int senders : {2, 3, 5, 8, 16}) {
+    for (int tp : {1, 2, 4, 8}) {
+      Fixture f = small_model(tp, 2, 6);
+      auto plan = make_plan(f.manifest, f.ranks, std::vector<SenderInfo>(static_cast<size_t>(senders)), PlanOptions{1 << 20});
+      ASSERT_TRUE(plan.ok());
+      uint64_t biggest = 0, total = 0;
+      for (const Piece& pc : plan->pieces) {
+        biggest = std::max(biggest, pc.bytes);
+        total += pc.bytes;
+      }
+      EXPECT_EQ(total, plan->total_bytes);
+      // The ideal split cannot beat the largest indivisible piece.
+      const double ideal = std::max(static_cast<double>(total) / senders, static_cast<double>(biggest));
+      const uint64_t max_load = *std::max_element(plan->bytes_per_sender.begin(), plan->bytes_per_sender.end());
+      EXPECT_LE(static_cast<double>(max_load), 1.10 * ideal) << senders << " senders, tp " << tp;
+    }
+  }
+}
+
+TEST(Planner, BalancedOnAPresetAtScale) {
+  auto desc = preset_model("qwen3-30b-a3b");
+  ASSERT_TRUE(desc.ok());
+  auto ranks = model_rank_specs(*desc, 2, 4, 4, "fp8_block");
+  ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
+  auto plan = make_plan(model_manifest(*desc), *ranks, std::vector<SenderInfo>(32), PlanOptions{64 << 20});
+  ASSERT_TRUE(plan.ok());
+  const double ideal = static_cast<double>(plan->total_bytes) / 32;
+  const uint64_t max_load = *std::max_element(plan->bytes_per_sender.begin(), plan->bytes_per_sender.end());
+  EXPECT_LE(static_cast<double>(max_load), 1.10 * ideal);
+}
+
+TEST(Planner, ReplicatedPiecesFanOutOverSenders) {
+  Fixture f = small_model(4, 2);
+  auto plan = make_plan(f.manifest, f.ranks, std::vector<SenderInfo>(4), PlanOptions{1 << 20});
+  ASSERT_TRUE(plan.ok());
+  for (size_t s = 0; s < f.manifest.size(); ++s) {
+    if (f.manifest[s].name.find("layernorm") == std::string::npos) continue;
+    std::set<int> senders;
+    for (int i : plan->by_source[s]) senders.insert(plan->pieces[static_cast<size_t>(i)].sender);
+    EXPECT_EQ(plan->by_source[s].size(), 8u);  // 2 replicas x 4 ranks
+    EXPECT_GT(senders.size(), 1u) << f.manifest[s].name;
+  }
+}
+
+TEST(Planner, SendersOwningSubsetsSendOnlyWhatTheyOwn) {
+  Fixture f = small_model(2, 1);
+  std::vector<SenderInfo> senders(3);
+  for (size_t i = 0; i < f.manifest.size(); ++i) senders[i % 3].owns.push_back(f.manifest[i].name);
+  auto plan = make_plan(f.manifest, f.ranks, senders, PlanOptions{1 << 20});
+  ASSERT_TRUE(plan.ok());
+  for (const Piece& pc : plan->pieces) EXPECT_EQ(pc.sender, pc.source % 3);
+}
+
+TEST(Planner, CacheReusesPlansAndKeysOnInputs) {
+  Fixture f = small_model(2, 1);
+  PlanCache cache;
+  std::vector<SenderInfo> senders(2);
+  auto a = cache.get(f.manifest, f.ranks, senders, PlanOptions{4096});
+  auto b = cache.get(f.manifest, f.ranks, senders, PlanOptions{4096});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_EQ(cache.hits(), 1u);
+  EXPECT_EQ(cache.misses(), 1u);
+  auto c = cache.get(f.manifest, f.ranks, senders, PlanOptions{8192});  // other bucket size
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(a->get(), c->get());
+  Fixture g = small_model(4, 1);  // other specs
+  EXPECT_NE(plan_key(f.manifest, f.ranks, senders), plan_key(g.manifest, g.ranks, senders));
+  f.ranks[1].params[3].scheme = "fp8_per_channel";  // one scheme changes the key
+  EXPECT_NE(plan_key(f.manifest, f.ranks, senders), a->get()->key);
+  auto d = cache.get(f.manifest, f.ranks, senders, PlanOptions{4096});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(cache.misses(), 3u);
+  EXPECT_EQ(cache.hits(), 1u);
+}
+
+}  // namespace
+}  // namespace ferry::sharding
