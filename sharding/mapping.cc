@@ -1,6 +1,8 @@
 #include "sharding/mapping.h"
 
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -175,6 +177,15 @@ Result<ModelDesc> parse_mapping(std::string_view text) {
     ModelDesc m;
     Parser p;
     FERRY_RETURN_IF_ERROR(p.parse(j, &m));
+    // Checkpoint order: embeddings, then layer by layer (rules in file order within a layer), then
+    // the rest, so a mapping and the built-in family of the same model give the same manifest.
+    auto order = [](const ParamRule& r) -> int64_t {
+      const int li = layer_index_of(r.param);
+      if (li >= 0) return int64_t{li} + 1;
+      return r.param.starts_with("model.embed_tokens") ? 0 : std::numeric_limits<int64_t>::max();
+    };
+    std::stable_sort(m.params.begin(), m.params.end(),
+                     [&](const ParamRule& a, const ParamRule& b) { return order(a) < order(b); });
     return m;
   } catch (const json::exception& e) {
     return Status::invalid_argument(fmt::format("mapping: {}", e.what()));
