@@ -36,18 +36,33 @@ FERRY_HOST_DEVICE uint16_t int4_scale_f16(float amax) {
   return h == 0 ? kF16One : (h >= kF16Inf ? kF16Max : h);
 }
 
+// f32 -> e4m3fn, nearest even, saturating at 448, for non-NaN x (same bits as core's f32_to_e4m3fn,
+// without branches so that CPU loops vectorize). Normals: rebias the exponent and round the
+// mantissa with integer adds; subnormals (|x| < 2^-6): add 2^14, whose f32 ulp is the e4m3
+// subnormal step 2^-9, and let the FPU round.
+FERRY_HOST_DEVICE uint8_t e4m3_rne(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t a_sat = a < 0x43E00000u ? a : 0x43E00000u;  // 448 (also +inf)
+  const uint32_t normal = (a_sat - (120u << 23) + 0x7FFFFu + ((a_sat >> 20) & 1u)) >> 20;
+  const uint32_t sub = f32_bits(f32_from_bits(a) + 16384.0f) - 0x46800000u;
+  return static_cast<uint8_t>(sign | (a >= 0x3C800000u ? normal : sub));
+}
+
 // NaN maps to the positive e4m3fn NaN: GPUs drop a NaN's sign in arithmetic, so it is not kept on
 // either side.
 FERRY_HOST_DEVICE uint8_t quant_fp8(float x, float scale) {
-  const uint8_t q = f32_to_e4m3fn(x / scale);
-  return x == x ? q : static_cast<uint8_t>(0x7F);
+  const float v = x / scale;
+  return v == v ? e4m3_rne(v) : static_cast<uint8_t>(0x7F);
 }
 
 FERRY_HOST_DEVICE int32_t quant_int(float x, float scale, float lo, float hi) {
   float v = x / scale;
   v = (v == v) ? v : 0.0f;
   v = fminf(fmaxf(v, lo), hi);
-  return static_cast<int32_t>(rintf(v));
+  // Nearest even for |v| <= 2^22: adding 1.5 * 2^23 leaves no fraction bits, so the FPU rounds.
+  return static_cast<int32_t>((v + 12582912.0f) - 12582912.0f);
 }
 
 FERRY_HOST_DEVICE int8_t quant_int8(float x, float scale) {
