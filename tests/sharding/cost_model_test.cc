@@ -1,0 +1,156 @@
+// The cost model against hand-computed link times, and `ferry plan` end to end.
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/plan_command.h"
+#include "sharding/cost_model.h"
+#include "sharding/layout.h"
+#include "sharding/planner.h"
+
+namespace ferry::sharding {
+namespace {
+
+// One replicated tensor of `rows` x 1024 bf16, sent to `ranks` ranks of one replica.
+struct Tiny {
+  ModelDesc desc;
+  Manifest manifest;
+  std::vector<RankSpec> ranks;
+};
+
+Tiny tiny(int64_t rows, int tp, bool quantize) {
+  Tiny t;
+  ParamRule r;
+  r.param = "model.layers.0.mlp.w.weight";
+  r.sources = {r.param};
+  r.shapes = {{rows, 1024}};
+  r.layout = Layout::kColumn;
+  r.quantize = quantize;
+  t.desc.params.push_back(r);
+  t.manifest = model_manifest(t.desc);
+  t.ranks = *model_rank_specs(t.desc, 1, tp, 1, quantize ? "fp8_per_channel" : "none");
+  return t;
+}
+
+TEST(CostModel, OneSenderOneReceiverAcrossNodesIsNicBound) {
+  Tiny t = tiny(1024, 1, false);  // 2 MiB
+  auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 20});
+  ASSERT_TRUE(plan.ok());
+  Topology topo;
+  topo.nic_gbps = 100;
+  topo.pcie_gbps = 200;
+  topo.seconds_per_bucket = 1e-3;
+  auto cost = estimate_cost(*plan, t.ranks, 1, topo);
+  ASSERT_TRUE(cost.ok());
+  const double bytes = 1024.0 * 1024 * 2;
+  EXPECT_EQ(cost->bytes_moved, static_cast<uint64_t>(bytes));
+  EXPECT_EQ(cost->max_link_bytes, static_cast<uint64_t>(bytes));
+  // One piece, never split, travels as one (oversized) bucket; the NIC at 100 Gb/s is the slower link.
+  EXPECT_EQ(cost->buckets, 1u);
+  EXPECT_NEAR(cost->predicted_seconds, bytes * 8 / 100e9 + 1e-3, 1e-9);
+  EXPECT_NE(cost->busiest.front().link.find("nic"), std::string::npos);
+  EXPECT_NEAR(cost->receiver_bound_seconds, bytes * 8 / 100e9, 1e-9);
+}
+
+TEST(CostModel, InsideOneNodeUsesNvlink) {
+  Tiny t = tiny(1024, 1, false);
+  auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 22});
+  ASSERT_TRUE(plan.ok());
+  Topology topo;
+  topo.colocated = true;
+  topo.nvlink_gbps = 1000;
+  topo.seconds_per_bucket = 0;
+  auto same_gpu = estimate_cost(*plan, t.ranks, 1, topo);  // sender 0 and rank 0 share GPU 0
+  ASSERT_TRUE(same_gpu.ok());
+  EXPECT_EQ(same_gpu->predicted_seconds, 0.0);
+  auto two = make_plan(t.manifest, t.ranks, {SenderInfo{{"x"}}, SenderInfo{}}, PlanOptions{1 << 22});
+  EXPECT_FALSE(two.ok());  // sender 0 owns an unknown tensor
+  std::vector<SenderInfo> senders(2);
+  senders[0].owns = {"model.layers.0.mlp.w.weight"};
+  senders[1].owns = {"model.layers.0.mlp.w.weight"};
+  auto plan2 = make_plan(t.manifest, t.ranks, senders, PlanOptions{1 << 22});
+  ASSERT_TRUE(plan2.ok());
+  // Force the piece onto sender 1 (GPU 1, same node as rank 0 on GPU 0): NVLink.
+  Plan p = *plan2;
+  p.pieces[0].sender = 1;
+  p.buckets = pack_buckets(p, 1 << 22);
+  auto nv = estimate_cost(p, t.ranks, 2, topo);
+  ASSERT_TRUE(nv.ok());
+  EXPECT_NEAR(nv->predicted_seconds, 2.0 * 1024 * 1024 * 8 / 1000e9, 1e-12);
+  EXPECT_NE(nv->busiest.front().link.find("nvlink"), std::string::npos);
+}
+
+TEST(CostModel, QuantizingOnTheSenderHalvesFp8Bytes) {
+  Tiny t = tiny(1024, 2, true);
+  auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 22});
+  ASSERT_TRUE(plan.ok());
+  auto full = estimate_cost(*plan, t.ranks, 1, Topology{});
+  auto half = estimate_cost(*plan, t.ranks, 1, Topology{}, CostOptions{true});
+  ASSERT_TRUE(full.ok() && half.ok());
+  EXPECT_EQ(half->bytes_moved * 2, full->bytes_moved);
+}
+
+TEST(CostModel, BalancedBeatsBroadcastByTheSenderCount) {
+  Tiny t = tiny(4096, 8, false);
+  auto one = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 20});
+  auto eight = make_plan(t.manifest, t.ranks, std::vector<SenderInfo>(8), PlanOptions{1 << 20});
+  ASSERT_TRUE(one.ok() && eight.ok());
+  Topology topo;
+  topo.seconds_per_bucket = 0;
+  auto a = estimate_cost(*one, t.ranks, 1, topo);
+  auto b = estimate_cost(*eight, t.ranks, 8, topo);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->bytes_moved, b->bytes_moved);
+  EXPECT_NEAR(a->predicted_seconds / b->predicted_seconds, 8.0, 1e-6);
+  EXPECT_EQ(b->senders_used, 8);
+}
+
+nlohmann::json run_plan_command(const std::vector<std::string>& args) {
+  CLI::App app("ferry");
+  std::ostringstream out;
+  ferry::cli::add_plan_command(app, out);
+  std::vector<std::string> argv = args;
+  std::reverse(argv.begin(), argv.end());  // CLI11 parses a reversed vector
+  app.parse(argv);
+  return nlohmann::json::parse(out.str());
+}
+
+TEST(PlanCommand, JsonHasThePromisedFields) {
+  auto j = run_plan_command({"plan", "--model", "llama3-8b", "--trainers", "16", "--replicas", "2", "--tp", "4", "--json"});
+  for (const char* key : {"predicted_seconds", "bytes_moved", "max_link_bytes", "broadcast"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_GT(j["predicted_seconds"].get<double>(), 0);
+  // 2 x 16 GB leave rank 0's one NIC; balanced, each rollout GPU's NIC takes its 4 GB: 8x faster.
+  EXPECT_GT(j["broadcast"]["predicted_seconds"].get<double>(), 7 * j["predicted_seconds"].get<double>());
+  EXPECT_LE(j["sender_imbalance"].get<double>(), 0.10);
+}
+
+TEST(PlanCommand, RefusesAnUnshardableLayout) {
+  CLI::App app("ferry");
+  std::ostringstream out;
+  ferry::cli::add_plan_command(app, out);
+  std::vector<std::string> argv = {"--json", "3", "--tp", "qwen2-7b", "--model", "plan"};
+  EXPECT_THROW(app.parse(argv), CLI::RuntimeError);  // 28 heads over TP 3... 28 % 3 != 0
+}
+
+// The worked case of docs/cost_model.md: Kimi-K2, 256 trainer GPUs to 8 replicas x 16 GPUs.
+TEST(PlanCommand, KimiK2WorkedCase) {
+  auto j = run_plan_command({"plan", "--model", "kimi-k2", "--trainers", "256", "--replicas", "8", "--tp", "16", "--ep",
+                             "16", "--nic-gbps", "400", "--gpus-per-node", "8", "--json"});
+  std::cout << j.dump(2) << "\n";
+  const double params = j["parameters"].get<double>();
+  EXPECT_NEAR(params / 1.027e12, 1.0, 0.01);
+  // bf16 on the wire: every rollout GPU takes 1/16 of 2 TB through a 50 GB/s NIC, about 2.6 s.
+  EXPECT_GT(j["predicted_seconds"].get<double>(), 2.4);
+  EXPECT_LT(j["predicted_seconds"].get<double>(), 3.0);
+  auto q = run_plan_command({"plan", "--model", "kimi-k2", "--trainers", "256", "--replicas", "8", "--tp", "16", "--ep",
+                             "16", "--quantize-on-sender", "--json"});
+  std::cout << q.dump(2) << "\n";
+  EXPECT_LT(q["predicted_seconds"].get<double>(), 1.5);
+}
+
+}  // namespace
+}  // namespace ferry::sharding
