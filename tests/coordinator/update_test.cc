@@ -1,0 +1,191 @@
+// A trainer and a TP replica in one process over real sockets: the update lifecycle end to end.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/coordinator/cluster.h"
+
+namespace ferry::testutil {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Update, LandsOnEveryRankAndResumesTogether) {
+  Cluster c(2);
+  ASSERT_TRUE(c.start().ok());
+  const uint64_t before0 = c.rank(0).fingerprint(), before1 = c.rank(1).fingerprint();
+  Checkpoint a(c.manifest(), 1);
+  auto r = c.update(1, a);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->version, 1u);
+  EXPECT_EQ(r->ranks, 2);
+  EXPECT_EQ(r->moved, 0u);
+  EXPECT_GT(r->registered, 0u);
+  EXPECT_GT(r->bytes, 0u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(c.rank(i).pauses, 1);
+    EXPECT_EQ(c.rank(i).resumes, 1);
+    EXPECT_EQ(c.rank(i).last_resume, 1u);
+    EXPECT_EQ(c.rank(i).worker->weight_version(), 1u);
+    EXPECT_TRUE(c.rank(i).worker->consistent());
+  }
+  EXPECT_NE(c.rank(0).fingerprint(), before0);
+  EXPECT_NE(c.rank(1).fingerprint(), before1);
+}
+
+TEST(Update, SameWeightsGiveSameStorageAndNewWeightsChangeIt) {
+  Cluster c(2);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint a(c.manifest(), 1), b(c.manifest(), 2);
+  ASSERT_TRUE(c.update(1, a).ok());
+  const uint64_t fa = c.rank(1).fingerprint();
+  ASSERT_TRUE(c.update(2, b).ok());
+  EXPECT_NE(c.rank(1).fingerprint(), fa);
+  ASSERT_TRUE(c.update(3, a).ok());
+  EXPECT_EQ(c.rank(1).fingerprint(), fa);
+  EXPECT_EQ(c.rank(1).worker->weight_version(), 3u);
+}
+
+// Bad input: a mismatch fails start_weight_update, names the tensor, writes nothing, pauses no one,
+// and the next correct update succeeds.
+class BadManifest : public ::testing::TestWithParam<int> {};
+
+TEST_P(BadManifest, FailsAtStartAndWritesNothing) {
+  Cluster c(2);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint a(c.manifest(), 1);
+  ASSERT_TRUE(c.update(1, a).ok());
+  const uint64_t f0 = c.rank(0).fingerprint(), f1 = c.rank(1).fingerprint();
+
+  sharding::Manifest bad = c.manifest();
+  const std::string victim = "model.layers.1.mlp.up_proj.weight";
+  auto it = std::find_if(bad.begin(), bad.end(), [&](const auto& t) { return t.name == victim; });
+  ASSERT_NE(it, bad.end());
+  std::string want;
+  switch (GetParam()) {
+    case 0: it->shape[0] += 1; want = "bf16[256, 128], trainer sends bf16[257, 128]"; break;
+    case 1: it->dtype = DType::kF32; want = "trainer sends f32[256, 128]"; break;
+    case 2: it->name = "model.layers.1.mlp.upp_proj.weight"; want = "model.layers.1.mlp.upp_proj.weight"; break;
+    case 3: bad.erase(it); want = "trainer sends nothing"; break;
+  }
+  Status st = c.trainer().start_weight_update(2, bad);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr(want));
+  if (GetParam() != 2) EXPECT_THAT(st.message(), HasSubstr(victim));
+  EXPECT_EQ(c.rank(0).pauses, 1);  // only the first update paused anyone
+  EXPECT_EQ(c.rank(0).fingerprint(), f0);
+  EXPECT_EQ(c.rank(1).fingerprint(), f1);
+  EXPECT_EQ(c.rank(0).worker->weight_version(), 1u);
+
+  Checkpoint b(c.manifest(), 2);
+  auto r = c.update(2, b);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NE(c.rank(0).fingerprint(), f0);
+  EXPECT_EQ(c.rank(1).worker->weight_version(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, BadManifest, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) {
+                           const char* names[] = {"Shape", "DType", "UnknownName", "MissingTensor"};
+                           return std::string(names[info.param]);
+                         });
+
+TEST(Update, SendOfWrongShapeIsRefused) {
+  Cluster c(1);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint a(c.manifest(), 1);
+  ASSERT_TRUE(c.trainer().start_weight_update(1, c.manifest()).ok());
+  std::vector<uint16_t> small(10);
+  Status st = c.trainer().send("model.norm.weight", TensorView(small.data(), DType::kBF16, {10}));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("model.norm.weight"));
+  EXPECT_FALSE(c.trainer().finish_weight_update().ok());
+}
+
+TEST(Update, IncompleteUpdateNamesTheLayerAndLeavesRanksInconsistentUntilTheNextOne) {
+  Cluster c(2);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint a(c.manifest(), 1);
+  ASSERT_TRUE(c.update(1, a).ok());
+  const uint64_t f0 = c.rank(0).fingerprint();
+  Checkpoint b(c.manifest(), 2);
+  ASSERT_TRUE(c.trainer().start_weight_update(2, c.manifest()).ok());
+  for (const auto& [name, v] : b.views) {
+    if (name == "model.layers.1.self_attn.k_proj.weight") continue;
+    ASSERT_TRUE(c.trainer().send(name, v).ok());
+  }
+  auto r = c.trainer().finish_weight_update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("model.layers.1"));
+  EXPECT_THAT(r.status().message(), HasSubstr("qkv_proj"));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_FALSE(c.rank(i).worker->consistent());
+    EXPECT_EQ(c.rank(i).worker->weight_version(), 1u);
+    EXPECT_EQ(c.rank(i).resumes, 1);  // no replica resumed with a mixed model
+  }
+  EXPECT_NE(c.rank(0).fingerprint(), f0);  // complete layers were written; they are not served
+  ASSERT_TRUE(c.update(3, b).ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(c.rank(i).worker->consistent());
+    EXPECT_EQ(c.rank(i).worker->weight_version(), 3u);
+  }
+}
+
+TEST(Update, VersionsOnlyIncrease) {
+  Cluster c(1);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint a(c.manifest(), 1);
+  ASSERT_TRUE(c.update(5, a).ok());
+  Status st = c.trainer().start_weight_update(5, c.manifest());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("not above the current version 5"));
+}
+
+TEST(Update, SecondConcurrentUpdateIsRefused) {
+  Cluster c(1);
+  ASSERT_TRUE(c.start().ok());
+  auto other = coordinator::Trainer::create({c.trainer().coordinator_address()});
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  ASSERT_TRUE(c.trainer().start_weight_update(1, c.manifest()).ok());
+  Status st = (*other)->start_weight_update(2, c.manifest());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  Checkpoint a(c.manifest(), 1);
+  coordinator::MapSource src(a.views);
+  ASSERT_TRUE(c.trainer().update_weights(src).ok());
+  ASSERT_TRUE(c.trainer().finish_weight_update().ok());
+}
+
+TEST(Update, SmallBucketsAndChecksumsGiveTheSameStorage) {
+  uint64_t reference = 0;
+  {
+    Cluster c(2);
+    ASSERT_TRUE(c.start().ok());
+    Checkpoint ck(c.manifest(), 7);
+    ASSERT_TRUE(c.update(1, ck).ok());
+    reference = c.rank(1).fingerprint();
+  }
+  setenv("FERRY_BUCKET_BYTES", "8K", 1);
+  setenv("FERRY_BUCKETS_IN_FLIGHT", "2", 1);
+  setenv("FERRY_VERIFY", "1", 1);
+  {
+    Cluster c(2);
+    ASSERT_TRUE(c.start().ok());
+    Checkpoint ck(c.manifest(), 7);
+    auto r = c.update(1, ck);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(c.rank(1).fingerprint(), reference);
+  }
+  unsetenv("FERRY_BUCKET_BYTES");
+  unsetenv("FERRY_BUCKETS_IN_FLIGHT");
+  unsetenv("FERRY_VERIFY");
+}
+
+TEST(Update, NoRanksIsAFailedPrecondition) {
+  auto t = coordinator::Trainer::create({});
+  ASSERT_TRUE(t.ok());
+  Status st = (*t)->start_weight_update(1, sharding::llama_manifest(tiny_llama()));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace ferry::testutil
