@@ -4,6 +4,7 @@
 #include "core/settings.h"
 #include "transport/shm_transport.h"
 #include "transport/tcp_transport.h"
+#include "transport/ucx_transport.h"
 #include "transport/transport.h"
 
 namespace ferry::transport {
@@ -11,6 +12,9 @@ namespace ferry::transport {
 const std::vector<TransportFactory>& transport_factories() {
   static const std::vector<TransportFactory> factories = {
       {"shm", create_shm_transport},
+#if defined(FERRY_TRANSPORT_UCX)
+      {"ucx", create_ucx_transport},
+#endif
       {"tcp", create_tcp_transport},
   };
   return factories;

@@ -1,0 +1,212 @@
+#include "transport/ucx_receiver.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+namespace ferry::transport::ucx {
+
+
+// One accepted sender: buckets queue here while a rendezvous ahead of them is still arriving.
+struct Inbound {
+  ucp_ep_h ep = nullptr;
+  bool bye = false;
+  bool closed = false;
+  struct Pending {
+    std::vector<uint8_t> bytes;
+    bool ready = false;
+  };
+  std::deque<std::shared_ptr<Pending>> queue;
+};
+
+// Every member is touched on the progress thread only.
+class Receiver : public std::enable_shared_from_this<Receiver> {
+ public:
+  Receiver(std::shared_ptr<Engine> e, uint64_t max_bucket, BucketCallback b, PeerClosedCallback c)
+      : engine_(std::move(e)), max_bucket_(max_bucket), on_bucket_(std::move(b)), on_closed_(std::move(c)) {}
+
+  void start(const std::string& host, std::shared_ptr<CompletionState> done, std::string* blob) {
+    ucp_am_handler_param_t h{};
+    h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    h.id = kDataId;
+    h.cb = &Receiver::on_data;
+    h.arg = this;
+    ucs_status_t st = ucp_worker_set_am_recv_handler(engine_->worker(), &h);
+    h.id = kByeId;
+    h.cb = &Receiver::on_bye;
+    if (st == UCS_OK) st = ucp_worker_set_am_recv_handler(engine_->worker(), &h);
+    if (st != UCS_OK) return done->complete(ucs_error("set handler", st));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    if (inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
+      return done->complete(Status::invalid_argument("ucx: FERRY_LISTEN_HOST '" + host + "' is not an IPv4 address"));
+    }
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+    lp.sockaddr.addrlen = sizeof sa;
+    lp.conn_handler.cb = &Receiver::on_connect;
+    lp.conn_handler.arg = this;
+    st = ucp_listener_create(engine_->worker(), &lp, &listener_);
+    if (st != UCS_OK) return done->complete(ucs_error("listen on " + host, st));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    st = ucp_listener_query(listener_, &attr);
+    if (st != UCS_OK) return done->complete(ucs_error("query listener", st));
+    const auto* bound = reinterpret_cast<const sockaddr_in*>(&attr.sockaddr);
+    *blob = fmt::format("ucx://{}:{}", host, ntohs(bound->sin_port));
+    self_ = shared_from_this();
+    done->complete(ok_status());
+  }
+
+  std::shared_ptr<Engine> engine() const { return engine_; }
+
+  void stop() {
+    if (listener_) ucp_listener_destroy(std::exchange(listener_, nullptr));
+    for (auto& [ep, in] : inbound_) {
+      in->closed = true;
+      close_ep(engine_->worker(), ep, true);
+    }
+    inbound_.clear();
+    self_.reset();
+  }
+
+ private:
+  static void on_connect(ucp_conn_request_h req, void* arg) {
+    auto* self = static_cast<Receiver*>(arg);
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.conn_request = req;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &Receiver::on_ep_error;
+    p.err_handler.arg = self;
+    ucp_ep_h ep = nullptr;
+    if (ucp_ep_create(self->engine_->worker(), &p, &ep) != UCS_OK) return;
+    auto in = std::make_shared<Inbound>();
+    in->ep = ep;
+    self->inbound_[ep] = in;
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st) {
+    auto* self = static_cast<Receiver*>(arg);
+    auto it = self->inbound_.find(ep);
+    if (it == self->inbound_.end()) return;
+    auto in = it->second;
+    self->close(*in, in->bye ? ok_status() : ucs_error("sender endpoint failed", st));
+  }
+
+  void close(Inbound& in, Status why) {
+    if (in.closed) return;
+    in.closed = true;
+    in.queue.clear();
+    inbound_.erase(in.ep);
+    close_ep(engine_->worker(), in.ep, true);
+    if (on_closed_) on_closed_(why);
+  }
+
+  std::shared_ptr<Inbound> find(const ucp_am_recv_param_t* param) {
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
+    auto it = inbound_.find(param->reply_ep);
+    return it == inbound_.end() ? nullptr : it->second;
+  }
+
+  static ucs_status_t on_bye(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Receiver*>(arg);
+    if (auto in = self->find(param)) in->bye = true;
+    return UCS_OK;
+  }
+
+  static ucs_status_t on_data(void* arg, const void*, size_t, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Receiver*>(arg);
+    auto in = self->find(param);
+    if (!in || in->closed) return UCS_OK;
+    if (length > self->max_bucket_) {
+      self->close(*in, Status::resource_exhausted(fmt::format("ucx: a {}-byte bucket; the limit is {}", length,
+                                                              self->max_bucket_)));
+      return UCS_OK;
+    }
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (!rndv && in->queue.empty()) {
+      self->deliver(*in, static_cast<const uint8_t*>(data), length);  // in place
+      return UCS_OK;
+    }
+    auto pending = std::make_shared<Inbound::Pending>();
+    pending->bytes.resize(length);
+    in->queue.push_back(pending);
+    if (!rndv) {
+      if (length > 0) std::memcpy(pending->bytes.data(), data, length);
+      pending->ready = true;
+      return UCS_OK;
+    }
+    struct Ctx {
+      Receiver* self;
+      std::shared_ptr<Inbound> in;
+      std::shared_ptr<Inbound::Pending> pending;
+    };
+    auto* ctx = new Ctx{self, in, pending};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = [](void* req, ucs_status_t st, size_t, void* ud) {
+      auto* c = static_cast<Ctx*>(ud);
+      c->self->arrived(c->in, c->pending, st);
+      delete c;
+      ucp_request_free(req);
+    };
+    p.user_data = ctx;
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->engine_->worker(), data, pending->bytes.data(), length, &p);
+    if (!UCS_PTR_IS_PTR(r)) {
+      self->arrived(in, pending, UCS_PTR_STATUS(r));
+      delete ctx;
+    }
+    return UCS_OK;
+  }
+
+  void arrived(const std::shared_ptr<Inbound>& in, const std::shared_ptr<Inbound::Pending>& p, ucs_status_t st) {
+    if (in->closed) return;
+    if (st != UCS_OK) return close(*in, ucs_error("receive", st));
+    p->ready = true;
+    while (!in->closed && !in->queue.empty() && in->queue.front()->ready) {
+      auto front = in->queue.front();
+      in->queue.pop_front();
+      deliver(*in, front->bytes.data(), front->bytes.size());
+    }
+  }
+
+  void deliver(Inbound& in, const uint8_t* data, size_t size) {
+    Status st = on_bucket_(data, size);
+    if (!st.ok()) close(in, st);
+  }
+
+  std::shared_ptr<Engine> engine_;
+  uint64_t max_bucket_;
+  BucketCallback on_bucket_;
+  PeerClosedCallback on_closed_;
+  ucp_listener_h listener_ = nullptr;
+  std::map<ucp_ep_h, std::shared_ptr<Inbound>> inbound_;
+  std::shared_ptr<Receiver> self_;  // alive while UCX may call us
+};
+
+Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
+                                                 uint64_t max_bucket, BucketCallback on_bucket,
+                                                 PeerClosedCallback on_closed, std::string* blob) {
+  auto r = std::make_shared<Receiver>(engine, max_bucket, std::move(on_bucket), std::move(on_closed));
+  auto out = std::make_shared<std::string>();
+  FERRY_RETURN_IF_ERROR(engine->call([r, host, out](std::shared_ptr<CompletionState> done) { r->start(host, done, out.get()); },
+                                     Clock::now() + std::chrono::seconds(30)));
+  *blob = *out;
+  return r;
+}
+
+void stop_receiver(const std::shared_ptr<Receiver>& r) {
+  auto engine = r->engine();
+  engine->call([r](std::shared_ptr<CompletionState> done) {
+    r->stop();
+    done->complete(ok_status());
+  }, Clock::now() + std::chrono::seconds(30)).ignore_error();
+}
+
+}  // namespace ferry::transport::ucx

@@ -1,0 +1,297 @@
+// ucx: one UCP context and worker per transport instance, driven by one progress thread that makes
+// every UCP call. Buckets travel as active messages (eager or rendezvous, UCX decides); listen()
+// opens a UCP sockaddr listener and returns "ucx://host:port". The user's UCX_* variables are read
+// as they are (ucp_config_read) and never written. Device memory goes through a pinned host mirror
+// when this UCX build cannot move CUDA memory itself (checked at run time).
+#include "transport/ucx_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/buffer.h"
+#include "core/settings.h"
+#include "transport/handle.h"
+#include "transport/ucx_engine.h"
+#include "transport/ucx_receiver.h"
+
+#if defined(FERRY_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ferry::transport {
+namespace {
+
+using namespace ucx;
+
+// A sender's endpoint. Every member is touched on the progress thread only.
+class UcxConnection final : public Connection, public std::enable_shared_from_this<UcxConnection> {
+ public:
+  explicit UcxConnection(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+  Status open(const std::string& host, uint16_t port, Deadline deadline) {
+    auto self = shared_from_this();
+    Status st = engine_->call(
+        [self, host, port](std::shared_ptr<CompletionState> done) {
+          sockaddr_storage ss{};
+          auto* sa = reinterpret_cast<sockaddr_in*>(&ss);
+          sa->sin_family = AF_INET;
+          sa->sin_port = htons(port);
+          if (inet_pton(AF_INET, host.c_str(), &sa->sin_addr) != 1) {
+            return done->complete(Status::invalid_argument("ucx: '" + host + "' is not an IPv4 address"));
+          }
+          ucp_ep_params_t ep{};
+          ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
+          ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+          ep.sockaddr.addr = reinterpret_cast<sockaddr*>(sa);
+          ep.sockaddr.addrlen = sizeof(sockaddr_in);
+          ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+          ep.err_handler.cb = &UcxConnection::on_error;
+          ep.err_handler.arg = self.get();
+          ucs_status_t s = ucp_ep_create(self->engine_->worker(), &ep, &self->ep_);
+          if (s != UCS_OK) return done->complete(ucs_error("create endpoint", s));
+          self->keepalive_ = self;  // the error handler's argument lives until the endpoint is closed
+          // A flush completes once the endpoint is wired up with the listener.
+          ucp_request_param_t p{};
+          p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+          p.cb.send = [](void* req, ucs_status_t s2, void* ud) {
+            static_cast<CompletionState*>(ud)->complete(s2 == UCS_OK ? ok_status() : ucs_error("connect", s2));
+            ucp_request_free(req);
+          };
+          p.user_data = done.get();
+          self->flush_state_ = done;
+          ucs_status_ptr_t r = ucp_ep_flush_nbx(self->ep_, &p);
+          if (r == nullptr) done->complete(ok_status());
+          else if (UCS_PTR_IS_ERR(r)) done->complete(ucs_error("connect", UCS_PTR_STATUS(r)));
+        },
+        deadline);
+    if (!st.ok()) abort();
+    return st;
+  }
+
+  Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) override;
+
+  void abort() override {
+    auto self = shared_from_this();
+    engine_->run([self] { self->fail(Status::aborted("ucx connection aborted"), true); });
+  }
+
+  // A clean close: a bye message, then a flushing close.
+  void close_cleanly(Deadline deadline) {
+    auto self = shared_from_this();
+    Status st = engine_->call(
+        [self](std::shared_ptr<CompletionState> done) {
+          if (self->ep_ != nullptr && self->failure_.ok() && self->pending_.empty()) {
+            ucp_request_param_t p{};
+            ucs_status_ptr_t r = ucp_am_send_nbx(self->ep_, kByeId, nullptr, 0, nullptr, 0, &p);
+            if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+          }
+          self->fail(Status::aborted("ucx connection closed"), self->failure_.ok() ? !self->pending_.empty() : true);
+          done->complete(ok_status());
+        },
+        deadline);
+    st.ignore_error();  // the engine outlives us and closes the endpoint either way
+  }
+
+ private:
+  friend struct SendContext;
+
+  static void on_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    static_cast<UcxConnection*>(arg)->fail(ucs_error("peer failed", st), true);
+  }
+
+  void fail(Status st, bool force) {
+    if (failure_.ok()) failure_ = st;
+    for (auto& s : pending_) s->complete(failure_);
+    pending_.clear();
+    if (flush_state_) flush_state_->complete(failure_);
+    if (ep_ != nullptr) {
+      ucp_ep_h ep = std::exchange(ep_, nullptr);
+      close_ep(engine_->worker(), ep, force);
+    }
+    keepalive_.reset();  // may drop the last reference: nothing may follow
+  }
+
+  std::shared_ptr<Engine> engine_;
+  ucp_ep_h ep_ = nullptr;
+  Status failure_;
+  std::set<std::shared_ptr<CompletionState>> pending_;
+  std::shared_ptr<CompletionState> flush_state_;
+  std::shared_ptr<UcxConnection> keepalive_;
+
+ public:
+  void send(const uint8_t* data, size_t size, std::shared_ptr<CompletionState> state);
+};
+
+struct SendContext {
+  std::shared_ptr<UcxConnection> conn;
+  std::shared_ptr<CompletionState> state;
+};
+
+void UcxConnection::send(const uint8_t* data, size_t size, std::shared_ptr<CompletionState> state) {
+  if (!failure_.ok() || ep_ == nullptr) return state->complete(failure_.ok() ? Status::unavailable("ucx: not connected") : failure_);
+  if (state->done()) return;  // aborted before it left
+  auto* ctx = new SendContext{shared_from_this(), state};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.cb.send = [](void* req, ucs_status_t st, void* ud) {
+    auto* c = static_cast<SendContext*>(ud);
+    c->state->complete(st == UCS_OK ? ok_status() : st == UCS_ERR_CANCELED ? Status::aborted("ucx send cancelled")
+                                                                            : ucs_error("send", st));
+    c->conn->pending_.erase(c->state);
+    delete c;
+    ucp_request_free(req);
+  };
+  p.user_data = ctx;
+  pending_.insert(state);
+  ucs_status_ptr_t r = ucp_am_send_nbx(ep_, kDataId, nullptr, 0, data, size, &p);
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+    state->complete(r == nullptr ? ok_status() : ucs_error("send", UCS_PTR_STATUS(r)));
+    pending_.erase(state);
+    delete ctx;
+  }
+}
+
+// Device memory through a pinned host mirror, for UCX builds without CUDA support.
+class StagedRegion final : public MemoryRegion {
+ public:
+  StagedRegion(void* data, size_t size, Device device, Buffer mirror)
+      : data_(data), size_(size), device_(device), mirror_(std::move(mirror)) {}
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  Device device() const override { return device_; }
+  uint8_t* stage(size_t offset, size_t size, Status* st) const {
+#if defined(FERRY_HAVE_CUDA)
+    const cudaError_t e = cudaMemcpy(mirror_.data_as<uint8_t>() + offset, static_cast<uint8_t*>(data_) + offset, size,
+                                     cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) *st = Status::internal(std::string("ucx staging copy: ") + cudaGetErrorString(e));
+#else
+    *st = Status::internal("ucx: staging without CUDA");
+#endif
+    return mirror_.data_as<uint8_t>() + offset;
+  }
+
+ private:
+  void* data_;
+  size_t size_;
+  Device device_;
+  Buffer mirror_;
+};
+
+Result<std::unique_ptr<TransferHandle>> UcxConnection::post(const MemoryRegion& region, size_t offset, size_t size) {
+  if (offset > region.size() || size > region.size() - offset) {
+    return Status::out_of_range(fmt::format("post of {} bytes at {} exceeds a {}-byte region", size, offset, region.size()));
+  }
+  const uint8_t* data = static_cast<const uint8_t*>(region.data()) + offset;
+  if (const auto* staged = dynamic_cast<const StagedRegion*>(&region)) {
+    Status st;
+    data = staged->stage(offset, size, &st);
+    FERRY_RETURN_IF_ERROR(st);
+  }
+  auto state = std::make_shared<CompletionState>();
+  auto self = shared_from_this();
+  engine_->run([self, data, size, state] { self->send(data, size, state); });
+  std::weak_ptr<UcxConnection> weak = self;
+  return std::unique_ptr<TransferHandle>(std::make_unique<StateHandle>(state, [weak] {
+    if (auto c = weak.lock()) c->abort();
+  }));
+}
+
+}  // namespace
+
+namespace {
+
+// The caller's handle: closing it says goodbye and closes the endpoint.
+class OwnedUcxConnection final : public Connection {
+ public:
+  explicit OwnedUcxConnection(std::shared_ptr<UcxConnection> c) : c_(std::move(c)) {}
+  ~OwnedUcxConnection() override { c_->close_cleanly(Clock::now() + std::chrono::seconds(10)); }
+  Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& r, size_t o, size_t s) override {
+    return c_->post(r, o, s);
+  }
+  void abort() override { c_->abort(); }
+
+ private:
+  std::shared_ptr<UcxConnection> c_;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(std::shared_ptr<Engine> e) : engine_(std::move(e)) {}
+  ~UcxTransport() override {
+    shutdown();
+    engine_->stop();
+  }
+  std::string_view name() const override { return "ucx"; }
+  Capabilities capabilities() const override { return {true, true, true, false}; }
+
+  Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
+    if (device.is_cpu() || engine_->cuda_capable()) {
+      return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
+    }
+    FERRY_ASSIGN_OR_RETURN(Allocator * pinned, pinned_allocator());
+    FERRY_ASSIGN_OR_RETURN(Buffer mirror, Buffer::allocate(size, *pinned));
+    return std::unique_ptr<MemoryRegion>(std::make_unique<StagedRegion>(data, size, device, std::move(mirror)));
+  }
+
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (receiver_) return Status::failed_precondition("ucx: listen() was already called on this transport");
+    FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
+    std::string blob;
+    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, bucket * 4 + (64ull << 20), std::move(on_bucket),
+                                                          std::move(on_closed), &blob));
+    return blob;
+  }
+
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
+    constexpr std::string_view kScheme = "ucx://";
+    const size_t colon = blob.rfind(':');
+    if (!blob.starts_with(kScheme) || colon == std::string::npos || colon < kScheme.size()) {
+      return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
+    }
+    const int port = std::atoi(blob.c_str() + colon + 1);
+    if (port <= 0 || port > 65535) return Status::invalid_argument("ucx: malformed port in '" + blob + "'");
+    auto c = std::make_shared<UcxConnection>(engine_);
+    Status st = c->open(blob.substr(kScheme.size(), colon - kScheme.size()), static_cast<uint16_t>(port), deadline);
+    if (!st.ok()) return st.with_context("ucx connect to " + blob);
+    return std::unique_ptr<Connection>(std::make_unique<OwnedUcxConnection>(std::move(c)));
+  }
+
+  void shutdown() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (receiver_) ucx::stop_receiver(receiver_);
+    receiver_.reset();
+  }
+
+ private:
+  std::shared_ptr<Engine> engine_;
+  std::mutex mu_;
+  std::shared_ptr<ucx::Receiver> receiver_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> create_ucx_transport() {
+  auto engine = std::make_shared<Engine>();
+  FERRY_RETURN_IF_ERROR(engine->init());
+  return std::unique_ptr<Transport>(std::make_unique<UcxTransport>(std::move(engine)));
+}
+
+}  // namespace ferry::transport
