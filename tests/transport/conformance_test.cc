@@ -20,16 +20,23 @@ struct TransportCase {
   size_t large_bytes;   // the "large message" case; 1 GiB where it is cheap
   bool cross_process;   // peer-death cases run against a child process
   int devices_needed;   // GPUs both ends need (0: none)
+  std::string label = {};    // test name suffix when it differs from name
+  std::string ucx_tls = {};  // UCX_TLS for this case, unless the user set one
 };
 
-void PrintTo(const TransportCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const TransportCase& c, std::ostream* os) { *os << (c.label.empty() ? c.name : c.label); }
 
 std::vector<TransportCase> built_cases() {
   std::vector<TransportCase> cases;
   for (const auto& f : transport_factories()) {
     const std::string n(f.name);
     if (n == "tcp" || n == "shm") cases.push_back({n, size_t{1} << 30, true, 0});
-    else if (n == "ucx") cases.push_back({n, size_t{256} << 20, true, 0});
+    else if (n == "ucx" && std::getenv("UCX_TLS") != nullptr) cases.push_back({n, size_t{256} << 20, true, 0});
+    else if (n == "ucx") {
+      // UCX's tcp, then its shared-memory transports (tcp stays on for the sockaddr connection set-up).
+      cases.push_back({n, size_t{256} << 20, true, 0, "ucx_tcp", "tcp"});
+      cases.push_back({n, size_t{256} << 20, true, 0, "ucx_shm", "sm,self,tcp"});
+    }
     else if (n == "cuda_ipc") cases.push_back({n, size_t{1} << 30, true, 1});
     else if (n == "nccl") cases.push_back({n, size_t{256} << 20, false, 2});
     else cases.push_back({n, size_t{64} << 20, true, 0});
@@ -64,6 +71,7 @@ class Conformance : public ::testing::TestWithParam<TransportCase> {
  protected:
   void SetUp() override {
     if (GetParam().devices_needed > 0 && !cuda_device_available()) GTEST_SKIP() << "no CUDA device here";
+    if (!GetParam().ucx_tls.empty() && std::getenv("UCX_TLS") == nullptr) tls_.emplace("UCX_TLS", GetParam().ucx_tls);
     auto rx = create_transport(GetParam().name);
     // A built host transport must work here; only device transports may find no device.
     if (!rx.ok() && GetParam().devices_needed > 0) GTEST_SKIP() << GetParam().name << ": " << rx.status().to_string();
@@ -81,6 +89,7 @@ class Conformance : public ::testing::TestWithParam<TransportCase> {
     if (rx_) rx_->shutdown();
     tx_.reset();
     rx_.reset();
+    tls_.reset();
   }
 
   std::string listen() {
@@ -121,6 +130,7 @@ class Conformance : public ::testing::TestWithParam<TransportCase> {
     }
   }
 
+  std::optional<ScopedEnv> tls_;
   std::unique_ptr<Transport> rx_, tx_;
   std::unique_ptr<Inbox> inbox_;
 };
@@ -360,7 +370,9 @@ TEST_P(Conformance, MalformedBlobFails) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, Conformance, ::testing::ValuesIn(built_cases()),
-                         [](const ::testing::TestParamInfo<TransportCase>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<TransportCase>& info) {
+                           return info.param.label.empty() ? info.param.name : info.param.label;
+                         });
 
 // The child side of the peer-death cases; skipped unless a parent started this binary for it.
 TEST(ConformanceChild, Run) {
