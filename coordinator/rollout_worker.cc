@@ -108,6 +108,8 @@ class RolloutWorkerImpl final : public RolloutWorker {
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       st = engine_->begin(p.version());
+      // From here storage is being rewritten: the rank serves nothing until a complete version lands.
+      consistent_ = false;
       update_version_ = p.version();
       received_ = 0;
       expected_ = -1;

@@ -44,7 +44,8 @@ class RolloutWorker {
 
   // The version the rank's storage holds; every generated sample can carry it.
   virtual uint64_t weight_version() const = 0;
-  // False after an aborted update, until a complete update lands.
+  // False from the moment an update starts rewriting storage until a complete version lands; an
+  // aborted update leaves it false (the rank stays paused) until the next complete update.
   virtual bool consistent() const = 0;
   virtual bool paused() const = 0;
   // Blocks until the coordinator closes the connection (the job ended) or `timeout_ms` passes.
