@@ -1,93 +1,126 @@
-// The layerwise reload engine of one rank: registry of every tensor its kernels read, per-layer
-// staging in checkpoint format, exact coverage, processing into registered storage as soon as a
-// layer is complete, and the census that proves no registered tensor moved.
+// The layerwise reload engine of one rank: the layer registry of every tensor its kernels read,
+// per-layer staging in checkpoint format, exact coverage, processing into registered storage as
+// soon as a layer is complete, and the census that proves no registered tensor moved.
+//
+// Memory: pieces that a scheme can process on their own (whole rows for per-channel schemes and
+// conversions, whole 128-row bands for fp8_block) are quantized at once into a scratch copy of the
+// parameter's storage; everything else is staged in full precision until its parameter is
+// complete. Either way a layer's registered storage is written only when the whole layer is
+// complete, so an incomplete or refused layer keeps its previous weights untouched.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "core/buffer.h"
 #include "reload/coverage.h"
 #include "reload/model_storage.h"
+#include "reload/processing.h"
+#include "reload/registry.h"
 #include "sharding/model_spec.h"
 
 namespace ferry::reload {
 
-struct Identity {
-  const void* data = nullptr;
-  size_t bytes = 0;
-  bool operator==(const Identity&) const = default;
-};
-
-struct Census {
-  uint64_t moved = 0;
-  uint64_t registered = 0;
-  std::vector<std::string> moved_names;
-  std::string to_string() const;  // "moved=0/42"
+struct EngineOptions {
+  KernelFactory kernel_factory;  // empty: scheme_kernel()
+  DType none_dtype = DType::kBF16;
+  kernels::Exec exec;
 };
 
 struct EngineReport {
   uint64_t version = 0;
-  uint64_t bytes = 0;          // piece bytes received
+  uint64_t bytes = 0;  // piece bytes received
   uint64_t pieces = 0;
-  uint64_t layers = 0;         // layers processed
+  uint64_t piecewise_pieces = 0;  // processed on arrival, without full-precision staging
+  uint64_t layers = 0;            // layers processed
   uint64_t peak_staging_bytes = 0;
-  double process_seconds = 0;  // time in processing kernels
+  uint64_t out_of_order_layers = 0;  // layers that began while another was still staged
+  double process_seconds = 0;        // time in processing kernels and copy-in
   Census census;
 };
 
 class ReloadEngine {
  public:
   // Registers every storage tensor of every parameter of `spec`; `storage` must outlive the engine.
-  static Result<std::unique_ptr<ReloadEngine>> create(sharding::RankSpec spec, ModelStorage& storage);
+  static Result<std::unique_ptr<ReloadEngine>> create(sharding::RankSpec spec, ModelStorage& storage,
+                                                      EngineOptions options = {});
 
   // Starts update `version`: clears coverage and staging.
   Status begin(uint64_t version);
-  // Writes one piece (`bytes` packed elements of `dtype`) at `dst` inside parameter `param`.
-  // Processes the parameter's layer when it becomes complete.
+  // Writes one piece (`bytes` packed elements of `dtype`) at `dst` inside parameter `param` (its
+  // full-precision input). Processes the parameter's layer when it becomes complete.
   Status apply_piece(uint32_t param, const Region& dst, DType dtype, const void* data, size_t bytes);
-  // Ends the update: every layer complete, census moved 0/N; otherwise an error naming what is
-  // missing or moved. Incomplete layers keep their previous storage untouched.
+  // The same for input `input` of a parameter whose kernel takes several checkpoint tensors
+  // (gptq_int4: 0 qweight, 1 scales, 2 g_idx; see input_layout()).
+  Status apply_input_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
+                           size_t bytes);
+  // By engine parameter name; a piece for a name this rank does not hold is recorded and reported
+  // by finalize().
+  Status apply_named_piece(const std::string& param, uint32_t input, const Region& dst, DType dtype, const void* data,
+                           size_t bytes);
+  // Ends the update: every layer complete, no piece for an unknown tensor, census moved 0/N;
+  // otherwise an error naming what is missing, unknown or moved. Incomplete layers keep their
+  // previous storage untouched.
   Result<EngineReport> finalize();
   // Drops staging; storage keeps whatever layers were already processed.
   void abort();
 
   Census census() const;
+  const LayerRegistry& registry() const { return registry_; }
+  const ModelStorage& storage() const { return storage_; }
   const sharding::RankSpec& spec() const { return spec_; }
+  Result<uint32_t> param_index(const std::string& name) const;
+  // The checkpoint tensors parameter `param`'s pieces fill.
+  std::vector<kernels::StorageTensor> input_layout(uint32_t param) const;
   uint64_t version() const { return version_; }
   bool in_update() const { return in_update_; }
   size_t layer_count() const { return layers_.size(); }
+  uint64_t staging_bytes() const { return staging_bytes_; }
 
  private:
   struct Layer {
     std::string name;
     std::vector<uint32_t> params;
-    std::map<uint32_t, Buffer> staging;
     uint64_t staging_bytes = 0;
     bool processed = false;
+    bool refused = false;
+    bool staged = false;  // holds staging or scratch now
   };
   struct Param {
     uint32_t layer = 0;
-    Coverage coverage;
-    std::vector<std::string> storage;  // storage names in layout order
-    bool padded = false;               // slices leave elements uncovered: staging starts zeroed
+    std::unique_ptr<ProcessingKernel> kernel;
+    std::vector<kernels::StorageTensor> inputs;
+    std::vector<Coverage> coverage;  // per input
+    std::vector<TensorView> storage;  // registered views, layout order
+    bool padded = false;              // slices leave elements uncovered: staging starts zeroed
+    std::vector<Buffer> staging;      // per input, full precision, host
+    std::vector<Buffer> piecewise;    // scratch copy of the storage, for pieces processed on arrival
+    std::vector<TensorView> piecewise_views;
+    std::vector<std::pair<int64_t, int64_t>> rows_done;  // [begin, end) processed on arrival
   };
 
-  ReloadEngine(sharding::RankSpec spec, ModelStorage& storage) : spec_(std::move(spec)), storage_(storage) {}
+  ReloadEngine(sharding::RankSpec spec, ModelStorage& storage, EngineOptions options)
+      : spec_(std::move(spec)), storage_(storage), options_(std::move(options)) {}
   Status init();
-  Status stage(Layer& layer, uint32_t param);
+  bool complete(const Param& p) const;
+  Status account(Layer& layer, const std::string& what, uint64_t bytes);
+  Status stage_input(Layer& layer, Param& p, uint32_t input);
+  Status stage_piecewise(Layer& layer, Param& p);
   Status process(Layer& layer);
+  Status process_param(Param& p, const sharding::ParamSpec& spec);
   void release(Layer& layer);
 
   sharding::RankSpec spec_;
   ModelStorage& storage_;
+  EngineOptions options_;
+  LayerRegistry registry_;
   std::vector<Param> params_;
   std::vector<Layer> layers_;
-  std::map<std::string, Identity> registered_;
+  std::map<std::string, uint32_t> by_name_;
+  std::vector<std::string> unknown_;
   uint64_t version_ = 0;
   bool in_update_ = false;
   uint64_t max_staging_ = 0;

@@ -1,0 +1,45 @@
+// The tiny decoder: embedding, RMSNorm, GQA attention with RoPE and a KV cache, SwiGLU MLP and
+// lm_head, on ferry's quantized reference GEMMs (kernels/gemm.h). One decode step is captured once
+// as a CapturedProgram whose launches bake the registered storage they read (taken from the
+// reload engine's registry, never from a pointer of the decoder's own); greedy generation replays
+// it token by token, the host writing only the token and position into program-owned memory.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "examples/tiny_decoder/model.h"
+#include "reload/captured_program.h"
+#include "reload/registry.h"
+
+namespace tiny {
+
+class Decoder {
+ public:
+  // Captures the decode step over the registered tensors of `spec` found in `registry`. CPU only
+  // for now: a CUDA graph of the step needs GEMMs that do not wait for their stream.
+  static ferry::Result<std::unique_ptr<Decoder>> create(const Config& cfg, const ferry::sharding::RankSpec& spec,
+                                                        const ferry::reload::LayerRegistry& registry,
+                                                        ferry::Device device = ferry::Device::cpu());
+
+  // Greedy: feeds `prompt` from position 0, then generates `new_tokens` tokens.
+  ferry::Result<std::vector<int32_t>> generate(const std::vector<int32_t>& prompt, int new_tokens);
+  // generate(), returned as bytes together with the logits of the last step (for bitwise
+  // comparisons and the flip probe).
+  ferry::Result<std::vector<uint8_t>> outputs(const std::vector<int32_t>& prompt, int new_tokens);
+  const std::vector<float>& last_logits() const { return logits_; }
+
+  ferry::reload::CapturedProgram& program() { return *program_; }
+
+ private:
+  Decoder(Config cfg) : cfg_(cfg) {}
+  ferry::Status capture(const ferry::sharding::RankSpec& spec, const ferry::reload::LayerRegistry& registry);
+  ferry::Result<int32_t> step(int32_t token, int32_t pos);
+
+  Config cfg_;
+  std::unique_ptr<ferry::reload::CapturedProgram> program_;
+  ferry::TensorView token_, pos_, next_, logits_view_;
+  std::vector<float> logits_;
+};
+
+}  // namespace tiny

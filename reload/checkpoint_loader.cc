@@ -1,0 +1,98 @@
+#include "reload/checkpoint_loader.h"
+
+#include <algorithm>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/region_copy.h"
+
+namespace ferry::reload {
+namespace {
+
+struct Piece {
+  uint32_t param = 0;
+  uint32_t input = 0;
+  TensorView src;
+  Region src_region;
+  Region dst;
+};
+
+// Splits `src` (and its landing box `dst`, of the same extent up to leading unit dims) by rows.
+void chunk(const Piece& p, int64_t rows, std::vector<Piece>& out) {
+  const int64_t total = p.src_region.size.empty() ? 1 : p.src_region.size[0];
+  if (rows <= 0 || rows >= total) return out.push_back(p);
+  // The dst dim that holds the src's first dim: the dst may have extra leading unit dims.
+  const size_t dd = p.dst.size.size() - p.src_region.size.size();
+  for (int64_t r = 0; r < total; r += rows) {
+    Piece c = p;
+    const int64_t n = std::min(rows, total - r);
+    c.src_region.offset[0] += r;
+    c.src_region.size[0] = n;
+    c.dst.offset[dd] += r;
+    c.dst.size[dd] = n;
+    out.push_back(c);
+  }
+}
+
+}  // namespace
+
+Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& checkpoint, uint64_t version,
+                                     const LoadOptions& options) {
+  const sharding::RankSpec& spec = engine.spec();
+  std::vector<std::string> layer_order;
+  std::map<std::string, std::vector<Piece>> by_layer;
+  for (uint32_t i = 0; i < spec.params.size(); ++i) {
+    const sharding::ParamSpec& p = spec.params[i];
+    if (!by_layer.count(p.layer)) layer_order.push_back(p.layer);
+    auto& pieces = by_layer[p.layer];
+    const auto inputs = engine.input_layout(i);
+    if (inputs.size() == 1) {
+      for (const auto& s : p.slices) {
+        auto it = checkpoint.find(s.source);
+        if (it == checkpoint.end()) return Status::not_found(fmt::format("checkpoint lacks {}", s.source));
+        chunk(Piece{i, 0, it->second, s.src, sharding::slice_dst_region(s, p)}, options.chunk_rows, pieces);
+      }
+    } else {
+      for (uint32_t k = 0; k < inputs.size(); ++k) {
+        const std::string name = storage_name(p.name, inputs[k].suffix);
+        auto it = checkpoint.find(name);
+        if (it == checkpoint.end()) return Status::not_found(fmt::format("checkpoint lacks {}", name));
+        const Region whole = Region::whole(inputs[k].shape);
+        chunk(Piece{i, k, it->second, whole, whole}, options.chunk_rows, pieces);
+      }
+    }
+  }
+  if (options.reverse_layers) std::reverse(layer_order.begin(), layer_order.end());
+  std::vector<Piece> order;
+  for (const auto& l : layer_order) {
+    auto& pieces = by_layer[l];
+    if (options.shuffle_seed) std::shuffle(pieces.begin(), pieces.end(), std::mt19937_64(options.shuffle_seed));
+    order.insert(order.end(), pieces.begin(), pieces.end());
+  }
+  if (options.interleave_layers) {
+    order.clear();
+    for (size_t k = 0;; ++k) {
+      bool any = false;
+      for (const auto& l : layer_order) {
+        if (k < by_layer[l].size()) order.push_back(by_layer[l][k]), any = true;
+      }
+      if (!any) break;
+    }
+  }
+  FERRY_RETURN_IF_ERROR(engine.begin(version));
+  std::vector<uint8_t> buf;
+  for (const Piece& p : order) {
+    const DType dt = p.src.dtype();
+    buf.resize(dtype_bytes(dt, p.src_region.numel()));
+    Status st = pack_region(p.src, p.src_region, buf.data(), buf.size());
+    if (st.ok()) st = engine.apply_input_piece(p.param, p.input, p.dst, dt, buf.data(), buf.size());
+    if (!st.ok()) {
+      engine.abort();
+      return st;
+    }
+  }
+  return engine.finalize();
+}
+
+}  // namespace ferry::reload

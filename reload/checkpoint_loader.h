@@ -1,0 +1,29 @@
+// Feeds a whole checkpoint held in host memory into a ReloadEngine as pieces, the way a rank
+// receives them from buckets: slice by slice in plan order, optionally cut into chunks of rows or
+// reordered. Used by the tiny decoder, the benchmark and the tests.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "reload/engine.h"
+
+namespace ferry::reload {
+
+// Host tensors by checkpoint name. Quantized-reload inputs (gptq_int4) are named after the engine
+// parameter with the input's suffix: "model.layers.0.mlp.down_proj.qweight".
+using Checkpoint = std::map<std::string, TensorView>;
+
+struct LoadOptions {
+  int64_t chunk_rows = 0;   // cut each slice into pieces of at most this many rows; 0: whole slices
+  bool reverse_layers = false;  // feed layers last to first
+  uint64_t shuffle_seed = 0;    // non-zero: shuffle the pieces of every layer
+  bool interleave_layers = false;  // alternate pieces between all layers (out-of-order input)
+};
+
+// begin(version), every piece, finalize().
+Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& checkpoint, uint64_t version,
+                                     const LoadOptions& options = {});
+
+}  // namespace ferry::reload

@@ -1,0 +1,154 @@
+#include "reload/processing.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#endif
+
+#include "kernels/gptq.h"
+#include "reload/model_storage.h"
+
+namespace ferry::reload {
+
+Result<TensorView> ScratchArena::allocate(DType dtype, const Shape& shape) {
+  FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(dtype_bytes(dtype, shape_numel(shape)), device_));
+  FERRY_ASSIGN_OR_RETURN(TensorView v, b.view(dtype, shape));
+  bytes_ += b.size();
+  buffers_.push_back(std::move(b));
+  return v;
+}
+
+void ScratchArena::clear() {
+  buffers_.clear();
+  bytes_ = 0;
+}
+
+Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return ok_status();
+  }
+#if FERRY_HAVE_CUDA
+  FERRY_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return ok_status();
+#else
+  return Status::unavailable("copy to or from a CUDA device: ferry was built without CUDA");
+#endif
+}
+
+Status device_synchronize(Device device) {
+  if (device.is_cpu()) return ok_status();
+#if FERRY_HAVE_CUDA
+  FERRY_CUDA_CHECK(cudaSetDevice(device.index));
+  FERRY_CUDA_CHECK(cudaDeviceSynchronize());
+  return ok_status();
+#else
+  return Status::unavailable("CUDA device: ferry was built without CUDA");
+#endif
+}
+
+Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<const TensorView> full, int64_t row0,
+                                             int64_t rows) {
+  using kernels::Scheme;
+  if (scheme == Scheme::kFp8PerTensor || scheme == Scheme::kGptqInt4) {
+    return Status::invalid_argument(fmt::format("{}: no row-wise storage views", kernels::scheme_name(scheme)));
+  }
+  if (full.empty()) return Status::invalid_argument("storage_rows: no storage");
+  const int64_t total = full[0].dim(0);
+  if (row0 < 0 || rows < 0 || row0 + rows > total) {
+    return Status::out_of_range(fmt::format("storage_rows: rows {}+{} of {}", row0, rows, total));
+  }
+  const bool blocks = scheme == Scheme::kFp8Block;
+  if (blocks && (row0 % kernels::kFp8BlockSize != 0 || (rows % kernels::kFp8BlockSize != 0 && row0 + rows != total))) {
+    return Status::invalid_argument(fmt::format("fp8_block: rows {}+{} do not cover whole 128-row blocks", row0, rows));
+  }
+  std::vector<TensorView> out;
+  for (size_t i = 0; i < full.size(); ++i) {
+    const TensorView& t = full[i];
+    int64_t r0 = row0, n = rows;
+    if (blocks && i == 1) {
+      r0 = row0 / kernels::kFp8BlockSize;
+      n = (row0 + rows + kernels::kFp8BlockSize - 1) / kernels::kFp8BlockSize - r0;
+    }
+    Shape shape = t.shape();
+    if (shape.empty()) return Status::invalid_argument("storage_rows: scalar storage tensor");
+    const int64_t per_row = shape[0] ? t.numel() / shape[0] : 0;
+    shape[0] = n;
+    char* base = static_cast<char*>(t.data()) + dtype_bytes(t.dtype(), r0 * per_row);
+    out.emplace_back(base, t.dtype(), shape, t.device());
+  }
+  return out;
+}
+
+namespace {
+
+class OnlineKernel final : public ProcessingKernel {
+ public:
+  OnlineKernel(kernels::Scheme scheme, sharding::ParamSpec param) : scheme_(scheme), param_(std::move(param)) {}
+
+  std::string name() const override { return std::string(kernels::scheme_name(scheme_)); }
+  std::vector<kernels::StorageTensor> inputs() const override {
+    return {{"weight", param_.source_dtype, param_.shape, false}};
+  }
+  Status process(std::span<const TensorView> inputs, std::span<const TensorView> storage, ScratchArena&,
+                 const kernels::Exec& exec) override {
+    return kernels::quantize(scheme_, inputs[0], param_.shard_rows, storage, exec);
+  }
+  bool can_process_rows(const Region& dst) const override {
+    if (scheme_ == kernels::Scheme::kFp8PerTensor) return false;
+    const Shape& s = param_.shape;
+    for (size_t d = 1; d < s.size(); ++d) {
+      if (dst.offset[d] != 0 || dst.size[d] != s[d]) return false;
+    }
+    if (scheme_ == kernels::Scheme::kFp8Block) {
+      const int64_t b = kernels::kFp8BlockSize;
+      return dst.offset[0] % b == 0 && (dst.size[0] % b == 0 || dst.offset[0] + dst.size[0] == s[0]);
+    }
+    return true;
+  }
+  Status process_rows(const TensorView& input, int64_t row0, std::span<const TensorView> out,
+                      const kernels::Exec& exec) override {
+    FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, out, row0, input.dim(0)));
+    return kernels::quantize(scheme_, input, {}, rows, exec);
+  }
+
+ private:
+  kernels::Scheme scheme_;
+  sharding::ParamSpec param_;
+};
+
+class GptqKernel final : public ProcessingKernel {
+ public:
+  explicit GptqKernel(std::vector<kernels::StorageTensor> inputs) : inputs_(std::move(inputs)) {}
+  std::string name() const override { return "gptq_int4"; }
+  std::vector<kernels::StorageTensor> inputs() const override { return inputs_; }
+  Status process(std::span<const TensorView> in, std::span<const TensorView> storage, ScratchArena&,
+                 const kernels::Exec& exec) override {
+    // Derives perm from g_idx into the registered perm and zeroes the registered workspace: both
+    // runtime tensors are rewritten in place, never reallocated.
+    return kernels::gptq_reload(in[0], in[1], in[2], storage, exec);
+  }
+
+ private:
+  std::vector<kernels::StorageTensor> inputs_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpec& param, DType /*none_dtype*/) {
+  FERRY_ASSIGN_OR_RETURN(kernels::Scheme scheme, kernels::parse_scheme(param.scheme));
+  if (scheme == kernels::Scheme::kGptqInt4) {
+    auto in = kernels::gptq_checkpoint_layout(param.shape);
+    if (!in.ok()) return in.status().with_context(param.name);
+    return std::unique_ptr<ProcessingKernel>(new GptqKernel(std::move(*in)));
+  }
+  return std::unique_ptr<ProcessingKernel>(new OnlineKernel(scheme, param));
+}
+
+}  // namespace ferry::reload

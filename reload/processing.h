@@ -1,0 +1,75 @@
+// Processing kernels: what turns one parameter's checkpoint-format inputs into its registered
+// storage. A kernel receives views of registered storage (it cannot rebind them: it never sees the
+// live table) and writes into them in place; scratch comes only from the engine, which frees it
+// after the copy-in.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kernels/quantize.h"
+#include "sharding/model_spec.h"
+
+namespace ferry::reload {
+
+// Engine-owned scratch for one layer's processing; everything is freed together after the copy-in.
+class ScratchArena {
+ public:
+  explicit ScratchArena(Device device) : device_(device) {}
+  Result<TensorView> allocate(DType dtype, const Shape& shape);
+  uint64_t bytes() const { return bytes_; }
+  void clear();
+
+ private:
+  Device device_;
+  std::vector<Buffer> buffers_;
+  uint64_t bytes_ = 0;
+};
+
+class ProcessingKernel {
+ public:
+  virtual ~ProcessingKernel() = default;
+  virtual std::string name() const = 0;
+  // The checkpoint-format tensors the parameter's pieces fill, in order (input index of a piece).
+  // Online schemes take one: the full-precision parameter.
+  virtual std::vector<kernels::StorageTensor> inputs() const = 0;
+  // Processes the whole parameter: `inputs` (checkpoint format, on the storage device) into
+  // `storage` (registered views, kernels::storage_layout order).
+  virtual Status process(std::span<const TensorView> inputs, std::span<const TensorView> storage,
+                         ScratchArena& scratch, const kernels::Exec& exec) = 0;
+  // Piece by piece: true when a piece landing at `dst` can be processed on its own (it covers whole
+  // rows, or whole blocks). Such pieces never wait for the rest of the parameter.
+  virtual bool can_process_rows(const Region& /*dst*/) const { return false; }
+  // Processes rows [row0, row0 + input.dim(0)) of the parameter, `input` holding exactly those
+  // rows, into `out`, which has the layout of the storage (a scratch copy of it).
+  virtual Status process_rows(const TensorView& /*input*/, int64_t /*row0*/, std::span<const TensorView> /*out*/,
+                              const kernels::Exec& /*exec*/) {
+    return Status::internal(name() + ": no piece-by-piece processing");
+  }
+};
+
+// The kernel ferry uses for `param`'s scheme: online quantization for every online scheme, and
+// quantized reload for gptq_int4 (inputs qweight, scales, g_idx; the permutation and the zeroed
+// workspace are written in place into their registered runtime tensors).
+Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpec& param,
+                                                        DType none_dtype = DType::kBF16);
+
+// Chooses a kernel per parameter; tests plug in their own.
+using KernelFactory = std::function<Result<std::unique_ptr<ProcessingKernel>>(const sharding::ParamSpec&)>;
+
+// Views of rows [row0, row0 + rows) of every tensor of an online scheme's storage `full` (which
+// follows storage_layout for `shape`). Fails when the rows do not align with the scheme's grouping.
+Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<const TensorView> full, int64_t row0,
+                                             int64_t rows);
+
+// Byte copy between host and device memory (either side may be either).
+Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Waits for the work enqueued on `device` (nothing on the CPU).
+Status device_synchronize(Device device);
+
+}  // namespace ferry::reload

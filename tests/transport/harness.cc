@@ -1,0 +1,281 @@
+#include "tests/transport/harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <thread>
+
+#if defined(FERRY_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ferry::transport::testing {
+
+void fill_payload(uint8_t* dst, size_t size, uint64_t sender, uint64_t seq) {
+  size_t i = 0;
+  if (size >= 16) {
+    std::memcpy(dst, &sender, 8);
+    std::memcpy(dst + 8, &seq, 8);
+    i = 16;
+  }
+  uint64_t x = (sender * 0x9E3779B97F4A7C15ull) ^ (seq + 1) * 0xD1B54A32D192ED03ull;
+  for (; i + 8 <= size; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(dst + i, &x, 8);
+  }
+  for (; i < size; ++i) dst[i] = static_cast<uint8_t>(x >> (8 * (i % 8)));
+}
+
+uint64_t hash_bytes(const uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
+
+BucketCallback Inbox::callback() {
+  return [this](const uint8_t* d, size_t n) { return on_bucket(d, n); };
+}
+
+PeerClosedCallback Inbox::closed_callback() {
+  return [this](const Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_.push_back(why);
+    cv_.notify_all();
+  };
+}
+
+Status Inbox::on_bucket(const uint8_t* data, size_t size) {
+  std::vector<uint8_t> host;
+  const uint8_t* bytes = data;
+#if defined(FERRY_HAVE_CUDA)
+  if (device_memory_ && size > 0) {
+    host.resize(size);
+    if (cudaMemcpy(host.data(), data, size, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      return Status::internal("inbox: copy of a device bucket failed");
+    }
+    bytes = host.data();
+  }
+#endif
+  Received r;
+  r.size = size;
+  r.hash = hash_bytes(bytes, size);
+  if (size >= 16) {
+    std::memcpy(&r.sender, bytes, 8);
+    std::memcpy(&r.seq, bytes + 8, 8);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, 60s, [&] { return gate_open_; })) return Status::deadline_exceeded("inbox gate stayed shut");
+  received_.push_back(r);
+  cv_.notify_all();
+  return ok_status();
+}
+
+void Inbox::close_gate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  gate_open_ = false;
+}
+
+void Inbox::open_gate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  gate_open_ = true;
+  cv_.notify_all();
+}
+
+bool Inbox::wait_for_count(size_t n, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] { return received_.size() >= n; });
+}
+
+bool Inbox::wait_for_closed(size_t n, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] { return closed_.size() >= n; });
+}
+
+std::vector<Received> Inbox::received() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return received_;
+}
+
+std::vector<Status> Inbox::closed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+Result<Source> Source::create(Transport& t, size_t bytes) {
+  Source s;
+  s.device_ = t.capabilities().device_memory && !t.capabilities().host_memory;
+  const Device dev = s.device_ ? Device::cuda(0) : Device::cpu();
+  FERRY_ASSIGN_OR_RETURN(s.buffer_, Buffer::allocate(std::max<size_t>(bytes, 64), dev));
+  FERRY_ASSIGN_OR_RETURN(s.region_, t.register_memory(s.buffer_.data(), s.buffer_.size(), dev));
+  return s;
+}
+
+uint64_t Source::write(size_t offset, size_t size, uint64_t sender, uint64_t seq) {
+  uint8_t* dst = buffer_.data_as<uint8_t>() + offset;
+  std::vector<uint8_t> host;
+  if (device_) {
+    host.resize(size);
+    dst = host.data();
+  }
+  fill_payload(dst, size, sender, seq);
+  const uint64_t h = hash_bytes(dst, size);
+#if defined(FERRY_HAVE_CUDA)
+  if (device_ && size > 0) {
+    cudaMemcpy(buffer_.data_as<uint8_t>() + offset, host.data(), size, cudaMemcpyHostToDevice);
+  }
+#endif
+  return h;
+}
+
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+Child::~Child() {
+  kill_now();
+  if (fd_ >= 0) close(fd_);
+}
+
+Result<std::unique_ptr<Child>> Child::spawn(const std::string& role, const std::string& transport,
+                                            const std::string& blob) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Status::internal(std::string("pipe: ") + std::strerror(errno));
+  // Everything the child needs is built before fork: after it, the child only dups and execs.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "FERRY_CONFORMANCE_", 18) != 0) env_strings.emplace_back(*e);
+  }
+  constexpr int kChildFd = 100;
+  env_strings.push_back("FERRY_CONFORMANCE_ROLE=" + role);
+  env_strings.push_back("FERRY_CONFORMANCE_TRANSPORT=" + transport);
+  env_strings.push_back("FERRY_CONFORMANCE_BLOB=" + blob);
+  env_strings.push_back("FERRY_CONFORMANCE_FD=" + std::to_string(kChildFd));
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe";
+  std::string filter = "--gtest_filter=ConformanceChild.Run";
+  char* argv[] = {exe.data(), filter.data(), nullptr};
+  const pid_t pid = fork();
+  if (pid < 0) return Status::internal(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    if (dup2(fds[1], kChildFd) < 0) _exit(127);
+    execve(exe.c_str(), argv, envp.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  auto c = std::make_unique<Child>();
+  c->pid_ = pid;
+  c->fd_ = fds[0];
+  return c;
+}
+
+std::optional<std::string> Child::read_line(Deadline deadline) {
+  for (;;) {
+    const size_t nl = pending_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = pending_.substr(0, nl);
+      pending_.erase(0, nl + 1);
+      return line;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return std::nullopt;
+    pollfd p{fd_, POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return std::nullopt;
+    char buf[4096];
+    const ssize_t n = read(fd_, buf, sizeof buf);
+    if (n <= 0) return std::nullopt;
+    pending_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+void Child::kill_now() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+namespace {
+
+void report(int fd, const std::string& line) {
+  const std::string s = line + "\n";
+  if (write(fd, s.data(), s.size()) < 0) {
+    // The parent has gone; nothing to report to.
+  }
+}
+
+Status run_receiver(Transport& t, int fd) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool first = true;
+  FERRY_ASSIGN_OR_RETURN(std::string blob, t.listen(
+                                               [&](const uint8_t*, size_t) {
+                                                 std::unique_lock<std::mutex> lock(mu);
+                                                 if (first) report(fd, "bucket");
+                                                 first = false;
+                                                 // Stall mid-transfer: the parent kills us here.
+                                                 cv.wait_for(lock, 60s);
+                                                 return Status::deadline_exceeded("child receiver stalled");
+                                               },
+                                               [](const Status&) {}));
+  report(fd, "blob " + blob);
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait_for(lock, 60s);
+  return ok_status();
+}
+
+Status run_sender(Transport& t, const std::string& blob, int fd) {
+  FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(10s)));
+  constexpr size_t kBucket = 8 << 20;
+  constexpr size_t kSlots = 4;
+  FERRY_ASSIGN_OR_RETURN(Source src, Source::create(t, kBucket * kSlots));
+  std::deque<std::unique_ptr<TransferHandle>> pending;
+  const Deadline end = in(60s);
+  for (uint64_t seq = 0; Clock::now() < end; ++seq) {
+    if (pending.size() == kSlots) {
+      FERRY_RETURN_IF_ERROR(pending.front()->wait(end));
+      pending.pop_front();
+      if (seq == kSlots) report(fd, "sent");
+    }
+    const size_t off = (seq % kSlots) * kBucket;
+    src.write(off, kBucket, 7, seq);
+    FERRY_ASSIGN_OR_RETURN(auto h, conn->post(src.region(), off, kBucket));
+    pending.push_back(std::move(h));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status run_child_role() {
+  const char* role = std::getenv("FERRY_CONFORMANCE_ROLE");
+  const char* name = std::getenv("FERRY_CONFORMANCE_TRANSPORT");
+  const char* blob = std::getenv("FERRY_CONFORMANCE_BLOB");
+  const char* fd_text = std::getenv("FERRY_CONFORMANCE_FD");
+  if (!role || !name || !blob || !fd_text) return Status::invalid_argument("child role environment is incomplete");
+  const int fd = std::atoi(fd_text);
+  FERRY_ASSIGN_OR_RETURN(auto t, create_transport(name));
+  if (std::string(role) == "receiver") return run_receiver(*t, fd);
+  if (std::string(role) == "sender") return run_sender(*t, blob, fd);
+  return Status::invalid_argument(std::string("unknown child role ") + role);
+}
+
+}  // namespace ferry::transport::testing
