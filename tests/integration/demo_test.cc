@@ -10,13 +10,13 @@
 
 namespace {
 
-struct Run {
+struct DemoRun {
   int rc = -1;
   std::vector<std::string> lines;
 };
 
-Run run(const std::string& args) {
-  Run r;
+DemoRun run(const std::string& args) {
+  DemoRun r;
   FILE* p = popen((std::string(FERRY_DEMO_PATH) + " " + args + " 2>&1").c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -31,7 +31,7 @@ Run run(const std::string& args) {
 }
 
 TEST(Demo, ThreeVerifiedUpdatesWithNothingMoved) {
-  Run r = run("--updates 3 --tp 2");
+  DemoRun r = run("--updates 3 --tp 2");
   ASSERT_EQ(r.rc, 0);
   const std::regex line(
       R"(update v(\d+): ok ranks=2 bytes=(\d+) seconds=[0-9.]+ gbps=[0-9.]+ moved=0/(\d+) verified)");
@@ -55,7 +55,7 @@ TEST(Demo, DumpDirHoldsEveryRanksTensorsPerVersion) {
   char tmpl[] = "/tmp/ferry-demo-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  Run r = run("--updates 2 --tp 2 --dump-dir " + dir);
+  DemoRun r = run("--updates 2 --tp 2 --dump-dir " + dir);
   ASSERT_EQ(r.rc, 0);
   for (int v = 1; v <= 2; ++v) {
     for (int rank = 0; rank < 2; ++rank) {
