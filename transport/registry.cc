@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "core/settings.h"
+#include "transport/shm_transport.h"
 #include "transport/tcp_transport.h"
 #include "transport/transport.h"
 
@@ -9,6 +10,7 @@ namespace ferry::transport {
 
 const std::vector<TransportFactory>& transport_factories() {
   static const std::vector<TransportFactory> factories = {
+      {"shm", create_shm_transport},
       {"tcp", create_tcp_transport},
   };
   return factories;
@@ -21,7 +23,7 @@ Result<std::unique_ptr<Transport>> create_transport(std::string_view name) {
   }
   Status last = Status::unavailable("no transport could be created");
   for (const auto& f : transport_factories()) {
-    if (name != "auto" && f.name != name) continue;
+    if (name == "auto" ? !f.automatic : f.name != name) continue;
     auto t = f.create();
     if (t.ok()) return t;
     last = t.status().with_context(std::string(f.name));

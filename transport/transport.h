@@ -62,7 +62,9 @@ class Connection {
 };
 
 // Called once per received bucket; the bytes stay valid until it returns. A non-OK Status closes
-// the sending connection.
+// the sending connection. One transport never runs two callbacks at once. The bytes are host memory
+// unless capabilities().device_memory is set and host_memory is not (cuda_ipc, nccl): then they
+// are device memory on the receiver's current device.
 using BucketCallback = std::function<Status(const uint8_t* data, size_t size)>;
 // Called when a sending peer's connection ends (OK for a clean close).
 using PeerClosedCallback = std::function<void(const Status& why)>;
@@ -87,6 +89,9 @@ class Transport {
 struct TransportFactory {
   std::string_view name;
   std::function<Result<std::unique_ptr<Transport>>()> create;
+  // Taken by "auto". Off for transports whose receivers get device memory in the callback or that
+  // need a communicator set up by the coordinator: they are used only when named.
+  bool automatic = true;
 };
 
 const std::vector<TransportFactory>& transport_factories();

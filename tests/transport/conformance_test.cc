@@ -22,6 +22,8 @@ struct TransportCase {
   int devices_needed;   // GPUs both ends need (0: none)
 };
 
+void PrintTo(const TransportCase& c, std::ostream* os) { *os << c.name; }
+
 std::vector<TransportCase> built_cases() {
   std::vector<TransportCase> cases;
   for (const auto& f : transport_factories()) {

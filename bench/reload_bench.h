@@ -1,0 +1,20 @@
+// `ferry bench reload`: a whole-model update into registered storage through the reload engine,
+// from full-precision pieces (pre-quantized checkpoint pieces for gptq_int4) to quantized storage,
+// for the demo's Llama shape and every scheme, beside the same-run copy baseline.
+#pragma once
+
+#include <string>
+
+namespace ferry {
+
+// Prints, per scheme, two lines (`device`: "cpu" or "all"; CUDA storage is not benchmarked yet):
+//   {"bench":"reload","case":"<scheme>","device":"cpu","bytes":N,"seconds":S,"gbps":G,
+//    "baseline":"memcpy","baseline_gbps":B,"ratio":R}
+//   the same with "case":"<scheme>/kernels": the bare processing kernels over the same parameters,
+//   so that the engine's overhead over its kernels reads off the two lines.
+// bytes: piece bytes received plus storage bytes written; seconds: median of the timed updates
+// (begin, every piece, finalize with the census); the baseline copies the same piece bytes.
+// Returns 0, or 1 after printing the error.
+int run_reload_bench(bool json, const std::string& device);
+
+}  // namespace ferry

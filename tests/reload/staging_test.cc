@@ -1,0 +1,88 @@
+// Bounded staging: in plan order a rank holds at most one layer; out-of-order input is accounted;
+// past FERRY_MAX_STAGING_BYTES the update fails with ResourceExhausted and the refused layer keeps
+// its previous weights.
+#include <cstdlib>
+
+#include "reload/checkpoint_loader.h"
+#include "tests/reload/util.h"
+
+namespace ferry::reload {
+namespace {
+
+using testing::make_rank;
+
+// Full-precision bytes of the largest layer.
+uint64_t largest_layer(const sharding::RankSpec& spec) {
+  std::map<std::string, uint64_t> per;
+  for (const auto& p : spec.params) per[p.layer] += dtype_bytes(p.source_dtype, shape_numel(p.shape));
+  uint64_t m = 0;
+  for (const auto& [l, b] : per) m = std::max(m, b);
+  return m;
+}
+
+TEST(Staging, PlanOrderHoldsAtMostOneLayer) {
+  const tiny::Config cfg;
+  for (const std::string scheme : {"fp8_per_tensor", "fp8_per_channel", "gptq_int4"}) {
+    auto rank = make_rank(cfg, scheme);
+    auto w = tiny::Weights::random(cfg, rank->spec, 1);
+    auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_GT(r->peak_staging_bytes, 0u);
+    EXPECT_LE(r->peak_staging_bytes, largest_layer(rank->spec)) << scheme;
+    EXPECT_EQ(r->out_of_order_layers, 0u) << scheme;
+    EXPECT_EQ(rank->engine->staging_bytes(), 0u);
+  }
+}
+
+TEST(Staging, OutOfOrderInputIsAccounted) {
+  const tiny::Config cfg;
+  auto rank = make_rank(cfg, "fp8_per_tensor");
+  auto w = tiny::Weights::random(cfg, rank->spec, 1);
+  LoadOptions o;
+  o.interleave_layers = true;
+  auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GT(r->out_of_order_layers, 0u);
+  EXPECT_GT(r->peak_staging_bytes, largest_layer(rank->spec));
+  EXPECT_EQ(r->census.moved, 0u);
+}
+
+TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
+  const tiny::Config cfg;
+  auto probe = make_rank(cfg, "fp8_per_tensor");
+  const uint64_t limit = largest_layer(probe->spec) + 1024;
+  ASSERT_EQ(setenv("FERRY_MAX_STAGING_BYTES", std::to_string(limit).c_str(), 1), 0);
+  auto rank = make_rank(cfg, "fp8_per_tensor");
+  ASSERT_EQ(unsetenv("FERRY_MAX_STAGING_BYTES"), 0);
+  auto a = tiny::Weights::random(cfg, rank->spec, 1);
+  auto b = tiny::Weights::random(cfg, rank->spec, 2);
+  // In plan order the limit is enough.
+  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1).ok());
+  const auto v1 = testing::contents(rank->storage);
+  LoadOptions o;
+  o.interleave_layers = true;
+  auto r = load_checkpoint(*rank->engine, b->checkpoint(), 2, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
+  const std::string msg = r.status().to_string();
+  EXPECT_NE(msg.find("FERRY_MAX_STAGING_BYTES"), std::string::npos) << msg;
+  // The refused layer is named; none of its registered tensors was written.
+  std::string refused;
+  for (const auto& l : rank->engine->registry().layers()) {
+    if (msg.find("layer " + l + " is refused") != std::string::npos) refused = l;
+  }
+  ASSERT_FALSE(refused.empty()) << msg;
+  const auto v2 = testing::contents(rank->storage);
+  for (size_t i : rank->engine->registry().layer_tensors(refused)) {
+    const auto& name = rank->engine->registry().tensors()[i].name;
+    EXPECT_EQ(v2.at(name), v1.at(name)) << name;
+  }
+  EXPECT_EQ(rank->engine->staging_bytes(), 0u);
+  // A complete update in plan order lands afterwards.
+  auto again = load_checkpoint(*rank->engine, b->checkpoint(), 3);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_NE(testing::contents(rank->storage), v1);
+}
+
+}  // namespace
+}  // namespace ferry::reload

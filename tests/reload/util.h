@@ -1,0 +1,67 @@
+// Shared by the reload tests: engines over the tiny decoder's spec, snapshots of registered
+// identities and storage bytes.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "examples/tiny_decoder/model.h"
+#include "reload/engine.h"
+#include "reload/model_storage.h"
+
+namespace ferry::reload::testing {
+
+#define ASSERT_OK(expr)                              \
+  do {                                               \
+    const ::ferry::Status st_ = (expr);              \
+    ASSERT_TRUE(st_.ok()) << st_.to_string();        \
+  } while (0)
+
+inline const std::vector<std::string>& all_schemes() {
+  static const std::vector<std::string> s{"none",       "fp8_per_tensor", "fp8_per_channel", "fp8_block",
+                                          "int8_per_channel", "int4_group", "gptq_int4"};
+  return s;
+}
+
+// A rank with storage and an engine over the tiny decoder's spec.
+struct Rank {
+  sharding::RankSpec spec;
+  ModelStorage storage;
+  std::unique_ptr<ReloadEngine> engine;
+};
+
+inline std::unique_ptr<Rank> make_rank(const tiny::Config& cfg, const std::string& scheme, EngineOptions o = {}) {
+  auto spec = tiny::rank_spec(cfg, scheme);
+  EXPECT_TRUE(spec.ok()) << spec.status().to_string();
+  auto storage = ModelStorage::allocate(*spec, Device::cpu());
+  EXPECT_TRUE(storage.ok()) << storage.status().to_string();
+  auto r = std::make_unique<Rank>(Rank{*spec, std::move(*storage), nullptr});
+  auto e = ReloadEngine::create(r->spec, r->storage, std::move(o));
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  r->engine = std::move(*e);
+  return r;
+}
+
+// data pointer and size of every live tensor, by name.
+inline std::map<std::string, std::pair<const void*, size_t>> identities(const ModelStorage& s) {
+  std::map<std::string, std::pair<const void*, size_t>> out;
+  for (const auto& [name, v] : s.tensors()) out[name] = {v.data(), v.nbytes()};
+  return out;
+}
+
+inline std::vector<uint8_t> bytes_of(const TensorView& v) {
+  const auto* p = static_cast<const uint8_t*>(v.data());
+  return {p, p + v.nbytes()};
+}
+
+inline std::map<std::string, std::vector<uint8_t>> contents(const ModelStorage& s) {
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& [name, v] : s.tensors()) out[name] = bytes_of(v);
+  return out;
+}
+
+}  // namespace ferry::reload::testing

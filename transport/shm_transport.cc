@@ -1,0 +1,239 @@
+// shm, receiving end and the transport: one thread serves every sender's ring, so callbacks never
+// run concurrently; a whole bucket in one slot is handed over in place, fragments are assembled.
+#include "transport/shm_transport.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/settings.h"
+#include "transport/handle.h"
+#include "transport/shm_ring.h"
+
+namespace ferry::transport {
+namespace {
+
+using namespace shm;
+
+constexpr auto kPollBound = std::chrono::microseconds(2000);
+constexpr auto kLivenessEvery = std::chrono::milliseconds(10);
+constexpr int kSpins = 64;
+
+class ShmReceiver {
+ public:
+  ShmReceiver(Segment listener, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed)
+      : listener_(std::move(listener)), lh_(static_cast<ListenerHeader*>(listener_.data())), max_bucket_(max_bucket),
+        on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~ShmReceiver() { stop(); }
+
+  void stop() {
+    if (stop_.exchange(true)) return;
+    lh_->closed.store(1, std::memory_order_release);
+    lh_->doorbell.fetch_add(1, std::memory_order_release);
+    futex_wake(lh_->doorbell);
+    if (thread_.joinable()) thread_.join();
+    for (auto& p : peers_) tell_sender(*p, kClosed, "receiver shut down");
+    peers_.clear();
+  }
+
+ private:
+  struct Peer {
+    Segment ring;
+    RingHeader* rh;
+    ListenerEntry* entry;
+    uint64_t record = 0;
+    std::vector<uint8_t> assembly;
+    uint64_t assembled = 0;
+  };
+
+  void tell_sender(Peer& p, PeerState state, const std::string& why) {
+    std::snprintf(p.rh->reason, sizeof p.rh->reason, "%s", why.c_str());
+    p.rh->receiver_state.store(state, std::memory_order_release);
+    for (uint32_t i = 0; i < p.rh->slots; ++i) futex_wake(slot_header(p.ring.data(), i)->turn);
+    p.entry->state.store(kFree, std::memory_order_release);
+  }
+
+  bool accept_offers() {
+    bool progress = false;
+    for (auto& e : lh_->entries) {
+      if (e.state.load(std::memory_order_acquire) != kOffered) continue;
+      progress = true;
+      const std::string name(e.ring_name, strnlen(e.ring_name, sizeof e.ring_name));
+      auto ring = Segment::open(name);
+      auto* rh = ring.ok() ? static_cast<RingHeader*>(ring->data()) : nullptr;
+      if (rh == nullptr || ring->size() < sizeof(RingHeader) || rh->magic != kRingMagic || rh->slots == 0 ||
+          payload_offset(rh->slots) + rh->slots * rh->slot_bytes > ring->size()) {
+        FERRY_LOG_WARN("shm: refused sender {}: {}", e.sender_pid,
+                       ring.ok() ? "malformed ring" : ring.status().message());
+        e.state.store(kRefused, std::memory_order_release);
+        futex_wake(e.state);
+        continue;
+      }
+      auto p = std::make_unique<Peer>();
+      p->ring = std::move(*ring);
+      p->rh = rh;
+      p->entry = &e;
+      peers_.push_back(std::move(p));
+      e.state.store(kAccepted, std::memory_order_release);
+      futex_wake(e.state);
+    }
+    return progress;
+  }
+
+  // Hands every full slot of `p` to the callback, in order. Sets `*closing` when the link must end.
+  bool drain(Peer& p, std::optional<Status>* closing) {
+    bool progress = false;
+    const RingHeader& h = *p.rh;
+    for (;;) {
+      const uint32_t i = static_cast<uint32_t>(p.record % h.slots);
+      const uint32_t lap = static_cast<uint32_t>(p.record / h.slots);
+      SlotHeader& slot = *slot_header(p.ring.data(), i);
+      if (slot.turn.load(std::memory_order_acquire) != 2 * lap + 1) return progress;
+      progress = true;
+      const uint8_t* data = slot_payload(p.ring.data(), h, i);
+      const uint64_t total = slot.total, off = slot.offset, len = slot.length;
+      Status st;
+      if (len > h.slot_bytes || off > total || len > total - off) {
+        st = Status::data_loss(fmt::format("shm: malformed slot ({} bytes at {} of {})", len, off, total));
+      } else if (off == 0 && len == total) {
+        st = on_bucket_(data, len);
+      } else {
+        if (off == 0) {
+          if (total > max_bucket_) {
+            st = Status::resource_exhausted(fmt::format("shm: a {}-byte bucket; the limit is {}", total, max_bucket_));
+          } else {
+            p.assembly.resize(total);
+            p.assembled = 0;
+          }
+        }
+        if (st.ok() && (off != p.assembled || p.assembly.size() != total)) {
+          st = Status::data_loss("shm: bucket fragments out of order");
+        }
+        if (st.ok()) {
+          std::memcpy(p.assembly.data() + off, data, len);
+          p.assembled = off + len;
+          if (p.assembled == total) {
+            st = on_bucket_(p.assembly.data(), total);
+            std::vector<uint8_t>().swap(p.assembly);  // memory stays bounded by the buckets in flight
+            p.assembled = 0;
+          }
+        }
+      }
+      slot.turn.store(2 * lap + 2, std::memory_order_release);
+      futex_wake(slot.turn);
+      ++p.record;
+      if (!st.ok()) {
+        *closing = st;
+        return true;
+      }
+    }
+  }
+
+  void run() {
+    auto next_check = Clock::now();
+    int idle = 0;
+    while (!stop_.load(std::memory_order_acquire)) {
+      const uint32_t bell = lh_->doorbell.load(std::memory_order_acquire);
+      bool progress = accept_offers();
+      const bool check = Clock::now() >= next_check;
+      if (check) next_check = Clock::now() + kLivenessEvery;
+      for (size_t k = 0; k < peers_.size();) {
+        Peer& p = *peers_[k];
+        // Read the sender's state before draining: whatever it published before closing is drained.
+        const uint32_t sender = p.rh->sender_state.load(std::memory_order_acquire);
+        std::optional<Status> closing;
+        progress |= drain(p, &closing);
+        if (!closing && sender == kClosed) closing = ok_status();
+        if (!closing && sender == kAborted) closing = Status::aborted("shm sender aborted the connection");
+        if (!closing && check && !process_alive(p.rh->sender_pid)) {
+          closing = Status::unavailable(fmt::format("shm sender process {} died", p.rh->sender_pid));
+        }
+        if (!closing) {
+          ++k;
+          continue;
+        }
+        tell_sender(p, closing->ok() ? kClosed : kAborted, closing->message());
+        peers_.erase(peers_.begin() + static_cast<std::ptrdiff_t>(k));
+        if (on_closed_) on_closed_(*closing);
+        progress = true;
+      }
+      if (progress) {
+        idle = 0;
+      } else if (++idle < kSpins) {
+        std::this_thread::yield();
+      } else {
+        futex_wait(lh_->doorbell, bell, kPollBound);
+      }
+    }
+  }
+
+  Segment listener_;
+  ListenerHeader* lh_;
+  uint64_t max_bucket_;
+  BucketCallback on_bucket_;
+  PeerClosedCallback on_closed_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::unique_ptr<Peer>> peers_;  // touched by the thread, then by stop() after the join
+  std::thread thread_;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  ~ShmTransport() override { shutdown(); }
+  std::string_view name() const override { return "shm"; }
+  Capabilities capabilities() const override { return {true, false, true, false}; }
+
+  Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
+    if (!device.is_cpu()) return Status::invalid_argument("shm moves host memory only; got " + device.to_string());
+    return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
+  }
+
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (receiver_) return Status::failed_precondition("shm: listen() was already called on this transport");
+    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
+    sweep_stale_segments();
+    const size_t bytes = (sizeof(ListenerHeader) + kPage - 1) / kPage * kPage;
+    FERRY_ASSIGN_OR_RETURN(Segment listener, Segment::create(segment_name('l'), bytes));
+    auto* lh = static_cast<ListenerHeader*>(listener.data());
+    lh->receiver_pid = getpid();
+    lh->magic = kListenerMagic;
+    std::string blob = "shm://" + boot_id() + listener.name();
+    receiver_ = std::make_unique<ShmReceiver>(std::move(listener), bucket * 4 + (64ull << 20), std::move(on_bucket),
+                                              std::move(on_closed));
+    return blob;
+  }
+
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
+    auto c = shm::connect(blob, deadline);
+    if (!c.ok()) return c.status().with_context("shm connect to " + blob);
+    return c;
+  }
+
+  void shutdown() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (receiver_) receiver_->stop();
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<ShmReceiver> receiver_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> create_shm_transport() {
+  if (access("/dev/shm", W_OK) != 0) return Status::unavailable("shm: /dev/shm is not writable here");
+  return std::unique_ptr<Transport>(std::make_unique<ShmTransport>());
+}
+
+}  // namespace ferry::transport
