@@ -232,6 +232,12 @@ class RolloutWorkerImpl final : public RolloutWorker {
       st = Status::data_loss(fmt::format("bucket {} carries no checksum while FERRY_VERIFY=1", header.seq()));
     }
     std::lock_guard<std::mutex> lock(mu_);
+    // Data and control travel on different connections: buckets of an update that was aborted can
+    // still be in flight when the next update starts. They are dropped, not counted.
+    if (st.ok() && header.version() < update_version_) {
+      FERRY_LOG_DEBUG("dropping a bucket of aborted update v{} during v{}", header.version(), update_version_);
+      return ok_status();
+    }
     if (st.ok() && (header.version() != update_version_ || !engine_->in_update())) {
       st = Status::failed_precondition(fmt::format("bucket of update v{} while this rank is at v{}{}", header.version(),
                                                    update_version_, engine_->in_update() ? "" : " (no update open)"));
