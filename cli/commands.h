@@ -8,5 +8,6 @@ namespace ferry::cli {
 void add_info_command(CLI::App& app);
 void add_coordinator_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_status_command(CLI::App& app);
 
 }  // namespace ferry::cli

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   ferry::cli::add_coordinator_command(app);
   ferry::cli::add_plan_command(app);
   ferry::cli::add_bench_command(app);
+  ferry::cli::add_status_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -10,10 +10,10 @@
 
 #include "core/log.h"
 #include "core/settings.h"
-#include "core/version.h"
 #include "coordinator/bucket.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
+#include "coordinator/member.h"
 #include "coordinator/wire.h"
 #include "reload/engine.h"
 #include "transport/transport.h"
@@ -29,6 +29,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       : options_(std::move(o)), work_(asio::make_work_guard(io_)), timer_(io_) {}
 
   ~RolloutWorkerImpl() override {
+    heartbeat_.reset();
     if (channel_) channel_->close(Status::unavailable("rollout worker closed"));
     if (transport_) transport_->shutdown();
     work_.reset();
@@ -62,22 +63,31 @@ class RolloutWorkerImpl final : public RolloutWorker {
                     [this](const std::shared_ptr<Channel>&, const Status& why) { on_closed(why); });
     wire::Envelope hello;
     auto* h = hello.mutable_hello();
-    h->set_protocol_version(kProtocolVersion);
     h->set_role("rollout");
     to_wire(options_.spec, h->mutable_spec());
     h->set_data_endpoint(endpoint_);
     h->set_transport(std::string(transport_->name()));
     h->set_pid(static_cast<int32_t>(getpid()));
-    channel_->send(hello);
-    FERRY_ASSIGN_OR_RETURN(auto w, welcome_.wait(wire::Envelope::kWelcome,
-                                                 std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_),
-                                                 "welcome"));
-    return from_wire(w.welcome().status());
+    FERRY_RETURN_IF_ERROR(
+        join(*channel_, welcome_, std::move(hello),
+             std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_))
+            .status());
+    heartbeat_ = std::make_unique<Heartbeat>(channel_, std::chrono::milliseconds(std::max<int64_t>(timeout_ms_ / 4, 1)));
+    return ok_status();
   }
 
   uint64_t weight_version() const override { return version_.load(); }
   bool consistent() const override { return consistent_.load(); }
   bool paused() const override { return paused_.load(); }
+
+  Status wait_serving(int64_t timeout_ms) override {
+    std::unique_lock<std::mutex> lock(serve_mu_);
+    if (!serve_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !paused_.load(); })) {
+      return Status::deadline_exceeded(fmt::format("rank still paused after {} ms (weight version {}{})", timeout_ms,
+                                                   version_.load(), consistent_ ? "" : ", inconsistent"));
+    }
+    return ok_status();
+  }
 
   Status wait_closed(int64_t timeout_ms) override {
     std::unique_lock<std::mutex> lock(closed_mu_);
@@ -92,6 +102,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
 
   void on_message(wire::Envelope& env) {
     switch (env.body_case()) {
+      case wire::Envelope::kChallenge:
       case wire::Envelope::kWelcome: return welcome_.push(std::move(env));
       case wire::Envelope::kPause: return on_pause(env.pause());
       case wire::Envelope::kFinalize: return on_finalize(env.finalize());
@@ -103,11 +114,13 @@ class RolloutWorkerImpl final : public RolloutWorker {
 
   void on_pause(const wire::Pause& p) {
     Status st;
-    if (options_.pause) st = options_.pause(PauseRequest{p.version(), p.mode()});
+    if (options_.pause) st = options_.pause(PauseRequest{p.version(), p.mode(), p.clear_cache()});
     paused_ = true;
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       st = engine_->begin(p.version());
+      // From here storage is being rewritten: the rank serves nothing until a complete version lands.
+      consistent_ = false;
       update_version_ = p.version();
       received_ = 0;
       expected_ = -1;
@@ -176,7 +189,11 @@ class RolloutWorkerImpl final : public RolloutWorker {
     if (!st.ok()) FERRY_LOG_ERROR("resume hook failed at v{}: {}", r.version(), st.message());
     version_ = r.version();
     consistent_ = true;
-    paused_ = false;
+    {
+      std::lock_guard<std::mutex> lock(serve_mu_);
+      paused_ = false;
+    }
+    serve_cv_.notify_all();
     wire::Envelope env;
     env.mutable_resume_ack()->set_version(r.version());
     reply(env);
@@ -215,6 +232,12 @@ class RolloutWorkerImpl final : public RolloutWorker {
       st = Status::data_loss(fmt::format("bucket {} carries no checksum while FERRY_VERIFY=1", header.seq()));
     }
     std::lock_guard<std::mutex> lock(mu_);
+    // Data and control travel on different connections: buckets of an update that was aborted can
+    // still be in flight when the next update starts. They are dropped, not counted.
+    if (st.ok() && header.version() < update_version_) {
+      FERRY_LOG_DEBUG("dropping a bucket of aborted update v{} during v{}", header.version(), update_version_);
+      return ok_status();
+    }
     if (st.ok() && (header.version() != update_version_ || !engine_->in_update())) {
       st = Status::failed_precondition(fmt::format("bucket of update v{} while this rank is at v{}{}", header.version(),
                                                    update_version_, engine_->in_update() ? "" : " (no update open)"));
@@ -243,6 +266,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   asio::steady_timer timer_;
   std::thread thread_;
   std::shared_ptr<Channel> channel_;
+  std::unique_ptr<Heartbeat> heartbeat_;
   Mailbox welcome_;
   std::unique_ptr<transport::Transport> transport_;
   std::string endpoint_;
@@ -257,9 +281,12 @@ class RolloutWorkerImpl final : public RolloutWorker {
   bool finalized_ = false;
   Status bucket_error_;
 
+  // A rank serves nothing until its first complete version lands.
   std::atomic<uint64_t> version_{0};
-  std::atomic<bool> consistent_{true};
-  std::atomic<bool> paused_{false};
+  std::atomic<bool> consistent_{false};
+  std::atomic<bool> paused_{true};
+  std::mutex serve_mu_;
+  std::condition_variable serve_cv_;
 
   std::mutex closed_mu_;
   std::condition_variable closed_cv_;

@@ -24,6 +24,7 @@ namespace ferry::coordinator {
 struct PauseRequest {
   uint64_t version = 0;  // the version about to be loaded
   std::string mode;      // abort: cancel in-flight generation; wait: drain it; keep: freeze it in place
+  bool clear_cache = true;  // whether cached state (KV cache, prefix cache) must be dropped
 };
 
 struct RolloutOptions {
@@ -44,9 +45,13 @@ class RolloutWorker {
 
   // The version the rank's storage holds; every generated sample can carry it.
   virtual uint64_t weight_version() const = 0;
-  // False after an aborted update, until a complete update lands.
+  // False from the moment an update starts rewriting storage until a complete version lands; an
+  // aborted update leaves it false (the rank stays paused) until the next complete update.
   virtual bool consistent() const = 0;
+  // True from a pause until the resume, and before the first version lands. Requests that arrive
+  // while paused should wait: wait_serving() blocks until the rank serves again.
   virtual bool paused() const = 0;
+  virtual Status wait_serving(int64_t timeout_ms) = 0;
   // Blocks until the coordinator closes the connection (the job ended) or `timeout_ms` passes.
   virtual Status wait_closed(int64_t timeout_ms) = 0;
 };

@@ -10,11 +10,11 @@
 #include "core/log.h"
 #include "core/region_copy.h"
 #include "core/settings.h"
-#include "core/version.h"
 #include "coordinator/bucket.h"
 #include "coordinator/channel.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/mailbox.h"
+#include "coordinator/member.h"
 #include "coordinator/wire.h"
 #include "sharding/planner.h"
 #include "transport/transport.h"
@@ -47,6 +47,7 @@ class TrainerImpl final : public Trainer {
   explicit TrainerImpl(TrainerOptions o) : options_(std::move(o)), work_(asio::make_work_guard(io_)) {}
 
   ~TrainerImpl() override {
+    heartbeat_.reset();
     if (channel_) channel_->close(Status::unavailable("trainer closed"));
     // Connections go before their transport, bucket memory only after the transport's thread ended.
     for (auto& d : dests_) d.conn.reset();
@@ -79,12 +80,11 @@ class TrainerImpl final : public Trainer {
     channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { mailbox_.push(std::move(e)); },
                     [this](const std::shared_ptr<Channel>&, const Status& why) { mailbox_.close(why); });
     wire::Envelope hello;
-    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
     hello.mutable_hello()->set_role("trainer");
     hello.mutable_hello()->set_pid(static_cast<int32_t>(getpid()));
-    channel_->send(hello);
-    FERRY_ASSIGN_OR_RETURN(auto w, mailbox_.wait(wire::Envelope::kWelcome, deadline(), "welcome"));
-    return from_wire(w.welcome().status());
+    FERRY_RETURN_IF_ERROR(join(*channel_, mailbox_, std::move(hello), deadline()).status());
+    heartbeat_ = std::make_unique<Heartbeat>(channel_, std::chrono::milliseconds(std::max<int64_t>(timeout_ms_ / 4, 1)));
+    return ok_status();
   }
 
   std::string coordinator_address() const override { return address_; }
@@ -95,12 +95,18 @@ class TrainerImpl final : public Trainer {
   }
 
   Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) override {
+    return start_weight_update(version, manifest, UpdateOptions{options_.pause_mode, options_.clear_cache, {}});
+  }
+
+  Status start_weight_update(uint64_t version, const sharding::Manifest& manifest, const UpdateOptions& o) override {
     if (in_update_) return Status::failed_precondition(fmt::format("update v{} is still open; finish it first", version_));
     t_start_ = Clock::now();
     wire::Envelope env;
     auto* s = env.mutable_start_update();
     s->set_version(version);
-    s->set_pause_mode(options_.pause_mode);
+    s->set_pause_mode(o.pause_mode);
+    s->set_clear_cache(o.clear_cache);
+    for (int r : o.replicas) s->add_replicas(r);
     for (const auto& t : manifest) to_wire(t, s->add_manifest());
     channel_->send(env);
     FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kStartReply, deadline(2), "start reply"));
@@ -337,6 +343,7 @@ class TrainerImpl final : public Trainer {
   std::unique_ptr<Coordinator> embedded_;
   std::string address_;
   std::shared_ptr<Channel> channel_;
+  std::unique_ptr<Heartbeat> heartbeat_;
   Mailbox mailbox_;
   int64_t timeout_ms_ = 0;
   uint64_t bucket_bytes_ = 0;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "sharding/model_spec.h"
@@ -25,6 +26,15 @@ struct TrainerOptions {
   std::string listen_host;  // embedded coordinator's address; empty: FERRY_LISTEN_HOST
   uint16_t port = 0;        // embedded coordinator's port; 0: any
   std::string pause_mode = "abort";  // abort, wait or keep
+  bool clear_cache = true;           // told to the pause hook
+};
+
+// Per-update choices. `replicas` limits the update to some replicas (rolling updates: update one
+// group while the others keep serving, then the next group at the same version); empty: all.
+struct UpdateOptions {
+  std::string pause_mode = "abort";
+  bool clear_cache = true;
+  std::vector<int> replicas;
 };
 
 struct UpdateReport {
@@ -72,6 +82,8 @@ class Trainer {
   // Checks `manifest` against every replica (any mismatch fails here, before a byte moves), pauses
   // them all, and plans the transfer.
   virtual Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) = 0;
+  virtual Status start_weight_update(uint64_t version, const sharding::Manifest& manifest,
+                                     const UpdateOptions& options) = 0;
   // Sends one tensor of the manifest; any order.
   virtual Status send(const std::string& name, const TensorView& tensor) = 0;
   // Sends every tensor of the manifest, pulled from `source` in plan order.

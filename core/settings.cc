@@ -22,6 +22,8 @@ constexpr SettingInfo kSettings[] = {
      "bound on out-of-order staging per rank; 0 means no bound beyond one layer", ""},
     {"FERRY_MAX_FRAME_BYTES", SettingType::kBytes, "64M", "largest control-plane frame accepted", ""},
     {"FERRY_VERIFY", SettingType::kBool, "0", "checksum every bucket (XXH3-64) on both ends", ""},
+    {"FERRY_TOKEN", SettingType::kString, "", "shared secret; when set, joining requires an HMAC-SHA256 answer", ""},
+    {"FERRY_METRICS_PORT", SettingType::kInt, "0", "serve Prometheus metrics over HTTP on this port (0: off)", ""},
 };
 
 Result<std::string> raw_value(std::string_view name, const SettingInfo** info_out) {

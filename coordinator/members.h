@@ -1,0 +1,31 @@
+// The coordinator's view of its members, shared by membership handling and the update machine.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "coordinator/channel.h"
+#include "sharding/model_spec.h"
+
+namespace ferry::coordinator {
+
+struct Member {
+  int id = 0;
+  std::shared_ptr<Channel> channel;
+  std::string role;  // trainer, rollout, observer
+  sharding::RankSpec spec;
+  std::string endpoint;
+  std::string transport;
+  uint64_t version = 0;     // the version its storage holds complete
+  bool consistent = false;  // false until a complete version lands, and after an aborted update
+  std::string state = "joined";
+  std::chrono::steady_clock::time_point last_seen;
+
+  std::string describe() const;
+};
+
+using MemberTable = std::map<int, Member>;
+
+}  // namespace ferry::coordinator

@@ -1,0 +1,250 @@
+#include "coordinator/update_machine.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "coordinator/wire.h"
+#include "sharding/planner.h"
+
+namespace ferry::coordinator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kHistory = 32;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+std::string Member::describe() const {
+  if (role == "rollout") return fmt::format("member {} (replica {} rank {})", id, spec.replica, spec.tp_rank);
+  return fmt::format("{} member {}", role, id);
+}
+
+UpdateMachine::UpdateMachine(boost::asio::io_context& io, MemberTable& members, int64_t timeout_ms)
+    : io_(io), members_(members), timeout_ms_(timeout_ms), timer_(io) {}
+
+const char* UpdateMachine::phase() const {
+  switch (phase_) {
+    case Phase::kIdle: return "idle";
+    case Phase::kPausing: return "pausing";
+    case Phase::kTransferring: return "transferring";
+    case Phase::kFinalizing: return "finalizing";
+    case Phase::kResuming: return "resuming";
+  }
+  return "?";
+}
+
+void UpdateMachine::send_to_trainer(wire::Envelope& env) {
+  auto it = members_.find(trainer_);
+  if (it != members_.end()) it->second.channel->send(env);
+}
+
+void UpdateMachine::arm_timer(const char* what) {
+  timer_.expires_after(std::chrono::milliseconds(timeout_ms_));
+  const uint64_t v = version_;
+  timer_.async_wait([this, what, v](boost::system::error_code ec) {
+    if (ec || phase_ == Phase::kIdle || version_ != v) return;
+    std::string late;
+    for (int id : participants_) {
+      if (!acked_.count(id)) late += " " + members_.at(id).describe();
+    }
+    fail(Status::deadline_exceeded(
+        fmt::format("{} of update v{} passed FERRY_TIMEOUT_MS={} waiting for:{}", what, v, timeout_ms_, late)));
+  });
+}
+
+void UpdateMachine::record(bool ok, const std::string& error) {
+  wire::UpdateRecord r;
+  r.set_version(version_);
+  r.set_ok(ok);
+  r.set_error(error);
+  r.set_seconds(since(started_));
+  r.set_bytes(report_.bytes());
+  r.set_ranks(static_cast<int32_t>(participants_.size()));
+  history_.push_back(std::move(r));
+  if (history_.size() > kHistory) history_.pop_front();
+  (ok ? updates_ok_ : updates_failed_) += 1;
+}
+
+void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
+  wire::Envelope reply;
+  auto refuse = [&](const Status& st) {
+    to_wire(st, reply.mutable_start_reply()->mutable_status());
+    trainer.channel->send(reply);
+  };
+  if (phase_ != Phase::kIdle) {
+    return refuse(Status::failed_precondition(
+        fmt::format("update v{} is {}; a second update cannot start", version_, phase())));
+  }
+  auto manifest = manifest_from_wire(s.manifest());
+  if (!manifest.ok()) return refuse(manifest.status());
+  const std::set<int> wanted(s.replicas().begin(), s.replicas().end());
+  std::vector<sharding::RankSpec> specs;
+  std::set<int> participants;
+  for (auto& [id, m] : members_) {
+    if (m.role != "rollout" || (!wanted.empty() && !wanted.count(m.spec.replica))) continue;
+    if (s.version() <= m.version) {
+      return refuse(Status::invalid_argument(fmt::format("version {} is not above the current version {} of {}",
+                                                         s.version(), m.version, m.describe())));
+    }
+    participants.insert(id);
+    specs.push_back(m.spec);
+  }
+  if (specs.empty()) return refuse(Status::failed_precondition("no rollout rank of the requested replicas has joined"));
+  // Every mismatch fails here, before any rank pauses and before one byte moves.
+  if (Status st = sharding::check_manifest(*manifest, specs); !st.ok()) return refuse(st);
+
+  participants_ = std::move(participants);
+  trainer_ = trainer.id;
+  version_ = s.version();
+  pending_failure_ = Status();
+  acked_.clear();
+  phase_ = Phase::kPausing;
+  started_ = phase_start_ = Clock::now();
+  report_ = wire::FinishReply{};
+  wire::Envelope pause;
+  pause.mutable_pause()->set_version(s.version());
+  pause.mutable_pause()->set_mode(s.pause_mode().empty() ? "abort" : s.pause_mode());
+  pause.mutable_pause()->set_clear_cache(s.clear_cache());
+  for (int id : participants_) {
+    members_.at(id).state = "pausing";
+    members_.at(id).channel->send(pause);
+  }
+  arm_timer("pause");
+}
+
+void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
+  if (phase_ != Phase::kPausing || a.version() != version_ || !participants_.count(m.id)) return;
+  if (Status st = from_wire(a.status()); !st.ok()) return fail(st.with_context(m.describe() + " pause"));
+  m.state = "paused";
+  m.consistent = false;  // its storage is about to be rewritten
+  acked_.insert(m.id);
+  if (acked_.size() < participants_.size()) return;
+  timer_.cancel();
+  report_.set_pause_seconds(since(phase_start_));
+  phase_ = Phase::kTransferring;
+  wire::Envelope reply;
+  auto* r = reply.mutable_start_reply();
+  to_wire(ok_status(), r->mutable_status());
+  for (int id : participants_) {
+    Member& p = members_.at(id);
+    p.state = "transferring";
+    auto* w = r->add_ranks();
+    w->set_member_id(id);
+    to_wire(p.spec, w->mutable_spec());
+    w->set_data_endpoint(p.endpoint);
+    w->set_transport(p.transport);
+  }
+  send_to_trainer(reply);
+}
+
+void UpdateMachine::on_finish(Member& trainer, const wire::FinishUpdate& f) {
+  if (phase_ != Phase::kTransferring || trainer.id != trainer_ || f.version() != version_) {
+    Status st = Status::failed_precondition(fmt::format("finish of v{} without a matching start", f.version()));
+    if (phase_ == Phase::kIdle && f.version() == aborted_version_ && !pending_failure_.ok()) {
+      st = pending_failure_;
+      pending_failure_ = Status();
+    }
+    wire::Envelope reply;
+    to_wire(st, reply.mutable_finish_reply()->mutable_status());
+    trainer.channel->send(reply);
+    return;
+  }
+  if (static_cast<size_t>(f.buckets_size()) != participants_.size()) {
+    return fail(Status::invalid_argument(
+        fmt::format("finish lists {} ranks; the update has {}", f.buckets_size(), participants_.size())));
+  }
+  phase_ = Phase::kFinalizing;
+  phase_start_ = Clock::now();
+  acked_.clear();
+  int i = 0;
+  for (int id : participants_) {
+    wire::Envelope env;
+    env.mutable_finalize()->set_version(version_);
+    env.mutable_finalize()->set_buckets(f.buckets(i++));
+    members_.at(id).state = "finalizing";
+    members_.at(id).channel->send(env);
+  }
+  arm_timer("finalize");
+}
+
+void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
+  if (phase_ != Phase::kFinalizing || f.version() != version_ || !participants_.count(m.id)) return;
+  if (Status st = from_wire(f.status()); !st.ok()) return fail(st.with_context(m.describe() + " finalize"));
+  acked_.insert(m.id);
+  m.state = "complete";
+  report_.set_bytes(report_.bytes() + f.bytes());
+  report_.set_moved(report_.moved() + f.moved());
+  report_.set_registered(report_.registered() + f.registered());
+  report_.set_peak_staging_bytes(std::max(report_.peak_staging_bytes(), f.peak_staging_bytes()));
+  report_.set_process_seconds(std::max(report_.process_seconds(), f.process_seconds()));
+  if (acked_.size() < participants_.size()) return;
+  timer_.cancel();
+  // Every rank of every updated replica holds the complete new version: release them together.
+  phase_ = Phase::kResuming;
+  phase_start_ = Clock::now();
+  acked_.clear();
+  wire::Envelope env;
+  env.mutable_resume()->set_version(version_);
+  for (int id : participants_) members_.at(id).channel->send(env);
+  arm_timer("resume");
+}
+
+void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
+  if (phase_ != Phase::kResuming || a.version() != version_ || !participants_.count(m.id)) return;
+  acked_.insert(m.id);
+  m.version = version_;
+  m.consistent = true;
+  m.state = "serving";
+  if (acked_.size() < participants_.size()) return;
+  timer_.cancel();
+  report_.set_resume_seconds(since(phase_start_));
+  to_wire(ok_status(), report_.mutable_status());
+  report_.set_version(version_);
+  report_.set_ranks(static_cast<int32_t>(participants_.size()));
+  record(true, "");
+  wire::Envelope env;
+  *env.mutable_finish_reply() = report_;
+  send_to_trainer(env);
+  phase_ = Phase::kIdle;
+}
+
+void UpdateMachine::on_member_lost(const Member& m, const Status& why) {
+  if (phase_ == Phase::kIdle || (m.id != trainer_ && !participants_.count(m.id))) return;
+  fail(Status(why.code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
+              fmt::format("{} was lost during {}: {}", m.describe(), phase(), why.message())));
+}
+
+void UpdateMachine::fail(const Status& why) {
+  if (phase_ == Phase::kIdle) return;
+  timer_.cancel();
+  FERRY_LOG_ERROR("update v{} aborted during {}: {}", version_, phase(), why.message());
+  wire::Envelope abort;
+  abort.mutable_abort()->set_version(version_);
+  abort.mutable_abort()->set_reason(why.message());
+  for (int id : participants_) {
+    auto it = members_.find(id);
+    if (it == members_.end()) continue;
+    it->second.consistent = false;
+    it->second.state = "paused-inconsistent";
+    it->second.channel->send(abort);
+  }
+  record(false, why.message());
+  wire::Envelope reply;
+  if (phase_ == Phase::kPausing) {
+    to_wire(why, reply.mutable_start_reply()->mutable_status());
+    send_to_trainer(reply);
+  } else if (phase_ == Phase::kTransferring) {
+    // The trainer is sending and waits on no reply; it learns at finish.
+    pending_failure_ = why;
+    aborted_version_ = version_;
+  } else {
+    to_wire(why, reply.mutable_finish_reply()->mutable_status());
+    reply.mutable_finish_reply()->set_version(version_);
+    send_to_trainer(reply);
+  }
+  phase_ = Phase::kIdle;
+}
+
+}  // namespace ferry::coordinator

@@ -1,0 +1,60 @@
+// One weight update at a time, as a state machine on the coordinator's I/O thread:
+//   idle -> pausing -> transferring -> finalizing -> resuming -> idle, or -> aborted (then idle).
+// Versions only increase per replica; a second concurrent update is refused (FailedPrecondition);
+// every rank of the updated replicas resumes together, only after all hold the complete version.
+#pragma once
+
+#include <deque>
+#include <set>
+
+#include "core/asio.h"
+#include "coordinator/members.h"
+#include "proto/ferry.pb.h"
+
+namespace ferry::coordinator {
+
+class UpdateMachine {
+ public:
+  UpdateMachine(boost::asio::io_context& io, MemberTable& members, int64_t timeout_ms);
+
+  void on_start(Member& trainer, const wire::StartUpdate& s);
+  void on_pause_ack(Member& m, const wire::PauseAck& a);
+  void on_finish(Member& trainer, const wire::FinishUpdate& f);
+  void on_finalized(Member& m, const wire::Finalized& f);
+  void on_resume_ack(Member& m, const wire::ResumeAck& a);
+  // A member left (or went silent): aborts the update if it takes part in it.
+  void on_member_lost(const Member& m, const Status& why);
+
+  const char* phase() const;
+  bool in_update() const { return phase_ != Phase::kIdle; }
+  const std::deque<wire::UpdateRecord>& history() const { return history_; }
+  uint64_t updates_ok() const { return updates_ok_; }
+  uint64_t updates_failed() const { return updates_failed_; }
+
+ private:
+  enum class Phase { kIdle, kPausing, kTransferring, kFinalizing, kResuming };
+
+  void arm_timer(const char* what);
+  void fail(const Status& why);
+  void record(bool ok, const std::string& error);
+  void send_to_trainer(wire::Envelope& env);
+
+  boost::asio::io_context& io_;
+  MemberTable& members_;
+  int64_t timeout_ms_;
+  boost::asio::steady_timer timer_;
+
+  Phase phase_ = Phase::kIdle;
+  uint64_t version_ = 0;          // the update in progress (or the last attempted)
+  uint64_t aborted_version_ = 0;  // an update aborted during the transfer, reported at its finish
+  Status pending_failure_;
+  int trainer_ = 0;
+  std::set<int> participants_;
+  std::set<int> acked_;
+  std::chrono::steady_clock::time_point started_, phase_start_;
+  wire::FinishReply report_;
+  std::deque<wire::UpdateRecord> history_;
+  uint64_t updates_ok_ = 0, updates_failed_ = 0;
+};
+
+}  // namespace ferry::coordinator

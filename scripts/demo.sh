@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine, builds ferry, and runs the demo: a trainer and a TP-2 replica as three
+# processes on 127.0.0.1, three verified weight updates.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build --target ferry ferry-demo
+build/bin/ferry-demo "$@"
