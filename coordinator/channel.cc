@@ -77,6 +77,9 @@ void Channel::send(const wire::Envelope& env) {
 void Channel::write_next() {
   auto self = shared_from_this();
   asio::async_write(socket_, asio::buffer(out_.front()), [self](boost::system::error_code ec, size_t) {
+    // A write can complete after the channel failed; its frame is still queued (fail() keeps the
+    // queue so in-flight buffers stay alive), and nothing more is sent.
+    if (self->closed_) return;
     if (ec) return self->fail(Status::unavailable("control write: " + ec.message()));
     self->out_.pop_front();
     if (!self->out_.empty()) self->write_next();
@@ -93,7 +96,6 @@ void Channel::fail(const Status& why) {
   boost::system::error_code ec;
   socket_.shutdown(tcp::socket::shutdown_both, ec);
   socket_.close(ec);
-  out_.clear();
   if (on_closed_) on_closed_(shared_from_this(), why);
   on_message_ = nullptr;
   on_closed_ = nullptr;

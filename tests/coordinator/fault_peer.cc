@@ -1,0 +1,58 @@
+// A member process for fault tests: a rollout rank, or a trainer that stops itself mid-transfer so
+// the test can kill it at a known point. Faults are injected into real processes on real sockets.
+//
+//   ferry-fault-peer rollout COORDINATOR TP_RANK TP
+//   ferry-fault-peer trainer COORDINATOR VERSION STOP_AFTER_TENSORS
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "tests/coordinator/cluster.h"
+
+using namespace ferry;
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::cerr << "usage: ferry-fault-peer rollout|trainer COORDINATOR A B\n";
+    return 2;
+  }
+  const std::string role = argv[1], address = argv[2];
+  const auto cfg = testutil::tiny_llama();
+  if (role == "rollout") {
+    const int rank = std::atoi(argv[3]), tp = std::atoi(argv[4]);
+    auto spec = sharding::llama_rank_spec(cfg, rank, tp, "fp8_per_tensor");
+    if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
+    auto storage = reload::ModelStorage::allocate(*spec, Device::cpu());
+    if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;
+    coordinator::RolloutOptions o;
+    o.coordinator = address;
+    o.spec = *spec;
+    o.storage = &*storage;
+    auto worker = coordinator::RolloutWorker::create(std::move(o));
+    if (!worker.ok()) return std::cerr << worker.status().to_string() << "\n", 3;
+    while (!(*worker)->wait_closed(60'000).ok()) {
+    }
+    return 0;
+  }
+  if (role == "trainer") {
+    const uint64_t version = std::strtoull(argv[3], nullptr, 10);
+    const int stop_after = std::atoi(argv[4]);
+    coordinator::TrainerOptions o;
+    o.coordinator = address;
+    auto trainer = coordinator::Trainer::create(o);
+    if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 3;
+    const auto manifest = sharding::llama_manifest(cfg);
+    testutil::Checkpoint ck(manifest, version);
+    if (Status st = (*trainer)->start_weight_update(version, manifest); !st.ok()) {
+      return std::cerr << st.to_string() << "\n", 1;
+    }
+    int sent = 0;
+    for (const auto& t : manifest) {
+      if (sent++ == stop_after) raise(SIGSTOP);  // the test kills the process here
+      if (Status st = (*trainer)->send(t.name, ck.views.at(t.name)); !st.ok()) return 1;
+    }
+    return (*trainer)->finish_weight_update().ok() ? 0 : 1;
+  }
+  return 2;
+}
