@@ -13,6 +13,7 @@
 #include "coordinator/bucket.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
+#include "coordinator/listen_transports.h"
 #include "coordinator/member.h"
 #include "coordinator/wire.h"
 #include "reload/engine.h"
@@ -52,7 +53,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage));
     // Listen on every transport that may reach a sender (FERRY_TRANSPORT narrows it to one); the
     // sender connects with the first, in priority order, that reaches this rank.
-    FERRY_ASSIGN_OR_RETURN(auto transports, transport::create_listen_transports());
+    FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports());
     for (auto& t : transports) {
       auto blob = t->listen([this](const uint8_t* d, size_t n) { return on_bucket(d, n); },
                             [](const Status& why) {

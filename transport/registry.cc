@@ -39,26 +39,4 @@ Result<std::unique_ptr<Transport>> create_transport(std::string_view name) {
   return last;
 }
 
-Result<std::vector<std::unique_ptr<Transport>>> create_listen_transports() {
-  FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
-  std::vector<std::unique_ptr<Transport>> out;
-  if (forced != "auto") {
-    FERRY_ASSIGN_OR_RETURN(auto t, create_transport(forced));
-    out.push_back(std::move(t));
-    return out;
-  }
-  Status last = Status::unavailable("no transport could be created");
-  for (const auto& f : transport_factories()) {
-    if (!f.automatic) continue;
-    auto t = f.create();
-    if (t.ok()) {
-      out.push_back(std::move(*t));
-    } else {
-      last = t.status().with_context(std::string(f.name));
-    }
-  }
-  if (out.empty()) return last;
-  return out;
-}
-
 }  // namespace ferry::transport

@@ -98,9 +98,5 @@ const std::vector<TransportFactory>& transport_factories();
 // Creates the transport FERRY_TRANSPORT names, or for "auto" the first in priority order that
 // can be created on this machine.
 Result<std::unique_ptr<Transport>> create_transport(std::string_view name);
-// The transports a receiver listens on: with FERRY_TRANSPORT=auto every automatic transport that can
-// be created here, in priority order (a sender picks the first that reaches it); otherwise the one
-// FERRY_TRANSPORT names.
-Result<std::vector<std::unique_ptr<Transport>>> create_listen_transports();
 
 }  // namespace ferry::transport
