@@ -16,6 +16,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/channel.h"
 #include "coordinator/members.h"
+#include "coordinator/metrics_http.h"
 #include "coordinator/update_machine.h"
 #include "coordinator/wire.h"
 
@@ -54,12 +55,22 @@ class CoordinatorImpl final : public Coordinator {
     address_ = fmt::format("{}:{}", local.address().to_string(), local.port());
     accept();
     arm_reaper();
+    std::optional<uint16_t> mport = o.metrics_port;
+    if (!mport) {
+      FERRY_ASSIGN_OR_RETURN(int64_t p, setting_int("FERRY_METRICS_PORT"));
+      if (p < 0 || p > 65535) return Status::invalid_argument("FERRY_METRICS_PORT must be a port number");
+      if (p > 0) mport = static_cast<uint16_t>(p);
+    }
+    if (mport) {
+      FERRY_ASSIGN_OR_RETURN(metrics_, MetricsServer::start(io_, host, *mport, [this] { return render_metrics(); }));
+    }
     thread_ = std::thread([this] { io_.run(); });
     FERRY_LOG_INFO("coordinator listening on {}{}", address_, token_.empty() ? "" : " (token required)");
     return ok_status();
   }
 
   std::string address() const override { return address_; }
+  uint16_t metrics_port() const override { return metrics_ ? metrics_->port() : 0; }
 
   int rollout_ranks() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -95,6 +106,7 @@ class CoordinatorImpl final : public Coordinator {
       boost::system::error_code ec;
       acceptor_.close(ec);
       reaper_.cancel();
+      metrics_.reset();
       for (auto& [id, m] : members_) m.channel->close(Status::unavailable("coordinator stopped"));
       for (auto& [c, nonce] : pending_) c->close(Status::unavailable("coordinator stopped"));
     });
@@ -122,6 +134,37 @@ class CoordinatorImpl final : public Coordinator {
     r.set_version(v);
     for (const auto& u : updates_->history()) *r.add_updates() = u;
     return r;
+  }
+
+  // Prometheus text exposition of members, versions and updates.
+  std::string render_metrics() const {
+    std::map<std::string, int> roles;
+    for (const auto& [id, m] : members_) roles[m.role]++;
+    std::string out = "# HELP ferry_members Members joined, by role.\n# TYPE ferry_members gauge\n";
+    for (const char* r : {"trainer", "rollout", "observer"}) out += fmt::format("ferry_members{{role=\"{}\"}} {}\n", r, roles[r]);
+    out += "# HELP ferry_updates_total Weight updates finished, by result.\n# TYPE ferry_updates_total counter\n";
+    out += fmt::format("ferry_updates_total{{result=\"ok\"}} {}\n", updates_->updates_ok());
+    out += fmt::format("ferry_updates_total{{result=\"failed\"}} {}\n", updates_->updates_failed());
+    out += "# HELP ferry_update_in_progress 1 while an update runs.\n# TYPE ferry_update_in_progress gauge\n";
+    out += fmt::format("ferry_update_in_progress {}\n", updates_->in_update() ? 1 : 0);
+    out += "# HELP ferry_weight_version Weight version each rollout rank holds.\n# TYPE ferry_weight_version gauge\n";
+    std::string consistent =
+        "# HELP ferry_rank_consistent 1 when the rank holds one complete version.\n# TYPE ferry_rank_consistent gauge\n";
+    for (const auto& [id, m] : members_) {
+      if (m.role != "rollout") continue;
+      const std::string labels = fmt::format("replica=\"{}\",rank=\"{}\"", m.spec.replica, m.spec.tp_rank);
+      out += fmt::format("ferry_weight_version{{{}}} {}\n", labels, m.version);
+      consistent += fmt::format("ferry_rank_consistent{{{}}} {}\n", labels, m.consistent ? 1 : 0);
+    }
+    out += consistent;
+    if (!updates_->history().empty()) {
+      const auto& u = updates_->history().back();
+      out += "# HELP ferry_last_update_seconds Duration of the last update.\n# TYPE ferry_last_update_seconds gauge\n";
+      out += fmt::format("ferry_last_update_seconds {}\n", u.seconds());
+      out += "# HELP ferry_last_update_bytes Bytes the last update moved.\n# TYPE ferry_last_update_bytes gauge\n";
+      out += fmt::format("ferry_last_update_bytes {}\n", u.bytes());
+    }
+    return out;
   }
 
   void accept() {
@@ -279,6 +322,7 @@ class CoordinatorImpl final : public Coordinator {
   std::map<std::shared_ptr<Channel>, std::string> pending_;  // joined sockets awaiting hello, with nonce
   int next_id_ = 1;
   std::unique_ptr<UpdateMachine> updates_;
+  std::unique_ptr<MetricsServer> metrics_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

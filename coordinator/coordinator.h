@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ namespace ferry::coordinator {
 struct CoordinatorOptions {
   std::string host;   // empty: FERRY_LISTEN_HOST
   uint16_t port = 0;  // 0: any free port
+  // Prometheus text on http://host:PORT/metrics. Unset: FERRY_METRICS_PORT (0 there: off);
+  // set: on that port (0: any free port).
+  std::optional<uint16_t> metrics_port;
 };
 
 struct MemberInfo {
@@ -38,6 +42,8 @@ class Coordinator {
   virtual std::vector<MemberInfo> members() const = 0;
   // Waits until `n` rollout ranks have joined (DeadlineExceeded past `timeout_ms`).
   virtual Status wait_for_ranks(int n, int64_t timeout_ms) = 0;
+  // The port /metrics is served on, or 0 when the endpoint is off.
+  virtual uint16_t metrics_port() const = 0;
   virtual void stop() = 0;
 };
 

@@ -71,7 +71,10 @@ class TrainerImpl final : public Trainer {
     in_flight_ = static_cast<size_t>(inflight);
     std::string address = options_.coordinator;
     if (address.empty()) {
-      FERRY_ASSIGN_OR_RETURN(embedded_, Coordinator::start({options_.listen_host, options_.port}));
+      CoordinatorOptions co;
+      co.host = options_.listen_host;
+      co.port = options_.port;
+      FERRY_ASSIGN_OR_RETURN(embedded_, Coordinator::start(co));
       address = embedded_->address();
     }
     address_ = address;

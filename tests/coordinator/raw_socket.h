@@ -31,6 +31,7 @@ class RawSocket {
     if (fd_ >= 0) ::close(fd_);
   }
   bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
   bool write(const std::string& bytes) { return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()); }
   // Reads one frame; false on EOF, error or `timeout_ms` without data.
   bool read_frame(wire::Envelope* env, int timeout_ms = 5000) {
