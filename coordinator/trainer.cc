@@ -1,6 +1,9 @@
 #include "coordinator/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <thread>
 
@@ -185,6 +188,8 @@ class TrainerImpl final : public Trainer {
         d.in_flight.pop_front();
       }
     }
+    progress(true);
+    progress_shown_ = false;
     const double transfer = since(t_transfer_);
     wire::Envelope env;
     auto* f = env.mutable_finish_update();
@@ -327,7 +332,27 @@ class TrainerImpl final : public Trainer {
     FERRY_ASSIGN_OR_RETURN(auto handle, d.conn->post(*d.regions[k], 0, size));
     d.in_flight.emplace_back(std::move(handle), k);
     ++d.buckets;
+    progress(false);
     return ok_status();
+  }
+
+  // A progress bar on a terminal, for updates that run longer than a second.
+  void progress(bool done) {
+    if (!tty_) return;
+    const auto now = Clock::now();
+    if (!done && (now - t_start_ < std::chrono::seconds(1) || now - last_progress_ < std::chrono::milliseconds(100))) {
+      return;
+    }
+    if (done && !progress_shown_) return;
+    last_progress_ = now;
+    progress_shown_ = true;
+    const double total = static_cast<double>(std::max<uint64_t>(plan_->total_bytes, 1));
+    const double frac = std::min(1.0, static_cast<double>(bytes_) / total);
+    const int width = 30, filled = static_cast<int>(frac * width);
+    std::string bar(static_cast<size_t>(filled), '=');
+    if (filled < width) bar += '>' + std::string(static_cast<size_t>(width - filled - 1), ' ');
+    std::fprintf(stderr, "\r[ferry] v%llu [%s] %3.0f%% %.2f/%.2f GB%s", static_cast<unsigned long long>(version_), bar.c_str(),
+                 frac * 100, static_cast<double>(bytes_) / 1e9, total / 1e9, done ? "\n" : "");
   }
 
   Status send_one(const std::string& name, const TensorView& tensor) {
@@ -398,7 +423,9 @@ class TrainerImpl final : public Trainer {
   uint64_t version_ = 0;
   uint64_t bytes_ = 0;
   Status failure_;
-  Clock::time_point t_start_, t_transfer_;
+  Clock::time_point t_start_, t_transfer_, last_progress_;
+  const bool tty_ = isatty(STDERR_FILENO) != 0;
+  bool progress_shown_ = false;
   double pause_seconds_ = 0, plan_seconds_ = 0;
 };
 
