@@ -36,7 +36,11 @@ def e4m3fn_encode(x):
 
 def fp8_per_tensor(x, shard_rows=None):
     """(codes uint8, scales float32[S]): one scale per logical shard of rows, scale = amax / 448 in
-    f32 (1 when that is not > 0), q = e4m3fn(x / scale) computed in float64."""
+    f32 (1 when that is not > 0), q = e4m3fn(x / scale), the code chosen in float64.
+
+    The quotient is an IEEE f32 division, as kernels/quantize.h defines it (and GPUs compute it):
+    rounding it to f32 first can land on an e4m3 tie that the exact quotient is not on, e.g.
+    -1.4237362 / 0.00847462 = -168.0000053 exactly (-> -176) but -168.0 in f32 (tie -> -160)."""
     x = np.asarray(x, dtype=np.float32)
     rows = x.shape[0]
     shard_rows = list(shard_rows) if shard_rows else [rows]
@@ -52,7 +56,8 @@ def fp8_per_tensor(x, shard_rows=None):
         if not scale > 0:
             scale = np.float32(1.0)
         scales[s] = scale
-        codes[start:start + n] = e4m3fn_encode(part / np.float64(scale))
+        quotient = x[start:start + n] / scale  # f32 / f32, correctly rounded to f32
+        codes[start:start + n] = e4m3fn_encode(quotient.astype(np.float64))
         start += n
     return codes, scales
 

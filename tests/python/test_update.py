@@ -131,19 +131,43 @@ def test_bad_manifest_fails_before_a_byte_moves(cluster):
         assert rank.lines.empty()  # no pause reached the ranks
 
 
-def test_send_errors_are_ferry_errors(cluster):
-    trainer, _, out = cluster
+def wait_resumed(rank, version):
+    """Skips the lines of failed updates up to the resume at `version`."""
+    while True:
+        words = rank.lines.get(timeout=TIMEOUT_S)
+        assert words[0] != "eof"
+        if words == ["resumed", str(version)]:
+            return
+
+
+def test_send_errors_abort_the_update_and_the_next_one_lands(cluster):
+    trainer, ranks, out = cluster
     manifest = ferry.llama_manifest(ferry.LlamaConfig(**CONFIG))
     weights = make_weights(manifest, seed=5)
+    with pytest.raises(ferry.Error) as e:
+        trainer.send("model.norm.weight", [1.0, 2.0])  # not a tensor: refused before ferry sees it
+    assert e.value.code == "InvalidArgument"
+
     trainer.start_weight_update(5, manifest)
     with pytest.raises(ferry.Error) as e:
         trainer.send("model.norm.weight", weights["model.norm.weight"][:-1])
-    assert e.value.code == "InvalidArgument"
+    assert e.value.code == "InvalidArgument" and "model.norm.weight" in e.value.message
     with pytest.raises(ferry.Error):
-        trainer.send("model.norm.weight", weights["model.norm.weight"].astype(np.float64))
+        trainer.finish_weight_update()
+
+    trainer.start_weight_update(6, manifest)
     with pytest.raises(ferry.Error) as e:
-        trainer.send("model.norm.weight", [1.0, 2.0])
-    assert e.value.code == "InvalidArgument"
+        trainer.update_weights({})  # a mapping without the plan's tensors
+    assert e.value.code == "NotFound"
+    with pytest.raises(ferry.Error):
+        trainer.finish_weight_update()
+
+    trainer.start_weight_update(7, manifest)
+    trainer.update_weights(weights)
+    assert trainer.finish_weight_update().version == 7
+    for r, rank in enumerate(ranks):
+        wait_resumed(rank, 7)
+        check_rank_storage(out, 7, r, weights)
 
 
 def test_pause_hook_exception_fails_the_update_and_the_next_one_lands(cluster):
@@ -160,8 +184,5 @@ def test_pause_hook_exception_fails_the_update_and_the_next_one_lands(cluster):
     report = trainer.finish_weight_update()
     assert report.version == 100 and report.moved == 0
     for r, rank in enumerate(ranks):
-        while True:  # the failed update may or may not have paused the other rank
-            words = rank.lines.get(timeout=TIMEOUT_S)
-            if words[:2] == ["resumed", "100"]:
-                break
+        wait_resumed(rank, 100)
         check_rank_storage(out, 100, r, weights)
