@@ -230,8 +230,8 @@ class CoordinatorImpl final : public Coordinator {
       auto spec = from_wire(h.spec());
       if (!spec.ok()) return refuse(c, spec.status());
       m.spec = std::move(*spec);
-      m.endpoint = h.data_endpoint();
-      m.transport = h.transport();
+      m.endpoints.assign(h.endpoints().begin(), h.endpoints().end());
+      if (m.endpoints.empty()) return refuse(c, Status::invalid_argument("a rollout rank must listen on a data transport"));
     } else if (m.role != "trainer" && m.role != "observer") {
       return refuse(c, Status::invalid_argument("unknown role '" + m.role + "'"));
     } else {

@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
 #include "coordinator/channel.h"
 #include "sharding/model_spec.h"
 
@@ -16,8 +18,7 @@ struct Member {
   std::shared_ptr<Channel> channel;
   std::string role;  // trainer, rollout, observer
   sharding::RankSpec spec;
-  std::string endpoint;
-  std::string transport;
+  std::vector<wire::Endpoint> endpoints;
   uint64_t version = 0;     // the version its storage holds complete
   bool consistent = false;  // false until a complete version lands, and after an aborted update
   std::string state = "joined";

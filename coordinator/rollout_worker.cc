@@ -13,6 +13,7 @@
 #include "coordinator/bucket.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
+#include "coordinator/listen_transports.h"
 #include "coordinator/member.h"
 #include "coordinator/wire.h"
 #include "reload/engine.h"
@@ -31,11 +32,11 @@ class RolloutWorkerImpl final : public RolloutWorker {
   ~RolloutWorkerImpl() override {
     heartbeat_.reset();
     if (channel_) channel_->close(Status::unavailable("rollout worker closed"));
-    if (transport_) transport_->shutdown();
+    for (auto& t : transports_) t->shutdown();
     work_.reset();
     io_.stop();
     if (thread_.joinable()) thread_.join();
-    transport_.reset();
+    transports_.clear();
   }
 
   Status init() {
@@ -50,12 +51,25 @@ class RolloutWorkerImpl final : public RolloutWorker {
     }
     if (address.empty()) return Status::invalid_argument("no coordinator address: set FERRY_COORDINATOR=host:port");
     FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage));
-    FERRY_ASSIGN_OR_RETURN(transport_, transport::create_transport(""));
-    FERRY_ASSIGN_OR_RETURN(
-        endpoint_, transport_->listen([this](const uint8_t* d, size_t n) { return on_bucket(d, n); },
-                                      [](const Status& why) {
-                                        if (!why.ok()) FERRY_LOG_WARN("data connection closed: {}", why.message());
-                                      }));
+    // Listen on every transport that may reach a sender (FERRY_TRANSPORT narrows it to one); the
+    // sender connects with the first, in priority order, that reaches this rank.
+    FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports());
+    for (auto& t : transports) {
+      auto blob = t->listen([this](const uint8_t* d, size_t n) { return on_bucket(d, n); },
+                            [](const Status& why) {
+                              if (!why.ok()) FERRY_LOG_WARN("data connection closed: {}", why.message());
+                            });
+      if (!blob.ok()) {
+        FERRY_LOG_INFO("not listening on {}: {}", t->name(), blob.status().message());
+        continue;
+      }
+      wire::Endpoint e;
+      e.set_transport(std::string(t->name()));
+      e.set_blob(*blob);
+      endpoints_.push_back(std::move(e));
+      transports_.push_back(std::move(t));
+    }
+    if (transports_.empty()) return Status::unavailable("no data transport could listen on this rank");
     thread_ = std::thread([this] { io_.run(); });
     FERRY_ASSIGN_OR_RETURN(auto socket, connect_control(io_, address, timeout_ms_));
     channel_ = std::make_shared<Channel>(std::move(socket), max_frame);
@@ -65,8 +79,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     auto* h = hello.mutable_hello();
     h->set_role("rollout");
     to_wire(options_.spec, h->mutable_spec());
-    h->set_data_endpoint(endpoint_);
-    h->set_transport(std::string(transport_->name()));
+    for (const auto& e : endpoints_) *h->add_endpoints() = e;
     h->set_pid(static_cast<int32_t>(getpid()));
     FERRY_RETURN_IF_ERROR(
         join(*channel_, welcome_, std::move(hello),
@@ -268,8 +281,8 @@ class RolloutWorkerImpl final : public RolloutWorker {
   std::shared_ptr<Channel> channel_;
   std::unique_ptr<Heartbeat> heartbeat_;
   Mailbox welcome_;
-  std::unique_ptr<transport::Transport> transport_;
-  std::string endpoint_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  std::vector<wire::Endpoint> endpoints_;
   int64_t timeout_ms_ = 0;
   bool verify_ = false;
 

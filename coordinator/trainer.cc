@@ -31,7 +31,8 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 // One destination rank: its connection, a pool of bucket buffers, and the buckets in flight.
 struct Destination {
-  std::string endpoint;
+  std::string endpoint;  // the blob connected to
+  transport::Transport* transport = nullptr;
   std::unique_ptr<transport::Connection> conn;
   std::vector<std::unique_ptr<BucketBuilder>> pool;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions;
@@ -51,7 +52,7 @@ class TrainerImpl final : public Trainer {
     if (channel_) channel_->close(Status::unavailable("trainer closed"));
     // Connections go before their transport, bucket memory only after the transport's thread ended.
     for (auto& d : dests_) d.conn.reset();
-    transport_.reset();
+    transports_.clear();
     dests_.clear();
     work_.reset();
     if (thread_.joinable()) thread_.join();
@@ -119,7 +120,7 @@ class TrainerImpl final : public Trainer {
     for (const auto& m : r.ranks()) {
       FERRY_ASSIGN_OR_RETURN(auto spec, from_wire(m.spec()));
       ranks_.push_back(std::move(spec));
-      endpoints_.push_back({m.data_endpoint(), m.transport()});
+      endpoints_.emplace_back(m.endpoints().begin(), m.endpoints().end());
     }
     manifest_ = manifest;
     index_.clear();
@@ -219,24 +220,60 @@ class TrainerImpl final : public Trainer {
     if (!st.ok() && failure_.ok()) failure_ = st;
   }
 
-  Status connect_all() {
-    if (!transport_) {
-      const std::string wanted = endpoints_.empty() ? "tcp" : endpoints_.front().second;
-      FERRY_ASSIGN_OR_RETURN(transport_, transport::create_transport(wanted.empty() ? "tcp" : wanted));
+  // The transport instance of `name`, created on first use.
+  Result<transport::Transport*> transport_named(const std::string& name) {
+    for (auto& t : transports_) {
+      if (t->name() == name) return t.get();
     }
+    FERRY_ASSIGN_OR_RETURN(auto t, transport::create_transport(name));
+    transports_.push_back(std::move(t));
+    return transports_.back().get();
+  }
+
+  // Connects to the first of the rank's endpoints, in its preference order, that can be reached;
+  // FERRY_TRANSPORT, when set, allows only that one.
+  Status connect_dest(Destination& d, size_t i) {
+    FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
+    Status last = Status::unavailable(fmt::format("replica {} rank {} advertises no data transport this trainer can use",
+                                                  ranks_[i].replica, ranks_[i].tp_rank));
+    for (const auto& e : endpoints_[i]) {
+      if (forced != "auto" && forced != e.transport()) continue;
+      auto t = transport_named(e.transport());
+      if (!t.ok()) {
+        last = t.status();
+        continue;
+      }
+      auto c = (*t)->connect(e.blob(), deadline());
+      if (!c.ok()) {
+        FERRY_LOG_INFO("{} cannot reach replica {} rank {}: {}", e.transport(), ranks_[i].replica, ranks_[i].tp_rank,
+                       c.status().message());
+        last = c.status().with_context(fmt::format("replica {} rank {}", ranks_[i].replica, ranks_[i].tp_rank));
+        continue;
+      }
+      d.conn = std::move(*c);
+      d.transport = *t;
+      d.endpoint = e.blob();
+      return ok_status();
+    }
+    return last;
+  }
+
+  Status connect_all() {
     // Bucket buffers hold at least the largest row of any piece, so every piece can be chunked.
     uint64_t max_row = 0;
     for (const auto& p : plan_->pieces) max_row = std::max<uint64_t>(max_row, p.bytes / std::max<int64_t>(1, p.src.size[0]));
     std::vector<Destination> next(ranks_.size());
     for (size_t i = 0; i < ranks_.size(); ++i) {
       Destination& d = next[i];
-      d.endpoint = endpoints_[i].first;
       for (auto& old : dests_) {
-        if (old.endpoint == d.endpoint && old.conn && old.in_flight.empty()) {
+        bool same = false;
+        for (const auto& e : endpoints_[i]) same = same || e.blob() == old.endpoint;
+        if (same && old.conn && old.in_flight.empty()) {
           d = std::move(old);
           break;
         }
       }
+      if (!d.conn) FERRY_RETURN_IF_ERROR(connect_dest(d, i));
       d.buckets = 0;
       d.open = -1;
       const size_t want = std::max<uint64_t>(std::min<uint64_t>(bucket_bytes_, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
@@ -247,16 +284,11 @@ class TrainerImpl final : public Trainer {
         for (size_t k = 0; k < in_flight_; ++k) {
           auto b = std::make_unique<BucketBuilder>(want);
           if (b->capacity() < want) return Status::resource_exhausted(fmt::format("bucket buffer of {} bytes", want));
-          FERRY_ASSIGN_OR_RETURN(auto region, transport_->register_memory(b->data(), b->capacity(), Device::cpu()));
+          FERRY_ASSIGN_OR_RETURN(auto region, d.transport->register_memory(b->data(), b->capacity(), Device::cpu()));
           d.regions.push_back(std::move(region));
           d.pool.push_back(std::move(b));
           d.free.push_back(k);
         }
-      }
-      if (!d.conn) {
-        auto c = transport_->connect(d.endpoint, deadline());
-        if (!c.ok()) return c.status().with_context(fmt::format("replica {} rank {}", ranks_[i].replica, ranks_[i].tp_rank));
-        d.conn = std::move(*c);
       }
     }
     dests_ = std::move(next);
@@ -350,13 +382,13 @@ class TrainerImpl final : public Trainer {
   size_t in_flight_ = 1;
   bool verify_ = false;
 
-  std::unique_ptr<transport::Transport> transport_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
   sharding::PlanCache plans_;
   std::shared_ptr<const sharding::Plan> plan_;
   sharding::Manifest manifest_;
   std::map<std::string, size_t> index_;
   std::vector<sharding::RankSpec> ranks_;
-  std::vector<std::pair<std::string, std::string>> endpoints_;
+  std::vector<std::vector<wire::Endpoint>> endpoints_;  // per destination, in its preference order
   std::vector<Destination> dests_;
   std::vector<bool> sent_;
   bool in_update_ = false;

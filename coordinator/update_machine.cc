@@ -133,8 +133,7 @@ void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
     auto* w = r->add_ranks();
     w->set_member_id(id);
     to_wire(p.spec, w->mutable_spec());
-    w->set_data_endpoint(p.endpoint);
-    w->set_transport(p.transport);
+    for (const auto& e : p.endpoints) *w->add_endpoints() = e;
   }
   send_to_trainer(reply);
 }
