@@ -7,7 +7,8 @@ import numpy as np
 import ferry
 from trainer import CONFIG
 
-NUMPY = {"f32": np.float32, "f8_e4m3fn": np.uint8}  # f8 storage is handed over as its bytes
+# numpy has no bf16 or f8: the engine keeps their bits, and ferry.view_as says what they are.
+NUMPY = {"bf16": np.uint16, "f8_e4m3fn": np.uint8, "f32": np.float32}
 
 
 def main():
@@ -20,8 +21,9 @@ def main():
 
     spec = ferry.llama_rank_spec(ferry.LlamaConfig(**CONFIG), args.rank, args.tp, args.scheme)
     # The engine allocates its weights once; ferry writes every update into these very arrays.
-    weights = {t.name: np.zeros(t.shape, NUMPY[t.dtype]) for t in ferry.storage_tensors(spec, none_dtype="f32")}
-    storage = ferry.ModelStorage.wrap(spec, weights, none_dtype="f32")
+    layout = ferry.storage_tensors(spec)
+    weights = {t.name: np.zeros(t.shape, NUMPY[t.dtype]) for t in layout}
+    storage = ferry.ModelStorage.wrap(spec, {t.name: ferry.view_as(weights[t.name], t.dtype) for t in layout})
 
     def pause(request):  # runs on a ferry thread before any byte of version request.version lands
         print(f"rank {args.rank}: pause for v{request.version} ({request.mode})", flush=True)
