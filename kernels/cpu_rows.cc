@@ -102,6 +102,23 @@ FERRY_INLINE void bf16_loop(const void* __restrict in, uint16_t* __restrict out,
   }
 }
 
+// f32 -> f16, nearest even, IEEE overflow to inf, NaN to the quiet NaN with its sign (as core's
+// f32_to_f16), every case computed and the right one selected. Normals: rebias and round with
+// integer adds; results below 2^-14: add 0.5, whose f32 ulp is the f16 subnormal step 2^-24, and
+// let the FPU round.
+template <In K>
+FERRY_INLINE void f16_loop(const void* __restrict in, uint16_t* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = f32_bits(widen<K>(in, i));
+    const uint32_t a = u & 0x7fffffffu;
+    const uint32_t normal = (a - (112u << 23) + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+    const uint32_t sub = f32_bits(f32_from_bits(a) + 0.5f) - 0x3F000000u;
+    const uint32_t big = a > 0x7f800000u ? 0x7E00u : 0x7C00u;
+    const uint32_t mag = a >= 0x47800000u ? big : (a < 0x38800000u ? sub : normal);
+    out[i] = static_cast<uint16_t>(((u >> 16) & 0x8000u) | mag);
+  }
+}
+
 template <In K>
 FERRY_INLINE void f32_loop(const void* __restrict in, float* __restrict out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = widen<K>(in, i);
@@ -174,6 +191,9 @@ FERRY_CLONES void int8_run(const void* in, In kind, int8_t* out, int64_t n, floa
 }
 FERRY_CLONES void to_bf16_run(const void* in, In kind, uint16_t* out, int64_t n) {
   FERRY_BY_KIND(kind, bf16_loop, in, out, n)
+}
+FERRY_CLONES void to_f16_run(const void* in, In kind, uint16_t* out, int64_t n) {
+  FERRY_BY_KIND(kind, f16_loop, in, out, n)
 }
 FERRY_CLONES void to_f32_run(const void* in, In kind, float* out, int64_t n) {
   FERRY_BY_KIND(kind, f32_loop, in, out, n)

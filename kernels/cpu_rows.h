@@ -24,6 +24,7 @@ void int8_run(const void* in, In kind, int8_t* out, int64_t n, float scale);
 void int4_groups(const void* in, In kind, uint8_t* out, uint16_t* scales, int64_t groups);
 // Conversion to bf16 / f32 / f16 storage (scheme none).
 void to_bf16_run(const void* in, In kind, uint16_t* out, int64_t n);
+void to_f16_run(const void* in, In kind, uint16_t* out, int64_t n);
 void to_f32_run(const void* in, In kind, float* out, int64_t n);
 
 inline float amax_run(const void* in, In kind, int64_t n) {

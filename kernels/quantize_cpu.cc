@@ -46,10 +46,7 @@ void none(const QuantArgs& a, int threads) {
     } else if (a.out_dtype == DType::kBF16) {
       to_bf16_run(in, kind, static_cast<uint16_t*>(a.out) + b, e - b);
     } else {
-      uint16_t* out = static_cast<uint16_t*>(a.out);
-      with_float_dtype(a.in_dtype, [&](auto d) {
-        for (int64_t i = b; i < e; ++i) out[i] = f32_to_f16(load<decltype(d)::value>(a.in, i));
-      });
+      to_f16_run(in, kind, static_cast<uint16_t*>(a.out) + b, e - b);
     }
   });
 }
