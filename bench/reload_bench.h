@@ -7,11 +7,13 @@
 
 namespace ferry {
 
-// Prints, per scheme, two lines (`device`: "cpu" or "all"; CUDA storage is not benchmarked yet):
+// Prints, per scheme, three lines (`device`: "cpu" or "all"; CUDA storage is not benchmarked yet):
 //   {"bench":"reload","case":"<scheme>","device":"cpu","bytes":N,"seconds":S,"gbps":G,
 //    "baseline":"memcpy","baseline_gbps":B,"ratio":R}
+//     the engine fed by lend_piece() (a rank that owns its received buckets);
+//   the same with "case":"<scheme>/copied": fed by apply_input_piece() (borrowed bytes, copied);
 //   the same with "case":"<scheme>/kernels": the bare processing kernels over the same parameters,
-//   so that the engine's overhead over its kernels reads off the two lines.
+//   so that the engine's overhead over its kernels reads off the lines.
 // bytes: piece bytes received plus storage bytes written; seconds: median of the timed updates
 // (begin, every piece, finalize with the census); the baseline copies the same piece bytes.
 // Returns 0, or 1 after printing the error.

@@ -11,6 +11,7 @@ Status unavailable() {
 Status quantize(const QuantArgs&, void*) { return unavailable(); }
 Status dequantize(const WeightArgs&, float*, void*) { return unavailable(); }
 Status gemm(const GemmArgs&, void*) { return unavailable(); }
+Status gemm_check(const int32_t*, int64_t, void*) { return unavailable(); }
 Status gptq_reload(const GptqArgs&, void*) { return unavailable(); }
 
 }  // namespace ferry::kernels::detail::cuda

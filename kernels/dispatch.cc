@@ -1,6 +1,8 @@
 // Public entry points: validate, then hand raw arguments to the CPU or CUDA back end.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "kernels/gemm.h"
 #include "kernels/gptq.h"
 #include "kernels/internal.h"
@@ -19,8 +21,8 @@ Status dequantize(Scheme scheme, std::span<const TensorView> storage, std::span<
                   const TensorView& output_f32, const Exec& exec) {
   if (output_f32.rank() < 1) return Status::invalid_argument("dequantize output: rank 0 (expected rows x cols)");
   FERRY_RETURN_IF_ERROR(expect_tensor(output_f32, "dequantize output", DType::kF32, output_f32.shape()));
-  FERRY_ASSIGN_OR_RETURN(auto w, detail::check_weight(scheme, storage, shard_rows, output_f32.rows(),
-                                                      output_f32.cols(), output_f32.device()));
+  FERRY_ASSIGN_OR_RETURN(auto w,
+                         detail::check_weight(scheme, storage, shard_rows, output_f32.shape(), output_f32.device()));
   if (output_f32.device().is_cuda()) return detail::cuda::dequantize(w, output_f32.data_as<float>(), exec.stream);
   return detail::cpu::dequantize(w, output_f32.data_as<float>(), exec.threads);
 }
@@ -32,8 +34,8 @@ Status gptq_reload(const TensorView& qweight, const TensorView& scales, const Te
   return detail::cpu::gptq_reload(args, exec.threads);
 }
 
-Status gemm(Scheme scheme, const TensorView& x, std::span<const TensorView> weight, std::span<const int64_t> shard_rows,
-            const TensorView& y, const Exec& exec) {
+Status gemm_async(Scheme scheme, const TensorView& x, std::span<const TensorView> weight,
+                  std::span<const int64_t> shard_rows, const TensorView& y, const Exec& exec) {
   if (x.rank() != 2 || (x.dtype() != DType::kF32 && x.dtype() != DType::kBF16) || !x.is_contiguous()) {
     return Status::invalid_argument(fmt::format("gemm x: {} (expected contiguous f32 or bf16 [M, K])", x.describe()));
   }
@@ -44,7 +46,11 @@ Status gemm(Scheme scheme, const TensorView& x, std::span<const TensorView> weig
   FERRY_RETURN_IF_ERROR(expect_tensor(y, "gemm y", DType::kF32, y.shape()));
   if (y.device() != x.device()) return Status::invalid_argument("gemm: x and y lie on different devices");
   if (x.numel() > 0 && x.empty()) return Status::invalid_argument("gemm x: null data");
-  FERRY_ASSIGN_OR_RETURN(auto w, detail::check_weight(scheme, weight, shard_rows, y.dim(1), x.dim(1), x.device()));
+  FERRY_ASSIGN_OR_RETURN(auto w, detail::check_weight(scheme, weight, shard_rows, {y.dim(1), x.dim(1)}, x.device()));
+  if (w.rows != w.matrix_rows) {
+    return Status::invalid_argument(fmt::format("gemm: {} weight of {} stacked matrices (a GEMM takes one [N, K])",
+                                                scheme_name(scheme), w.rows / std::max<int64_t>(w.matrix_rows, 1)));
+  }
   detail::GemmArgs a;
   a.w = std::move(w);
   a.x = x.data();
@@ -53,6 +59,29 @@ Status gemm(Scheme scheme, const TensorView& x, std::span<const TensorView> weig
   a.y = y.data_as<float>();
   if (x.device().is_cuda()) return detail::cuda::gemm(a, exec.stream);
   return detail::cpu::gemm(a, exec.threads);
+}
+
+Status gemm_check(Scheme scheme, std::span<const TensorView> weight, const Exec& exec) {
+  if (scheme != Scheme::kGptqInt4) return ok_status();
+  if (weight.size() != 4) {
+    return Status::invalid_argument(fmt::format("gemm_check: gptq_int4 storage has 4 tensors, {} given", weight.size()));
+  }
+  const TensorView& ws = weight[3];
+  if (ws.dtype() != DType::kI32 || ws.rank() != 1 || ws.numel() < 2 || !ws.is_contiguous() || ws.empty()) {
+    return Status::invalid_argument(
+        fmt::format("gemm_check workspace: {} (expected i32[ceil(N/64) + 1])", ws.describe()));
+  }
+  if (!ws.device().is_cuda()) return ok_status();  // the CPU GEMM takes no turns
+  return detail::cuda::gemm_check(ws.data_as<const int32_t>(), ws.numel(), exec.stream);
+}
+
+Status gemm(Scheme scheme, const TensorView& x, std::span<const TensorView> weight, std::span<const int64_t> shard_rows,
+            const TensorView& y, const Exec& exec) {
+  FERRY_RETURN_IF_ERROR(gemm_async(scheme, x, weight, shard_rows, y, exec));
+  if (!x.device().is_cuda()) return ok_status();
+  // gemm_check waits for the stream; the other schemes need the wait to report launch errors.
+  if (scheme == Scheme::kGptqInt4) return gemm_check(scheme, weight, exec);
+  return detail::cuda::gemm_check(nullptr, 0, exec.stream);
 }
 
 }  // namespace ferry::kernels

@@ -11,8 +11,9 @@
 //   qweight   i32[K/8, N]  the codes in sorted order: row k' of the sorted weight is input row perm[k']
 //   scales    f16[K/128, N] copied; sorted row k' uses group k' / 128
 //   perm      i32[K]        runtime: perm = stable argsort(g_idx); the GEMM gathers x[:, perm[k']]
-//   workspace i32[ceil(N/64)] runtime: zeroed; one counter per 64-column tile that the CUDA GEMM's
-//             K-slices use to take turns (and leave at zero when they finish)
+//   workspace i32[ceil(N/64) + 1] runtime: zeroed; one counter per 64-column tile that the CUDA
+//             GEMM's K-slices use to take turns (and leave at zero when they finish), then the
+//             error flag a slice sets when it gives up waiting (read by gemm_check)
 // Every group must hold exactly 128 rows (so that the sorted order has one group per 128 rows, as
 // act-order kernels require); otherwise InvalidArgument. K must be a multiple of 128.
 #pragma once

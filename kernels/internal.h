@@ -13,11 +13,23 @@
 
 namespace ferry::kernels::detail {
 
+// How a scheme views a weight of some shape: `batch` stacked matrices of `rows` x `cols`. Rank <= 2,
+// and every rank under none and fp8_per_tensor: batch 1, rows = dim 0, cols = the rest. Rank >= 3
+// under the per-channel, per-group and block schemes: [E, rows, cols...] is E matrices of dim 1
+// rows (fused expert weights), each with its own scales.
+struct Geometry {
+  int64_t batch = 1;
+  int64_t rows = 0;  // of one matrix
+  int64_t cols = 0;
+};
+Geometry geometry(Scheme scheme, const Shape& shape);
+
 struct QuantArgs {
   Scheme scheme = Scheme::kNone;
   const void* in = nullptr;
   DType in_dtype = DType::kF32;
-  int64_t rows = 0;
+  int64_t rows = 0;         // all rows: batch * matrix_rows
+  int64_t matrix_rows = 0;  // rows of one stacked matrix (fp8_block's bands restart at each)
   int64_t cols = 0;
   void* out = nullptr;  // the weight tensor
   DType out_dtype = DType::kF32;
@@ -31,7 +43,8 @@ struct WeightArgs {
   const void* w = nullptr;  // weight / gptq sorted qweight
   DType w_dtype = DType::kF32;
   const void* scale = nullptr;  // null for none
-  int64_t rows = 0;
+  int64_t rows = 0;             // all rows (batch * matrix_rows); N for gptq_int4
+  int64_t matrix_rows = 0;      // rows of one stacked matrix
   int64_t cols = 0;
   std::vector<int64_t> shard_begin;
   const int32_t* perm = nullptr;  // gptq_int4 only
@@ -68,8 +81,9 @@ inline constexpr size_t kMaxShards = 64;
 Result<std::vector<int64_t>> shard_bounds(std::span<const int64_t> shard_rows, int64_t rows);
 Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
                                  std::span<const TensorView> outputs);
+// `shape`: the logical weight ([N, K] for the GEMMs, the dequantize output's shape otherwise).
 Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
-                                int64_t rows, int64_t cols, Device device);
+                                const Shape& shape, Device device);
 Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
                             std::span<const TensorView> outputs);
 // The act-order permutation: stable argsort of g_idx, after checking every group holds exactly 128
@@ -91,7 +105,9 @@ Status gptq_reload(const GptqArgs& a, int threads);
 namespace cuda {
 Status quantize(const QuantArgs& a, void* stream);
 Status dequantize(const WeightArgs& w, float* out, void* stream);
-Status gemm(const GemmArgs& a, void* stream);
+Status gemm(const GemmArgs& a, void* stream);  // enqueues only
+// Waits for `stream`, then reads the gptq workspace: counters (len - 1) and the error flag.
+Status gemm_check(const int32_t* workspace, int64_t len, void* stream);
 Status gptq_reload(const GptqArgs& a, void* stream);
 }  // namespace cuda
 

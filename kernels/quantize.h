@@ -4,7 +4,8 @@
 // on a build without CUDA give Unavailable).
 //
 // Definitions (every scheme, CPU and CUDA bit for bit):
-//  - Input is f32, bf16 or f16, contiguous, viewed as rows x cols (rows = dim 0). bf16/f16 are
+//  - Input is f32, bf16 or f16, contiguous, viewed as rows x cols (rows = dim 0; rank >= 3 is a
+//    stack of matrices for some schemes, see storage_layout()). bf16/f16 are
 //    widened to f32 exactly; all arithmetic below is IEEE f32 (no fused multiply-add).
 //  - amax: the largest |x| over the finite values of the group. NaN and +-inf are ignored.
 //  - fp8 (all three fp8 schemes): scale = amax / 448 (f32 division); when that is not > 0 (amax
@@ -82,7 +83,11 @@ struct StorageTensor {
 //   int8_per_channel: weight i8[shape], weight_scale f32[rows]
 //   int4_group:       weight i4x2[rows, cols], weight_scale f16[rows, cols/128]
 //   gptq_int4:        see gptq_storage_layout() in kernels/gptq.h (shape is [N, K] = [out, in]).
-// Shapes of rank > 2 are viewed as rows x cols; the weight keeps the given shape.
+// Rank >= 3 under fp8_per_channel, int8_per_channel, int4_group and fp8_block: [E, rows, cols...]
+// is E stacked matrices (fused expert weights), each quantized on its own, and the scales carry E
+// in front: f32[E, rows], f16[E, rows, cols/128], f32[E, ceil(rows/128), ceil(cols/128)]; the int4
+// weight is i4x2[E, rows, cols]; shard_rows, when given, split the rows of one matrix. Under none
+// and fp8_per_tensor a shape of rank > 2 is viewed as dim 0 x the rest. The weight keeps the shape.
 Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& shape, std::span<const int64_t> shard_rows,
                                                   DType none_dtype = DType::kBF16);
 

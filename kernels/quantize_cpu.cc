@@ -1,10 +1,12 @@
-// CPU quantize kernels for the online schemes. Rows (or 128-row bands) are split across threads;
-// each worker reads its rows once for amax and once more, from cache, to quantize.
+// CPU quantize kernels for the online schemes. Rows (128-row bands, 128-column groups) are split
+// across threads; each worker reads a row once for amax and once more, from cache, to quantize. The
+// element loops are the vectorized run primitives of cpu_rows.h.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cpu_common.h"
+#include "kernels/cpu_rows.h"
 #include "kernels/internal.h"
 #include "kernels/quantize.h"
 #include "kernels/scalar_ops.h"
@@ -15,27 +17,22 @@ namespace {
 using detail::parallel_for;
 using detail::QuantArgs;
 
-// Non-negative floats order like their bit patterns, so the max runs on integers (vectorizes).
-template <DType D>
-float amax_of(const void* in, int64_t begin, int64_t end) {
-  uint32_t m = 0;
-  for (int64_t i = begin; i < end; ++i) {
-    const uint32_t a = f32_bits(load<D>(in, i)) & 0x7fffffffu;
-    m = std::max(m, a < 0x7f800000u ? a : 0u);
-  }
-  return f32_from_bits(m);
-}
+constexpr In kind_of(DType d) { return d == DType::kF32 ? In::kF32 : d == DType::kBF16 ? In::kBF16 : In::kF16; }
 
-template <DType D>
-void fp8_range(const void* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
-  for (int64_t i = begin; i < end; ++i) out[i] = ops::quant_fp8(load<D>(in, i), scale);
-}
+// Rows [b, e) of `cols` elements: element offsets and pointers into the input.
+struct Rows {
+  const void* in;
+  In kind;
+  int64_t cols;
+  const void* at(int64_t i) const { return advance(in, kind, i); }
+  float amax(int64_t i, int64_t n) const { return amax_run(at(i), kind, n); }
+};
 
-template <DType D>
 void none(const QuantArgs& a, int threads) {
   const int64_t n = a.rows * a.cols;
-  if (a.out_dtype == D) {
-    const size_t esize = dtype_bytes(D, 1);
+  const In kind = kind_of(a.in_dtype);
+  if (a.out_dtype == a.in_dtype) {
+    const size_t esize = dtype_bytes(a.in_dtype, 1);
     parallel_for(n, kMinElemsPerWorker * 4, threads, [&](int64_t b, int64_t e) {
       std::memcpy(static_cast<char*>(a.out) + b * esize, static_cast<const char*>(a.in) + b * esize,
                   static_cast<size_t>(e - b) * esize);
@@ -43,25 +40,22 @@ void none(const QuantArgs& a, int threads) {
     return;
   }
   parallel_for(n, kMinElemsPerWorker, threads, [&](int64_t b, int64_t e) {
+    const void* in = advance(a.in, kind, b);
     if (a.out_dtype == DType::kF32) {
-      float* out = static_cast<float*>(a.out);
-      for (int64_t i = b; i < e; ++i) out[i] = load<D>(a.in, i);
+      to_f32_run(in, kind, static_cast<float*>(a.out) + b, e - b);
     } else if (a.out_dtype == DType::kBF16) {
-      uint16_t* out = static_cast<uint16_t*>(a.out);
-      for (int64_t i = b; i < e; ++i) out[i] = ops::to_bf16(load<D>(a.in, i));
+      to_bf16_run(in, kind, static_cast<uint16_t*>(a.out) + b, e - b);
     } else {
-      uint16_t* out = static_cast<uint16_t*>(a.out);
-      for (int64_t i = b; i < e; ++i) out[i] = f32_to_f16(load<D>(a.in, i));
+      to_f16_run(in, kind, static_cast<uint16_t*>(a.out) + b, e - b);
     }
   });
 }
 
-template <DType D>
 void fp8_per_tensor(const QuantArgs& a, int threads) {
-  const int64_t cols = a.cols;
+  const Rows in{a.in, kind_of(a.in_dtype), a.cols};
   std::vector<float> row_amax(static_cast<size_t>(a.rows));
-  parallel_for(a.rows, row_grain(cols), threads, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) row_amax[static_cast<size_t>(r)] = amax_of<D>(a.in, r * cols, (r + 1) * cols);
+  parallel_for(a.rows, row_grain(a.cols), threads, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) row_amax[static_cast<size_t>(r)] = in.amax(r * a.cols, a.cols);
   });
   const size_t shards = a.shard_begin.size() - 1;
   std::vector<float> row_scale(static_cast<size_t>(a.rows));
@@ -73,99 +67,97 @@ void fp8_per_tensor(const QuantArgs& a, int threads) {
     for (int64_t r = a.shard_begin[s]; r < a.shard_begin[s + 1]; ++r) row_scale[static_cast<size_t>(r)] = scale[s];
   }
   uint8_t* out = static_cast<uint8_t*>(a.out);
-  parallel_for(a.rows, row_grain(cols), threads, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) fp8_range<D>(a.in, out, r * cols, (r + 1) * cols, row_scale[static_cast<size_t>(r)]);
-  });
-}
-
-template <DType D>
-void fp8_per_channel(const QuantArgs& a, int threads) {
-  const int64_t cols = a.cols;
-  uint8_t* out = static_cast<uint8_t*>(a.out);
-  float* scale = static_cast<float*>(a.scale);
-  parallel_for(a.rows, row_grain(cols), threads, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float s = ops::fp8_scale(amax_of<D>(a.in, r * cols, (r + 1) * cols));
-      scale[r] = s;
-      fp8_range<D>(a.in, out, r * cols, (r + 1) * cols, s);
+  // Rows of one scale are contiguous: quantize each worker's range in runs of equal scale.
+  parallel_for(a.rows, row_grain(a.cols), threads, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e;) {
+      int64_t r1 = r + 1;
+      while (r1 < e && row_scale[static_cast<size_t>(r1)] == row_scale[static_cast<size_t>(r)]) ++r1;
+      fp8_run(in.at(r * a.cols), in.kind, out + r * a.cols, (r1 - r) * a.cols, row_scale[static_cast<size_t>(r)]);
+      r = r1;
     }
   });
 }
 
-template <DType D>
-void fp8_block(const QuantArgs& a, int threads) {
-  const int64_t rows = a.rows, cols = a.cols;
-  const int64_t bands = (rows + kFp8BlockSize - 1) / kFp8BlockSize;
-  const int64_t bcols = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-  uint8_t* out = static_cast<uint8_t*>(a.out);
+// fp8_per_channel and int8_per_channel: amax of a row, then the row again from cache.
+template <bool kInt8>
+void per_channel(const QuantArgs& a, int threads) {
+  const Rows in{a.in, kind_of(a.in_dtype), a.cols};
   float* scale = static_cast<float*>(a.scale);
-  const int64_t grain = std::max<int64_t>(1, kMinElemsPerWorker / std::max<int64_t>(1, kFp8BlockSize * cols));
-  parallel_for(bands, grain, threads, [&](int64_t b, int64_t e) {
-    for (int64_t band = b; band < e; ++band) {
-      const int64_t r0 = band * kFp8BlockSize, r1 = std::min(rows, r0 + kFp8BlockSize);
-      for (int64_t bc = 0; bc < bcols; ++bc) {
-        const int64_t c0 = bc * kFp8BlockSize, c1 = std::min(cols, c0 + kFp8BlockSize);
-        float m = 0.0f;
-        for (int64_t r = r0; r < r1; ++r) m = std::max(m, amax_of<D>(a.in, r * cols + c0, r * cols + c1));
-        const float s = ops::fp8_scale(m);
-        scale[band * bcols + bc] = s;
-        for (int64_t r = r0; r < r1; ++r) fp8_range<D>(a.in, out, r * cols + c0, r * cols + c1, s);
+  parallel_for(a.rows, row_grain(a.cols), threads, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t i = r * a.cols;
+      const float m = in.amax(i, a.cols);
+      if constexpr (kInt8) {
+        scale[r] = ops::int8_scale(m);
+        int8_run(in.at(i), in.kind, static_cast<int8_t*>(a.out) + i, a.cols, scale[r]);
+      } else {
+        scale[r] = ops::fp8_scale(m);
+        fp8_run(in.at(i), in.kind, static_cast<uint8_t*>(a.out) + i, a.cols, scale[r]);
       }
     }
   });
 }
 
-template <DType D>
-void int8_per_channel(const QuantArgs& a, int threads) {
-  const int64_t cols = a.cols;
-  int8_t* out = static_cast<int8_t*>(a.out);
-  float* scale = static_cast<float*>(a.scale);
-  parallel_for(a.rows, row_grain(cols), threads, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float s = ops::int8_scale(amax_of<D>(a.in, r * cols, (r + 1) * cols));
-      scale[r] = s;
-      for (int64_t i = r * cols; i < (r + 1) * cols; ++i) out[i] = ops::quant_int8(load<D>(a.in, i), s);
-    }
-  });
-}
-
-template <DType D>
-void int4_group(const QuantArgs& a, int threads) {
-  const int64_t cols = a.cols, groups = cols / kInt4GroupSize;
+// 128-row bands; bands restart at every stacked matrix.
+void fp8_block(const QuantArgs& a, int threads) {
+  const Rows in{a.in, kind_of(a.in_dtype), a.cols};
+  const int64_t mrows = a.matrix_rows, cols = a.cols;
+  const int64_t batch = mrows > 0 ? a.rows / mrows : 0;
+  const int64_t bands_per = (mrows + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t bcols = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
   uint8_t* out = static_cast<uint8_t*>(a.out);
-  uint16_t* scale = static_cast<uint16_t*>(a.scale);
-  parallel_for(a.rows, row_grain(cols), threads, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t base = r * cols + g * kInt4GroupSize;
-        const uint16_t s16 = ops::int4_scale_f16(amax_of<D>(a.in, base, base + kInt4GroupSize));
-        scale[r * groups + g] = s16;
-        const float s = f16_to_f32(s16);
-        for (int64_t i = base; i < base + kInt4GroupSize; i += 2) {
-          const uint8_t lo = ops::quant_int4(load<D>(a.in, i), s);
-          const uint8_t hi = ops::quant_int4(load<D>(a.in, i + 1), s);
-          out[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
+  float* scale = static_cast<float*>(a.scale);
+  const int64_t grain = std::max<int64_t>(1, kMinElemsPerWorker / std::max<int64_t>(1, kFp8BlockSize * cols));
+  parallel_for(batch * bands_per, grain, threads, [&](int64_t b, int64_t e) {
+    std::vector<float> m(static_cast<size_t>(bcols));
+    for (int64_t band = b; band < e; ++band) {
+      const int64_t mat = band / bands_per;
+      const int64_t r0 = mat * mrows + (band % bands_per) * kFp8BlockSize;
+      const int64_t r1 = std::min(mat * mrows + mrows, r0 + kFp8BlockSize);
+      std::fill(m.begin(), m.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t bc = 0; bc < bcols; ++bc) {
+          const int64_t c0 = bc * kFp8BlockSize, n = std::min(cols - c0, kFp8BlockSize);
+          m[static_cast<size_t>(bc)] = std::max(m[static_cast<size_t>(bc)], in.amax(r * cols + c0, n));
+        }
+      }
+      for (int64_t bc = 0; bc < bcols; ++bc) {
+        m[static_cast<size_t>(bc)] = ops::fp8_scale(m[static_cast<size_t>(bc)]);
+        scale[band * bcols + bc] = m[static_cast<size_t>(bc)];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t bc = 0; bc < bcols; ++bc) {
+          const int64_t i = r * cols + bc * kFp8BlockSize, n = std::min(cols - bc * kFp8BlockSize, kFp8BlockSize);
+          fp8_run(in.at(i), in.kind, out + i, n, m[static_cast<size_t>(bc)]);
         }
       }
     }
   });
 }
 
+void int4_group(const QuantArgs& a, int threads) {
+  const Rows in{a.in, kind_of(a.in_dtype), a.cols};
+  const int64_t groups = a.rows * (a.cols / kInt4GroupSize);
+  uint8_t* out = static_cast<uint8_t*>(a.out);
+  uint16_t* scale = static_cast<uint16_t*>(a.scale);
+  parallel_for(groups, std::max<int64_t>(1, kMinElemsPerWorker / kInt4GroupSize), threads, [&](int64_t b, int64_t e) {
+    // Groups tile the rows exactly (cols % 128 == 0).
+    int4_groups(in.at(b * kInt4GroupSize), in.kind, out + b * kInt4GroupSize / 2, scale + b, e - b);
+  });
+}
+
 }  // namespace
 
 Status quantize(const QuantArgs& a, int threads) {
-  with_float_dtype(a.in_dtype, [&](auto d) {
-    constexpr DType D = decltype(d)::value;
-    switch (a.scheme) {
-      case Scheme::kNone: none<D>(a, threads); break;
-      case Scheme::kFp8PerTensor: fp8_per_tensor<D>(a, threads); break;
-      case Scheme::kFp8PerChannel: fp8_per_channel<D>(a, threads); break;
-      case Scheme::kFp8Block: fp8_block<D>(a, threads); break;
-      case Scheme::kInt8PerChannel: int8_per_channel<D>(a, threads); break;
-      case Scheme::kInt4Group: int4_group<D>(a, threads); break;
-      case Scheme::kGptqInt4: break;  // refused by check_quantize
-    }
-  });
+  switch (a.scheme) {
+    case Scheme::kNone: none(a, threads); break;
+    case Scheme::kFp8PerTensor: fp8_per_tensor(a, threads); break;
+    case Scheme::kFp8PerChannel: per_channel<false>(a, threads); break;
+    case Scheme::kFp8Block: fp8_block(a, threads); break;
+    case Scheme::kInt8PerChannel: per_channel<true>(a, threads); break;
+    case Scheme::kInt4Group: int4_group(a, threads); break;
+    case Scheme::kGptqInt4: break;  // refused by check_quantize
+  }
   return ok_status();
 }
 

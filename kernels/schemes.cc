@@ -14,6 +14,23 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+namespace detail {
+
+Geometry geometry(Scheme scheme, const Shape& shape) {
+  Geometry g;
+  if (shape.empty()) return g;
+  const bool stacks = scheme == Scheme::kFp8PerChannel || scheme == Scheme::kFp8Block ||
+                      scheme == Scheme::kInt8PerChannel || scheme == Scheme::kInt4Group;
+  const size_t lead = stacks && shape.size() >= 3 ? 1 : 0;
+  g.batch = lead ? shape[0] : 1;
+  g.rows = shape[lead];
+  g.cols = 1;
+  for (size_t i = lead + 1; i < shape.size(); ++i) g.cols *= shape[i];
+  return g;
+}
+
+}  // namespace detail
+
 std::string_view scheme_name(Scheme scheme) {
   switch (scheme) {
     case Scheme::kNone: return "none";
@@ -43,9 +60,13 @@ Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& sh
   for (int64_t d : shape) {
     if (d < 0) return Status::invalid_argument(fmt::format("storage_layout: negative dim in {}", shape_to_string(shape)));
   }
-  const int64_t rows = shape[0];
-  int64_t cols = 1;
-  for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+  const detail::Geometry g = detail::geometry(scheme, shape);
+  const int64_t rows = g.rows, cols = g.cols;
+  // Per-matrix scale shapes of stacked weights carry E in front.
+  auto stacked = [&](Shape per_matrix) {
+    if (shape.size() >= 3) per_matrix.insert(per_matrix.begin(), g.batch);
+    return per_matrix;
+  };
   FERRY_ASSIGN_OR_RETURN(std::vector<int64_t> bounds, detail::shard_bounds(shard_rows, rows));
   const auto shards = static_cast<int64_t>(bounds.size()) - 1;
 
@@ -64,16 +85,16 @@ Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& sh
       break;
     case Scheme::kFp8PerChannel:
       out.push_back({"weight", DType::kF8E4M3FN, shape, false});
-      out.push_back({"weight_scale", DType::kF32, {rows}, false});
+      out.push_back({"weight_scale", DType::kF32, stacked({rows}), false});
       break;
     case Scheme::kFp8Block:
       out.push_back({"weight", DType::kF8E4M3FN, shape, false});
-      out.push_back(
-          {"weight_scale", DType::kF32, {ceil_div(rows, kFp8BlockSize), ceil_div(cols, kFp8BlockSize)}, false});
+      out.push_back({"weight_scale", DType::kF32,
+                     stacked({ceil_div(rows, kFp8BlockSize), ceil_div(cols, kFp8BlockSize)}), false});
       break;
     case Scheme::kInt8PerChannel:
       out.push_back({"weight", DType::kI8, shape, false});
-      out.push_back({"weight_scale", DType::kF32, {rows}, false});
+      out.push_back({"weight_scale", DType::kF32, stacked({rows}), false});
       break;
     case Scheme::kInt4Group:
       if (cols % kInt4GroupSize != 0) {
@@ -81,8 +102,8 @@ Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& sh
             "storage_layout: int4_group needs cols divisible by {}, shape {} has {} cols", kInt4GroupSize,
             shape_to_string(shape), cols));
       }
-      out.push_back({"weight", DType::kI4Packed, {rows, cols}, false});
-      out.push_back({"weight_scale", DType::kF16, {rows, cols / kInt4GroupSize}, false});
+      out.push_back({"weight", DType::kI4Packed, stacked({rows, cols}), false});
+      out.push_back({"weight_scale", DType::kF16, stacked({rows, cols / kInt4GroupSize}), false});
       break;
     case Scheme::kGptqInt4:
       return gptq_storage_layout(shape);
@@ -120,7 +141,7 @@ Result<std::vector<StorageTensor>> gptq_storage_layout(const Shape& shape) {
   return std::vector<StorageTensor>{{"qweight", DType::kI32, {k / kGptqPackFactor, n}, false},
                                     {"scales", DType::kF16, {k / kGptqGroupSize, n}, false},
                                     {"perm", DType::kI32, {k}, true},
-                                    {"workspace", DType::kI32, {ceil_div(n, kGptqTileN)}, true}};
+                                    {"workspace", DType::kI32, {ceil_div(n, kGptqTileN) + 1}, true}};
 }
 
 }  // namespace ferry::kernels

@@ -77,35 +77,41 @@ Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::sp
   a.scheme = scheme;
   a.in = input.data();
   a.in_dtype = dt;
-  a.rows = input.rows();
-  a.cols = input.cols();
+  const Geometry g = geometry(scheme, input.shape());
+  a.rows = g.batch * g.rows;
+  a.matrix_rows = g.rows;
+  a.cols = g.cols;
   a.out = outputs[0].data();
   a.out_dtype = outputs[0].dtype();
   a.scale = outputs.size() > 1 ? outputs[1].data() : nullptr;
-  FERRY_ASSIGN_OR_RETURN(a.shard_begin, shard_bounds(shard_rows, a.rows));
+  FERRY_ASSIGN_OR_RETURN(a.shard_begin, shard_bounds(shard_rows, g.rows));
   return a;
 }
 
 Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
-                                int64_t rows, int64_t cols, Device device) {
+                                const Shape& shape, Device device) {
   if (storage.empty()) return Status::invalid_argument("weight storage: no tensors given");
-  Shape shape{rows, cols};
-  FERRY_ASSIGN_OR_RETURN(auto layout, storage_layout(scheme, shape, shard_rows, storage[0].dtype()));
-  // A weight of rank > 2 is stored with its own shape; compare its element count instead.
-  std::vector<StorageTensor> expect = layout;
-  if (scheme != Scheme::kGptqInt4 && storage[0].rank() > 2 && storage[0].rows() == rows &&
-      storage[0].cols() == cols) {
-    expect[0].shape = storage[0].shape();
+  if (shape.empty()) return Status::invalid_argument("weight storage: a weight needs rank >= 1");
+  // A weight stored with rank > 2 may be named by its 2-D view (dim 0 x the rest): its own shape
+  // is the logical one.
+  Shape logical = shape;
+  const TensorView& w0 = storage[0];
+  if (scheme != Scheme::kGptqInt4 && shape.size() <= 2 && w0.rank() > 2 && w0.dim(0) == shape[0] &&
+      w0.numel() == shape_numel(shape)) {
+    logical = w0.shape();
   }
-  FERRY_RETURN_IF_ERROR(check_outputs(fmt::format("{} storage", scheme_name(scheme)), expect, storage, device));
+  FERRY_ASSIGN_OR_RETURN(auto layout, storage_layout(scheme, logical, shard_rows, w0.dtype()));
+  FERRY_RETURN_IF_ERROR(check_outputs(fmt::format("{} storage", scheme_name(scheme)), layout, storage, device));
+  const Geometry g = geometry(scheme, logical);
   WeightArgs w;
   w.scheme = scheme;
   w.w = storage[0].data();
   w.w_dtype = storage[0].dtype();
   w.scale = storage.size() > 1 ? storage[1].data() : nullptr;
-  w.rows = rows;
-  w.cols = cols;
-  FERRY_ASSIGN_OR_RETURN(w.shard_begin, shard_bounds(shard_rows, rows));
+  w.rows = g.batch * g.rows;
+  w.matrix_rows = g.rows;
+  w.cols = g.cols;
+  FERRY_ASSIGN_OR_RETURN(w.shard_begin, shard_bounds(shard_rows, g.rows));
   if (scheme == Scheme::kGptqInt4) {
     w.perm = storage[2].data_as<const int32_t>();
     w.workspace = storage[3].data_as<int32_t>();

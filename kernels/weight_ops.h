@@ -17,7 +17,8 @@ struct WeightRef {
   DType w_dtype = DType::kF32;
   const void* w = nullptr;
   const void* scale = nullptr;
-  int64_t rows = 0;
+  int64_t rows = 0;         // all rows of all stacked matrices
+  int64_t matrix_rows = 0;  // rows of one stacked matrix
   int64_t cols = 0;
   int32_t shards = 1;
   int64_t shard_begin[kMaxShards + 1] = {};
@@ -31,6 +32,7 @@ inline WeightRef make_weight_ref(const WeightArgs& a) {
   r.w = a.w;
   r.scale = a.scale;
   r.rows = a.rows;
+  r.matrix_rows = a.matrix_rows;
   r.cols = a.cols;
   r.shards = static_cast<int32_t>(a.shard_begin.size() - 1);
   for (size_t i = 0; i < a.shard_begin.size(); ++i) r.shard_begin[i] = a.shard_begin[i];
@@ -55,8 +57,11 @@ FERRY_HOST_DEVICE float weight_at(const WeightRef& w, int64_t r, int64_t c) {
     case Scheme::kFp8PerChannel:
       return e4m3fn_to_f32(static_cast<const uint8_t*>(w.w)[i]) * static_cast<const float*>(w.scale)[r];
     case Scheme::kFp8Block: {
+      // Bands restart at every stacked matrix: row r is row r % matrix_rows of matrix r / matrix_rows.
       const int64_t bcols = (w.cols + kFp8BlockSize - 1) / kFp8BlockSize;
-      const float s = static_cast<const float*>(w.scale)[(r / kFp8BlockSize) * bcols + c / kFp8BlockSize];
+      const int64_t bands = (w.matrix_rows + kFp8BlockSize - 1) / kFp8BlockSize;
+      const int64_t band = (r / w.matrix_rows) * bands + (r % w.matrix_rows) / kFp8BlockSize;
+      const float s = static_cast<const float*>(w.scale)[band * bcols + c / kFp8BlockSize];
       return e4m3fn_to_f32(static_cast<const uint8_t*>(w.w)[i]) * s;
     }
     case Scheme::kInt8PerChannel:

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -10,6 +12,16 @@
 #include "core/settings.h"
 
 namespace ferry::reload {
+
+Result<RollbackMode> rollback_mode(const EngineOptions& options) {
+  if (options.rollback) return *options.rollback;
+  // The coordinator declares FERRY_ROLLBACK; until it does, rollback is off.
+  if (!find_setting("FERRY_ROLLBACK").ok()) return RollbackMode::kOff;
+  FERRY_ASSIGN_OR_RETURN(std::string v, setting_string("FERRY_ROLLBACK"));
+  if (v == "host") return RollbackMode::kHost;
+  if (v == "off" || v.empty()) return RollbackMode::kOff;
+  return Status::invalid_argument(fmt::format("FERRY_ROLLBACK={}: expected off or host", v));
+}
 
 Result<std::unique_ptr<ReloadEngine>> ReloadEngine::create(sharding::RankSpec spec, ModelStorage& storage,
                                                            EngineOptions options) {
@@ -21,6 +33,10 @@ Result<std::unique_ptr<ReloadEngine>> ReloadEngine::create(sharding::RankSpec sp
 Status ReloadEngine::init() {
   FERRY_RETURN_IF_ERROR(sharding::validate_rank_spec(spec_, spec_.expects));
   FERRY_ASSIGN_OR_RETURN(max_staging_, setting_bytes("FERRY_MAX_STAGING_BYTES"));
+  FERRY_ASSIGN_OR_RETURN(rollback_, ::ferry::reload::rollback_mode(options_));
+  // Resolved once: the CPU kernels ask the system for its core count on every call otherwise, a
+  // file read per call, and the engine calls them once per piece.
+  if (options_.exec.threads <= 0) options_.exec.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (!options_.kernel_factory) {
     const DType nd = options_.none_dtype;
     options_.kernel_factory = [nd](const sharding::ParamSpec& p) { return scheme_kernel(p, nd); };
@@ -70,6 +86,18 @@ Status ReloadEngine::init() {
     }
     params_.push_back(std::move(prm));
   }
+  // The pool keeps at most what the largest layer can hold at once: every input staged plus a
+  // scratch copy of its storage.
+  uint64_t largest = 0;
+  for (const Layer& l : layers_) {
+    uint64_t held = 0;
+    for (uint32_t q : l.params) {
+      for (const auto& in : params_[q].inputs) held += dtype_bytes(in.dtype, shape_numel(in.shape));
+      for (const TensorView& v : params_[q].storage) held += v.nbytes();
+    }
+    largest = std::max(largest, held);
+  }
+  pool_.set_cap(largest);
   return ok_status();
 }
 
@@ -141,8 +169,8 @@ Status ReloadEngine::stage_input(Layer& layer, Param& p, uint32_t input) {
   const auto& in = p.inputs[input];
   const uint64_t bytes = dtype_bytes(in.dtype, shape_numel(in.shape));
   FERRY_RETURN_IF_ERROR(account(layer, storage_name(spec_.params[&p - params_.data()].name, in.suffix), bytes));
-  FERRY_ASSIGN_OR_RETURN(p.staging[input], Buffer::allocate(bytes, Device::cpu()));
-  if (p.padded) FERRY_RETURN_IF_ERROR(p.staging[input].zero());
+  FERRY_ASSIGN_OR_RETURN(p.staging[input], pool_.take(bytes));
+  if (p.padded) std::memset(p.staging[input].data(), 0, bytes);
   return ok_status();
 }
 
@@ -152,7 +180,7 @@ Status ReloadEngine::stage_piecewise(Layer& layer, Param& p) {
   for (const TensorView& s : p.storage) bytes += s.nbytes();
   FERRY_RETURN_IF_ERROR(account(layer, spec_.params[&p - params_.data()].name + " (quantized scratch)", bytes));
   for (const TensorView& s : p.storage) {
-    FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(s.nbytes(), Device::cpu()));
+    FERRY_ASSIGN_OR_RETURN(Buffer b, pool_.take(s.nbytes()));
     FERRY_ASSIGN_OR_RETURN(TensorView v, b.view(s.dtype(), s.shape()));
     p.piecewise_views.push_back(v);
     p.piecewise.push_back(std::move(b));
@@ -176,6 +204,16 @@ Status ReloadEngine::apply_named_piece(const std::string& param, uint32_t input,
 
 Status ReloadEngine::apply_input_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype,
                                        const void* data, size_t bytes) {
+  return apply(param, input, dst, dtype, data, bytes, nullptr);
+}
+
+Status ReloadEngine::lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype,
+                                std::shared_ptr<const void> owner, const void* data, size_t bytes) {
+  return apply(param, input, dst, dtype, data, bytes, &owner);
+}
+
+Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
+                           size_t bytes, const std::shared_ptr<const void>* owner) {
   if (!in_update_) return Status::failed_precondition("piece received outside an update");
   if (param >= params_.size()) {
     unknown_.push_back(fmt::format("#{}", param));
@@ -205,16 +243,34 @@ Status ReloadEngine::apply_input_piece(uint32_t param, uint32_t input, const Reg
         fmt::format("{}: piece {} arrives after layer {} was complete", in_name, dst.to_string(), layer.name));
   }
   FERRY_RETURN_IF_ERROR(p.coverage[input].add(dst));
-  const bool piecewise =
+  const bool rows =
       p.inputs.size() == 1 && storage_.device().is_cpu() && dst.rank() >= 1 && p.kernel->can_process_rows(dst);
-  Status st = piecewise ? stage_piecewise(layer, p) : stage_input(layer, p, input);
+  bool completes = true;
+  for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
+  // Row pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
+  // completes the layer, processed within this call) are kept as they are and processed at
+  // completion straight into storage; other row pieces are processed now into scratch; the rest
+  // is staged in full precision.
+  enum class Hold { kKept, kScratch, kStaged };
+  const Hold hold = !rows ? Hold::kStaged : (owner != nullptr || completes) ? Hold::kKept : Hold::kScratch;
+  Status st = ok_status();
+  if (hold == Hold::kStaged) {
+    st = stage_input(layer, p, input);
+  } else if (hold == Hold::kScratch) {
+    st = stage_piecewise(layer, p);
+  } else if (!completes) {
+    st = account(layer, in_name + " (lent)", bytes);
+  }
   if (!st.ok()) {
     // The refused layer is not partially written: its storage is only written on completion.
     layer.refused = true;
     release(layer);
     return st;
   }
-  if (piecewise) {
+  if (hold == Hold::kKept) {
+    p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0],
+                                 owner != nullptr ? *owner : nullptr});
+  } else if (hold == Hold::kScratch) {
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
     TensorView rows(const_cast<void*>(data), dtype, dst.size);
     const auto t0 = std::chrono::steady_clock::now();
@@ -229,54 +285,67 @@ Status ReloadEngine::apply_input_piece(uint32_t param, uint32_t input, const Reg
   }
   report_.bytes += bytes;
   report_.pieces += 1;
-  for (uint32_t q : layer.params) {
-    if (!complete(params_[q])) return ok_status();
+  return completes ? process(layer) : ok_status();
+}
+
+Result<const Buffer*> ReloadEngine::input_buffer(Param& p, uint32_t i) {
+  // Inputs never staged are all padding (a shard with no expected slices): zeros.
+  if (p.staging.size() != p.inputs.size()) p.staging.resize(p.inputs.size());
+  if (p.staging[i].data() == nullptr) {
+    const auto& in = p.inputs[i];
+    const size_t bytes = dtype_bytes(in.dtype, shape_numel(in.shape));
+    FERRY_ASSIGN_OR_RETURN(p.staging[i], pool_.take(bytes));
+    std::memset(p.staging[i].data(), 0, bytes);
   }
-  return process(layer);
+  return &p.staging[i];
+}
+
+Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
+  // Into the scratch copy when pieces were processed into it on arrival, else straight into the
+  // registered storage: the layer is complete, so only a kernel error can stop it now (and rollback
+  // covers that).
+  const bool scratch = !p.piecewise.empty();
+  const std::vector<TensorView>& target = scratch ? p.piecewise_views : p.storage;
+  for (const Param::Lent& l : p.lent) {
+    FERRY_RETURN_IF_ERROR(p.kernel->process_rows(l.rows, l.row0, target, options_.exec)
+                              .with_context(fmt::format("{} rows from {}", ps.name, l.row0)));
+    p.rows_done.emplace_back(l.row0, l.row0 + l.rows.dim(0));
+    if (!scratch) ++report_.direct_pieces;
+  }
+  // Rows no piece covered whole: staged pieces and padding, processed from staging.
+  std::sort(p.rows_done.begin(), p.rows_done.end());
+  const auto& in = p.inputs[0];
+  const int64_t rows = in.shape[0], per_row = rows ? shape_numel(in.shape) / rows : 0;
+  int64_t next = 0;
+  auto run = [&](int64_t r0, int64_t r1) -> Status {
+    if (r1 <= r0) return ok_status();
+    FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, 0));
+    Shape s = in.shape;
+    s[0] = r1 - r0;
+    TensorView v(static_cast<char*>(b->data()) + dtype_bytes(in.dtype, r0 * per_row), in.dtype, s);
+    return p.kernel->process_rows(v, r0, target, options_.exec).with_context(ps.name);
+  };
+  for (const auto& [r0, r1] : p.rows_done) {
+    FERRY_RETURN_IF_ERROR(run(next, r0));
+    next = r1;
+  }
+  FERRY_RETURN_IF_ERROR(run(next, rows));
+  if (!scratch) return ok_status();
+  // Copy-in: values go into the registered storage; its identity stays.
+  for (size_t i = 0; i < p.storage.size(); ++i) {
+    FERRY_RETURN_IF_ERROR(copy_bytes(p.storage[i].data(), storage_.device(), p.piecewise_views[i].data(),
+                                     Device::cpu(), p.storage[i].nbytes()));
+  }
+  return ok_status();
 }
 
 Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
+  if (!p.piecewise.empty() || !p.lent.empty()) return process_rows(p, ps);
   const Device dev = storage_.device();
   ScratchArena scratch(dev);
-  // Inputs never staged are all padding (a shard with no expected slices): zeros.
-  auto input_buffer = [&](uint32_t i) -> Result<const Buffer*> {
-    if (p.staging.size() != p.inputs.size()) p.staging.resize(p.inputs.size());
-    if (p.staging[i].data() == nullptr) {
-      const auto& in = p.inputs[i];
-      FERRY_ASSIGN_OR_RETURN(p.staging[i], Buffer::allocate(dtype_bytes(in.dtype, shape_numel(in.shape))));
-      FERRY_RETURN_IF_ERROR(p.staging[i].zero());
-    }
-    return &p.staging[i];
-  };
-  if (!p.piecewise.empty()) {
-    // Rows no piece covered whole: staged pieces and padding, processed from staging.
-    std::sort(p.rows_done.begin(), p.rows_done.end());
-    FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(0));
-    const auto& in = p.inputs[0];
-    const int64_t rows = in.shape[0], per_row = rows ? shape_numel(in.shape) / rows : 0;
-    int64_t next = 0;
-    auto run = [&](int64_t r0, int64_t r1) -> Status {
-      if (r1 <= r0) return ok_status();
-      Shape s = in.shape;
-      s[0] = r1 - r0;
-      TensorView v(static_cast<char*>(b->data()) + dtype_bytes(in.dtype, r0 * per_row), in.dtype, s);
-      return p.kernel->process_rows(v, r0, p.piecewise_views, options_.exec);
-    };
-    for (const auto& [r0, r1] : p.rows_done) {
-      FERRY_RETURN_IF_ERROR(run(next, r0).with_context(ps.name));
-      next = r1;
-    }
-    FERRY_RETURN_IF_ERROR(run(next, rows).with_context(ps.name));
-    // Copy-in: values go into the registered storage; its identity stays.
-    for (size_t i = 0; i < p.storage.size(); ++i) {
-      FERRY_RETURN_IF_ERROR(copy_bytes(p.storage[i].data(), dev, p.piecewise_views[i].data(), Device::cpu(),
-                                       p.storage[i].nbytes()));
-    }
-    return ok_status();
-  }
   std::vector<TensorView> inputs;
   for (uint32_t i = 0; i < p.inputs.size(); ++i) {
-    FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(i));
+    FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, i));
     const auto& in = p.inputs[i];
     if (dev.is_cpu()) {
       inputs.emplace_back(b->data(), in.dtype, in.shape);
@@ -293,6 +362,13 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
 
 Status ReloadEngine::process(Layer& layer) {
   const auto t0 = std::chrono::steady_clock::now();
+  const auto index = static_cast<uint32_t>(&layer - layers_.data());
+  if (rollback_ == RollbackMode::kHost && !snapshots_.holds(index)) {
+    // Before the first byte of this layer is overwritten: every registered tensor it owns.
+    std::vector<TensorView> views;
+    for (size_t i : registry_.layer_tensors(layer.name)) views.push_back(registry_.tensors()[i].view);
+    FERRY_RETURN_IF_ERROR(snapshots_.take(index, views).with_context("rollback snapshot of layer " + layer.name));
+  }
   for (uint32_t q : layer.params) FERRY_RETURN_IF_ERROR(process_param(params_[q], spec_.params[q]));
   layer.processed = true;
   release(layer);
@@ -307,10 +383,13 @@ void ReloadEngine::release(Layer& layer) {
   layer.staged = false;
   for (uint32_t q : layer.params) {
     Param& p = params_[q];
+    for (Buffer& b : p.staging) pool_.give(std::move(b));
+    for (Buffer& b : p.piecewise) pool_.give(std::move(b));
     p.staging.clear();
     p.piecewise.clear();
     p.piecewise_views.clear();
     p.rows_done.clear();
+    p.lent.clear();
   }
 }
 
@@ -342,6 +421,7 @@ Result<EngineReport> ReloadEngine::finalize() {
     if (n_missing <= 8) missing += fmt::format("\n  {}: {}", l.name, gaps);
   }
   report_.census = census();
+  report_.snapshot_bytes = snapshots_.bytes();
   in_update_ = false;
   for (Layer& l : layers_) release(l);
   if (!unknown_.empty()) {
@@ -361,7 +441,31 @@ Result<EngineReport> ReloadEngine::finalize() {
     return Status::internal(fmt::format("census after update v{}: {} registered tensors moved:{}", version_,
                                         report_.census.to_string(), names));
   }
+  // A complete version: nothing to go back to any more.
+  snapshots_.drop();
+  complete_version_ = version_;
   return report_;
+}
+
+Status ReloadEngine::rollback() {
+  if (rollback_ != RollbackMode::kHost) {
+    return Status::failed_precondition("rollback is off (EngineOptions::rollback or FERRY_ROLLBACK=host turns it on)");
+  }
+  for (Layer& l : layers_) release(l);
+  in_update_ = false;
+  const Census c = census();
+  if (c.moved) {
+    return Status::internal(fmt::format("rollback to v{}: {} registered tensors moved, no live storage to restore",
+                                        complete_version_, c.to_string()));
+  }
+  const size_t layers = snapshots_.layers();
+  FERRY_RETURN_IF_ERROR(snapshots_.restore().with_context(fmt::format("rollback to v{}", complete_version_)));
+  FERRY_RETURN_IF_ERROR(device_synchronize(storage_.device()));
+  FERRY_LOG_INFO("update v{} rolled back: {} layers restored to v{} from host snapshots", version_, layers,
+                 complete_version_);
+  snapshots_.drop();
+  version_ = complete_version_;
+  return ok_status();
 }
 
 void ReloadEngine::abort() {

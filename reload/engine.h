@@ -6,17 +6,33 @@
 // conversions, whole 128-row bands for fp8_block) are quantized at once into a scratch copy of the
 // parameter's storage; everything else is staged in full precision until its parameter is
 // complete. Either way a layer's registered storage is written only when the whole layer is
-// complete, so an incomplete or refused layer keeps its previous weights untouched.
+// complete, so an incomplete or refused layer keeps its previous weights untouched. Staging and
+// scratch buffers are kept between updates in a pool bounded by the largest layer.
+//
+// No double copy: storage is never written before its layer is complete, because an update can
+// still fail afterwards (a missing piece, a dead sender, a refused layer) and an incomplete layer
+// must keep its previous weights. Instead, such row pieces are processed straight into registered
+// storage at completion, with no scratch and no copy-in, when their bytes are still there: the
+// piece that completes a layer (its bytes are valid during the call that processes the layer), and
+// pieces the caller lends with lend_piece() (kept until the layer is processed or the update ends).
+//
+// Rollback (EngineOptions::rollback, FERRY_ROLLBACK=host): before a layer's storage is first written,
+// every registered tensor of the layer is copied to host memory. rollback() copies them back in
+// place and ends the update; a complete update (finalize() succeeding) drops them. Snapshots
+// outlive a failed update that was not rolled back, so they always hold the last complete version.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/buffer.h"
+#include "reload/buffer_pool.h"
 #include "reload/coverage.h"
+#include "reload/host_snapshots.h"
 #include "reload/model_storage.h"
 #include "reload/processing.h"
 #include "reload/registry.h"
@@ -24,17 +40,26 @@
 
 namespace ferry::reload {
 
+enum class RollbackMode : uint8_t { kOff, kHost };
+
 struct EngineOptions {
   KernelFactory kernel_factory;  // empty: scheme_kernel()
   DType none_dtype = DType::kBF16;
   kernels::Exec exec;
+  // Unset: FERRY_ROLLBACK (off|host) where that setting is declared, else off.
+  std::optional<RollbackMode> rollback;
 };
+
+// The rollback mode in effect for `options` (reads FERRY_ROLLBACK when unset and declared).
+Result<RollbackMode> rollback_mode(const EngineOptions& options);
 
 struct EngineReport {
   uint64_t version = 0;
   uint64_t bytes = 0;  // piece bytes received
   uint64_t pieces = 0;
   uint64_t piecewise_pieces = 0;  // processed on arrival, without full-precision staging
+  uint64_t direct_pieces = 0;     // processed at completion straight into storage (no scratch)
+  uint64_t snapshot_bytes = 0;    // host snapshot held for rollback at the end of the update
   uint64_t layers = 0;            // layers processed
   uint64_t peak_staging_bytes = 0;
   uint64_t out_of_order_layers = 0;  // layers that began while another was still staged
@@ -61,12 +86,30 @@ class ReloadEngine {
   // by finalize().
   Status apply_named_piece(const std::string& param, uint32_t input, const Region& dst, DType dtype, const void* data,
                            size_t bytes);
+  // apply_input_piece() for bytes the caller lends: the engine may keep `data` (and `owner`, which
+  // keeps it alive; null when the caller guarantees `data` until the update ends) until the layer
+  // is processed or the update ends, and then processes it straight into registered storage, with
+  // no staging copy. Pieces that cannot be processed on their own are copied at once, as by
+  // apply_input_piece(). Lent bytes count as staging.
+  Status lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, std::shared_ptr<const void> owner,
+                    const void* data, size_t bytes);
   // Ends the update: every layer complete, no piece for an unknown tensor, census moved 0/N;
   // otherwise an error naming what is missing, unknown or moved. Incomplete layers keep their
   // previous storage untouched.
   Result<EngineReport> finalize();
   // Drops staging; storage keeps whatever layers were already processed.
   void abort();
+  // Rollback on: copies every layer written since the last complete version back from its host
+  // snapshot, in place (storage identity unchanged), ends the update, and returns the engine to
+  // that version (version()). Works during an update and after one failed (finalize() or abort()).
+  // FailedPrecondition when rollback is off; Internal when a registered tensor moved (there is no
+  // live storage to restore into).
+  Status rollback();
+  RollbackMode rollback_mode() const { return rollback_; }
+  uint64_t snapshot_bytes() const { return snapshots_.bytes(); }
+  size_t snapshot_layers() const { return snapshots_.layers(); }
+  // Idle staging kept between updates (bounded by the largest layer).
+  uint64_t pooled_bytes() const { return pool_.idle_bytes(); }
 
   Census census() const;
   const LayerRegistry& registry() const { return registry_; }
@@ -75,6 +118,7 @@ class ReloadEngine {
   Result<uint32_t> param_index(const std::string& name) const;
   // The checkpoint tensors parameter `param`'s pieces fill.
   std::vector<kernels::StorageTensor> input_layout(uint32_t param) const;
+  // The version of the last begin(); after rollback(), the version rolled back to.
   uint64_t version() const { return version_; }
   bool in_update() const { return in_update_; }
   size_t layer_count() const { return layers_.size(); }
@@ -100,6 +144,12 @@ class ReloadEngine {
     std::vector<Buffer> piecewise;    // scratch copy of the storage, for pieces processed on arrival
     std::vector<TensorView> piecewise_views;
     std::vector<std::pair<int64_t, int64_t>> rows_done;  // [begin, end) processed on arrival
+    struct Lent {
+      TensorView rows;  // whole rows from `row0`, the caller's bytes
+      int64_t row0 = 0;
+      std::shared_ptr<const void> owner;
+    };
+    std::vector<Lent> lent;  // processed at completion, straight into the target
   };
 
   ReloadEngine(sharding::RankSpec spec, ModelStorage& storage, EngineOptions options)
@@ -109,7 +159,11 @@ class ReloadEngine {
   Status account(Layer& layer, const std::string& what, uint64_t bytes);
   Status stage_input(Layer& layer, Param& p, uint32_t input);
   Status stage_piecewise(Layer& layer, Param& p);
+  Status apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes,
+               const std::shared_ptr<const void>* owner);
   Status process(Layer& layer);
+  Status process_rows(Param& p, const sharding::ParamSpec& ps);
+  Result<const Buffer*> input_buffer(Param& p, uint32_t input);
   Status process_param(Param& p, const sharding::ParamSpec& spec);
   void release(Layer& layer);
 
@@ -122,7 +176,11 @@ class ReloadEngine {
   std::map<std::string, uint32_t> by_name_;
   std::vector<std::string> unknown_;
   uint64_t version_ = 0;
+  uint64_t complete_version_ = 0;
   bool in_update_ = false;
+  RollbackMode rollback_ = RollbackMode::kOff;
+  HostSnapshots snapshots_;
+  BufferPool pool_;
   uint64_t max_staging_ = 0;
   uint64_t staging_bytes_ = 0;
   bool warned_out_of_order_ = false;

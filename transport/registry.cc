@@ -2,6 +2,12 @@
 #include <fmt/format.h>
 
 #include "core/settings.h"
+#if defined(FERRY_TRANSPORT_CUDA_IPC)
+#include "transport/cuda_ipc_transport.h"
+#endif
+#if defined(FERRY_TRANSPORT_NCCL)
+#include "transport/nccl_transport.h"
+#endif
 #include "transport/shm_transport.h"
 #include "transport/tcp_transport.h"
 #include "transport/ucx_transport.h"
@@ -10,7 +16,15 @@
 namespace ferry::transport {
 
 const std::vector<TransportFactory>& transport_factories() {
+  // cuda_ipc and nccl hand the receiver DEVICE memory, so "auto" never picks them: they are used
+  // only when named (FERRY_TRANSPORT), until receivers take device buckets.
   static const std::vector<TransportFactory> factories = {
+#if defined(FERRY_TRANSPORT_CUDA_IPC)
+      {"cuda_ipc", create_cuda_ipc_transport, /*automatic=*/false},
+#endif
+#if defined(FERRY_TRANSPORT_NCCL)
+      {"nccl", create_nccl_transport, /*automatic=*/false},
+#endif
       {"shm", create_shm_transport},
 #if defined(FERRY_TRANSPORT_UCX)
       {"ucx", create_ucx_transport},

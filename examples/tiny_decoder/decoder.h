@@ -28,13 +28,16 @@ class Decoder {
   // comparisons and the flip probe).
   ferry::Result<std::vector<uint8_t>> outputs(const std::vector<int32_t>& prompt, int new_tokens);
   const std::vector<float>& last_logits() const { return logits_; }
+  // One decode step: feeds `token` at position `pos` (the KV cache holds positions < pos) and
+  // returns the greedy next token. Generation can stop between steps and continue later, on
+  // whatever weights the storage holds then.
+  ferry::Result<int32_t> step(int32_t token, int32_t pos);
 
   ferry::reload::CapturedProgram& program() { return *program_; }
 
  private:
   Decoder(Config cfg) : cfg_(cfg) {}
   ferry::Status capture(const ferry::sharding::RankSpec& spec, const ferry::reload::LayerRegistry& registry);
-  ferry::Result<int32_t> step(int32_t token, int32_t pos);
 
   Config cfg_;
   std::unique_ptr<ferry::reload::CapturedProgram> program_;

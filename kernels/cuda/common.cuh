@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cuda_check.h"
@@ -113,5 +114,44 @@ __device__ __forceinline__ float block_max(float v) {
   __syncthreads();  // partial and result may be reused by the next call
   return r;
 }
+
+// Elements of input dtype D in one 16-byte vector.
+template <DType D>
+inline constexpr int kPerVec = D == DType::kF32 ? 4 : 8;
+
+// The kPerVec floats of one 16-byte vector of D.
+template <DType D>
+__device__ __forceinline__ void unpack(const uint4& u, float (&v)[kPerVec<D>]) {
+  if constexpr (D == DType::kF32) {
+    v[0] = __uint_as_float(u.x);
+    v[1] = __uint_as_float(u.y);
+    v[2] = __uint_as_float(u.z);
+    v[3] = __uint_as_float(u.w);
+  } else {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      v[2 * t] = half_of(w[t], 0, D == DType::kBF16);
+      v[2 * t + 1] = half_of(w[t], 1, D == DType::kBF16);
+    }
+  }
+}
+
+// 4 or 8 one-byte codes to p (aligned to their size), streaming (the output is not read again).
+template <int N>
+__device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&b)[N]) {
+  static_assert(N == 4 || N == 8);
+  const uint32_t lo = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+  if constexpr (N == 4) {
+    __stcs(reinterpret_cast<unsigned int*>(p), lo);
+  } else {
+    const uint32_t hi = b[4] | (b[5] << 8) | (b[6] << 16) | (static_cast<uint32_t>(b[7]) << 24);
+    __stcs(reinterpret_cast<uint2*>(p), make_uint2(lo, hi));
+  }
+}
+
+// Blocks of kThreads for a grid-stride kernel: enough to fill every SM at the kernel's occupancy,
+// never more than the work has (`work_blocks`), at least 1.
+unsigned persistent_blocks(const void* kernel, int64_t work_blocks, size_t smem = 0);
 
 }  // namespace ferry::kernels::detail::cuda

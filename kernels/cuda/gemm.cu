@@ -10,9 +10,6 @@
 namespace ferry::kernels::detail::cuda {
 namespace {
 
-// Set by a gptq slice that gave up waiting for its turn.
-__device__ int g_gptq_turn_timeout;
-
 inline constexpr int kMaxKSlices = 4;
 // How long a slice waits for its turn. Honest waits last as long as the previous slice's work.
 inline constexpr uint64_t kTurnTimeoutNs = 2'000'000'000ull;
@@ -56,7 +53,7 @@ __global__ void __launch_bounds__(kGptqTileN) gptq_gemm_kernel(WeightRef w, cons
     while (*counter != slice) {
       if (global_ns() - start > kTurnTimeoutNs) {
         ok = 0;
-        atomicExch(&g_gptq_turn_timeout, 1);
+        atomicExch(workspace + gridDim.y, 1);  // the error flag follows the tiles' counters
         break;
       }
       __nanosleep(256);
@@ -84,25 +81,13 @@ Status gptq_gemm(const GemmArgs& a, cudaStream_t st) {
   const int64_t tiles = (a.w.rows + kGptqTileN - 1) / kGptqTileN;
   const int64_t groups = a.w.cols / kGptqGroupSize;
   const int slices = static_cast<int>(std::min<int64_t>(kMaxKSlices, groups));
-  void* flag = nullptr;
-  FERRY_CUDA_CHECK(cudaGetSymbolAddress(&flag, g_gptq_turn_timeout));
-  FERRY_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), st));
+  if (a.w.workspace_len != tiles + 1) {
+    return Status::invalid_argument("gptq_int4 gemm: the workspace must hold ceil(N/64) + 1 integers");
+  }
   if (a.m > 0 && tiles > 0) {
     gptq_gemm_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(tiles)), kGptqTileN, 0, st>>>(
         w, a.x, a.x_dtype, a.m, a.y, a.w.workspace);
     FERRY_CUDA_LAUNCH_CHECK();
-  }
-  int timed_out = 0;
-  std::vector<int32_t> ws(static_cast<size_t>(a.w.workspace_len));
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(&timed_out, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(ws.data(), a.w.workspace, ws.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-  FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
-  bool stale = timed_out != 0;
-  for (int32_t c : ws) stale = stale || c != 0;
-  if (stale) {
-    return Status::failed_precondition(
-        "gptq_int4 gemm: the workspace counters were not zero on entry (a stale workspace): K-slices ran out of "
-        "turn and y is wrong; the workspace must be zeroed (gptq_reload does) before the kernel runs");
   }
   return ok_status();
 }
@@ -118,7 +103,25 @@ Status gemm(const GemmArgs& a, void* stream) {
     gemm_kernel<<<grid, kThreads, 0, st>>>(w, a.x, a.x_dtype, a.m, a.y);
     FERRY_CUDA_LAUNCH_CHECK();
   }
+  return ok_status();
+}
+
+Status gemm_check(const int32_t* workspace, int64_t len, void* stream) {
+  const cudaStream_t st = as_stream(stream);
+  std::vector<int32_t> ws(static_cast<size_t>(len));
+  if (len > 0) {
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(ws.data(), workspace, ws.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  }
   FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (len == 0) return ok_status();
+  const bool gave_up = ws.back() != 0;
+  bool stale = false;
+  for (size_t i = 0; i + 1 < ws.size(); ++i) stale = stale || ws[i] != 0;
+  if (gave_up || stale) {
+    return Status::failed_precondition(
+        "gptq_int4 gemm: the workspace counters were not zero on entry (a stale workspace): K-slices ran out of "
+        "turn and y is wrong; the workspace must be zeroed (gptq_reload does) before the kernel runs");
+  }
   return ok_status();
 }
 

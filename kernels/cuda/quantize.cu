@@ -1,165 +1,135 @@
-// CUDA quantize kernels. Per-row and per-block schemes read their input once (the values stay in
-// registers between amax and quantize, or are re-read from L1/L2 for very long rows);
-// fp8_per_tensor reads it twice: amax, then quantize.
-#include <cstring>
+// CUDA quantize kernels: dispatch, fp8_block, int4_group and none; the row-scaled schemes are in
+// quantize_rows.cu. Every kernel reads its input once (fp8_per_tensor twice: amax, then encode).
+#include <cuda_fp16.h>
+
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/quantize_kernels.cuh"
 #include "kernels/internal.h"
 #include "kernels/scalar_ops.h"
 
 namespace ferry::kernels::detail::cuda {
+
+unsigned persistent_blocks(const void* kernel, int64_t work_blocks, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cache;  // (kernel, device) -> SMs x blocks per SM
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  int slots = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find({kernel, dev});
+    if (it == cache.end()) {
+      int sms = 0, per_sm = 0;
+      if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 1;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess) per_sm = 1;
+      it = cache.emplace(std::make_pair(kernel, dev), std::max(1, sms) * std::max(1, per_sm)).first;
+    }
+    slots = it->second;
+  }
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(work_blocks, slots)));
+}
+
 namespace {
 
-// Row modes of row_kernel.
-enum RowMode : int { kFp8Channel, kInt8Channel, kAmaxOnly, kFp8Given };
-inline constexpr int kCacheSegs = 2;  // 16-element segments a thread keeps in registers
-
-struct RowParams {
-  const void* in;
-  void* out;
-  float* scale;  // per-row scales, or the shard's scale/amax slot
-  int64_t row0;  // first row handled (shards)
-  int64_t cols;
-  bool vec;  // input and output rows are 16-byte aligned and cols % 16 == 0
-};
-
-template <int kMode>
-__device__ __forceinline__ uint8_t quant_byte(float x, float s) {
-  if constexpr (kMode == kInt8Channel) {
-    return static_cast<uint8_t>(ops::quant_int8(x, s));
-  } else {
-    return ops::quant_fp8(x, s);
-  }
+// f32 -> f16 by the hardware conversion (IEEE, nearest even, subnormals kept: ferry builds without
+// fast math), except NaN: the storage's quiet NaN with its sign, as f32_to_f16 gives.
+__device__ __forceinline__ uint16_t to_f16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7E00u);
+  return __half_as_ushort(__float2half_rn(x));
 }
 
-// One block per row.
-template <DType D, int kMode>
-__global__ void __launch_bounds__(kThreads) row_kernel(RowParams p) {
-  const int64_t r = p.row0 + blockIdx.x;
-  const int64_t base = r * p.cols;
-  const int64_t segs = (p.cols + kVec - 1) / kVec;
-  float cache[kCacheSegs][kVec];
-  float m = 0.0f;
-  if constexpr (kMode != kFp8Given) {
-    int slot = 0;
-    for (int64_t s = threadIdx.x; s < segs; s += blockDim.x, ++slot) {
-      const int64_t c = s * kVec;
-      const int n = static_cast<int>(imin(kVec, p.cols - c));
-      float v[kVec];
-      load16<D>(p.in, base + c, p.vec, n, v);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) m = fmaxf(m, ops::finite_abs(v[j]));
-      if (slot < kCacheSegs) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) cache[slot][j] = v[j];
-      }
-    }
-    m = block_max(m);
-  }
-  if constexpr (kMode == kAmaxOnly) {
-    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(p.scale), __float_as_uint(m));
-    return;
-  } else {
-    float scale;
-    if constexpr (kMode == kFp8Given) {
-      scale = *p.scale;
-    } else {
-      scale = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m);
-      if (threadIdx.x == 0) p.scale[r] = scale;
-    }
-    uint8_t* out = static_cast<uint8_t*>(p.out) + base;
-    int slot = 0;
-    for (int64_t s = threadIdx.x; s < segs; s += blockDim.x, ++slot) {
-      const int64_t c = s * kVec;
-      const int n = static_cast<int>(imin(kVec, p.cols - c));
-      float v[kVec];
-      if (kMode != kFp8Given && slot < kCacheSegs) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v[j] = cache[slot][j];
-      } else {
-        load16<D>(p.in, base + c, p.vec, n, v);
-      }
-      uint8_t b[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) b[j] = quant_byte<kMode>(v[j], scale);
-      store16_bytes(out + c, p.vec, n, b);
-    }
-  }
-}
-
-__global__ void finalize_fp8_scale(float* scale, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = ops::fp8_scale(scale[i]);  // the slot holds amax until here
-}
-
-// One block per 128x128 tile; each thread keeps its 4 segments in registers.
+// fp8_block with 16-byte vectors: a block owns a 128x128 tile at a time (persistent, tiles in
+// order), each thread loads its kPer vectors of the tile before using any and keeps them raw.
 template <DType D>
-__global__ void __launch_bounds__(kThreads) block_kernel(const void* in, uint8_t* out, float* scale, int64_t rows,
-                                                         int64_t cols, bool vec) {
-  constexpr int kSegsPerRow = kFp8BlockSize / kVec;                         // 8
-  constexpr int kPerThread = kFp8BlockSize * kSegsPerRow / kThreads;        // 4
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kFp8BlockSize;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kFp8BlockSize;
-  float v[kPerThread][kVec];
-  int64_t at[kPerThread];
-  int cnt[kPerThread];
-  float m = 0.0f;
+__global__ void __launch_bounds__(kThreads) block_vec_kernel(const void* in, uint8_t* out, float* scale, int64_t mrows,
+                                                             int64_t cols, int64_t tiles) {
+  constexpr int E = kPerVec<D>;
+  constexpr int kRowVecs = kFp8BlockSize / E;                 // vectors per tile row
+  constexpr int kPer = kFp8BlockSize * kRowVecs / kThreads;   // vectors per thread: 8 (bf16), 16 (f32)
+  const int64_t bcols = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+  const int64_t bands = (mrows + kFp8BlockSize - 1) / kFp8BlockSize;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t band_all = tile / bcols, bc = tile % bcols;
+    const int64_t mat = band_all / bands;
+    const int64_t r0 = mat * mrows + (band_all % bands) * kFp8BlockSize;
+    const int64_t r_end = mat * mrows + mrows;
+    const int64_t c0 = bc * kFp8BlockSize;
+    uint4 raw[kPer];
+    int64_t at[kPer];  // element index of each vector, -1 when outside the tensor
 #pragma unroll
-  for (int t = 0; t < kPerThread; ++t) {
-    const int seg = threadIdx.x + t * kThreads;
-    const int64_t r = r0 + seg / kSegsPerRow, c = c0 + (seg % kSegsPerRow) * kVec;
-    const int n = (r < rows && c < cols) ? static_cast<int>(imin(kVec, cols - c)) : 0;
-    at[t] = r * cols + c;
-    cnt[t] = n;
-    load16<D>(in, at[t], vec && n == kVec, n, v[t]);
+    for (int j = 0; j < kPer; ++j) {
+      const int v = j * kThreads + static_cast<int>(threadIdx.x);
+      const int64_t r = r0 + v / kRowVecs, c = c0 + static_cast<int64_t>(v % kRowVecs) * E;
+      at[j] = r < r_end && c < cols ? r * cols + c : -1;  // cols % E == 0: a vector is all in or all out
+      raw[j] = at[j] >= 0 ? __ldcs(reinterpret_cast<const uint4*>(static_cast<const char*>(in) +
+                                                                  at[j] * (D == DType::kF32 ? 4 : 2)))
+                          : make_uint4(0, 0, 0, 0);
+    }
+    float m = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) m = fmaxf(m, ops::finite_abs(v[t][j]));
-  }
-  const float s = ops::fp8_scale(block_max(m));
-  if (threadIdx.x == 0) scale[blockIdx.y * gridDim.x + blockIdx.x] = s;
+    for (int j = 0; j < kPer; ++j) {
+      float f[E];
+      unpack<D>(raw[j], f);
 #pragma unroll
-  for (int t = 0; t < kPerThread; ++t) {
-    uint8_t b[kVec];
+      for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
+    }
+    const float s = ops::fp8_scale(block_max(m));
+    if (threadIdx.x == 0) scale[tile] = s;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) b[j] = ops::quant_fp8(v[t][j], s);
-    if (cnt[t] > 0) store16_bytes(out + at[t], vec && cnt[t] == kVec, cnt[t], b);
+    for (int j = 0; j < kPer; ++j) {
+      if (at[j] < 0) continue;
+      float f[E];
+      unpack<D>(raw[j], f);
+      uint8_t b[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) b[e] = ops::quant_fp8(f[e], s);
+      store_codes<E>(out + at[j], b);
+    }
   }
 }
 
 // Eight lanes per 128-column group, 16 columns each; the group's amax is reduced over the 8 lanes.
+// Grid-stride over the lanes' slices (the bound is uniform per warp: the shuffles need all lanes).
 template <DType D>
 __global__ void __launch_bounds__(kThreads) int4_kernel(const void* in, uint8_t* out, uint16_t* scale,
-                                                        int64_t total_groups, int64_t cols, bool vec_in,
-                                                        bool vec_out) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t g = t / 8;
-  const int lane8 = static_cast<int>(t % 8);
-  const bool active = g < total_groups;
-  const int64_t groups_per_row = cols / kInt4GroupSize;
-  const int64_t r = g / groups_per_row, gc = g % groups_per_row;
-  const int64_t i = r * cols + gc * kInt4GroupSize + lane8 * kVec;
-  float v[kVec];
-  load16<D>(in, active ? i : 0, vec_in && active, active ? kVec : 0, v);
-  float m = 0.0f;
+                                                        int64_t total_groups, bool vec_in, bool vec_out) {
+  const int64_t slices = total_groups * 8;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * blockDim.x; t0 < slices;
+       t0 += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = t0 + threadIdx.x;
+    const int64_t g = t / 8;
+    const int lane8 = static_cast<int>(t % 8);
+    const bool active = g < total_groups;
+    // Groups tile the rows exactly (cols % 128 == 0): slice t starts at element 16 t.
+    const int64_t i = t * kVec;
+    float v[kVec];
+    load16<D>(in, active ? i : 0, vec_in && active, active ? kVec : 0, v);
+    float m = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) m = fmaxf(m, ops::finite_abs(v[j]));
+    for (int j = 0; j < kVec; ++j) m = fmaxf(m, ops::finite_abs(v[j]));
 #pragma unroll
-  for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (!active) return;
-  const uint16_t s16 = ops::int4_scale_f16(m);
-  if (lane8 == 0) scale[g] = s16;
-  const float s = f16_to_f32(s16);
-  uint32_t lo = 0, hi = 0;
+    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (!active) continue;
+    const uint16_t s16 = ops::int4_scale_f16(m);
+    if (lane8 == 0) scale[g] = s16;
+    const float s = f16_to_f32(s16);
+    uint32_t lo = 0, hi = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) lo |= static_cast<uint32_t>(ops::quant_int4(v[j], s)) << (4 * j);
+    for (int j = 0; j < 8; ++j) lo |= static_cast<uint32_t>(ops::quant_int4(v[j], s)) << (4 * j);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) hi |= static_cast<uint32_t>(ops::quant_int4(v[8 + j], s)) << (4 * j);
-  uint8_t* o = out + i / 2;
-  if (vec_out) {
-    *reinterpret_cast<uint2*>(o) = make_uint2(lo, hi);
-  } else {
-    for (int j = 0; j < 4; ++j) o[j] = static_cast<uint8_t>(lo >> (8 * j));
-    for (int j = 0; j < 4; ++j) o[4 + j] = static_cast<uint8_t>(hi >> (8 * j));
+    for (int j = 0; j < 8; ++j) hi |= static_cast<uint32_t>(ops::quant_int4(v[8 + j], s)) << (4 * j);
+    uint8_t* o = out + i / 2;
+    if (vec_out) {
+      __stcs(reinterpret_cast<uint2*>(o), make_uint2(lo, hi));
+    } else {
+      for (int j = 0; j < 4; ++j) o[j] = static_cast<uint8_t>(lo >> (8 * j));
+      for (int j = 0; j < 4; ++j) o[4 + j] = static_cast<uint8_t>(hi >> (8 * j));
+    }
   }
 }
 
@@ -183,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) none_kernel(const void* in, void* ou
   } else {
     uint16_t h[kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) h[j] = O == DType::kBF16 ? ops::to_bf16(v[j]) : f32_to_f16(v[j]);
+    for (int j = 0; j < kVec; ++j) h[j] = O == DType::kBF16 ? ops::to_bf16(v[j]) : to_f16(v[j]);
     uint16_t* o = static_cast<uint16_t*>(out) + i;
     if (full) {
 #pragma unroll
@@ -225,54 +195,46 @@ Status launch_none(const QuantArgs& a, cudaStream_t st) {
 }
 
 template <DType D>
-Status launch(const QuantArgs& a, cudaStream_t st) {
-  const bool vec = a.cols % kVec == 0 && aligned16(a.in) && aligned16(a.out);
-  float* scale = static_cast<float*>(a.scale);
-  uint8_t* out = static_cast<uint8_t*>(a.out);
-  // Grids are limited to 2^31 - 1 blocks in x: far beyond any weight's rows.
-  switch (a.scheme) {
-    case Scheme::kNone: return launch_none<D>(a, st);
-    case Scheme::kFp8PerChannel:
-      if (a.rows > 0) row_kernel<D, kFp8Channel><<<blocks_for(a.rows, 1), kThreads, 0, st>>>({a.in, out, scale, 0, a.cols, vec});
-      break;
-    case Scheme::kInt8PerChannel:
-      if (a.rows > 0) row_kernel<D, kInt8Channel><<<blocks_for(a.rows, 1), kThreads, 0, st>>>({a.in, out, scale, 0, a.cols, vec});
-      break;
-    case Scheme::kFp8PerTensor: {
-      const size_t shards = a.shard_begin.size() - 1;
-      FERRY_CUDA_CHECK(cudaMemsetAsync(scale, 0, shards * sizeof(float), st));
-      for (size_t s = 0; s < shards; ++s) {
-        const int64_t r0 = a.shard_begin[s], n = a.shard_begin[s + 1] - r0;
-        if (n > 0) row_kernel<D, kAmaxOnly><<<blocks_for(n, 1), kThreads, 0, st>>>({a.in, out, scale + s, r0, a.cols, vec});
-      }
-      FERRY_CUDA_LAUNCH_CHECK();
-      finalize_fp8_scale<<<1, static_cast<unsigned>(kMaxShards), 0, st>>>(scale, static_cast<int>(shards));
-      FERRY_CUDA_LAUNCH_CHECK();
-      for (size_t s = 0; s < shards; ++s) {
-        const int64_t r0 = a.shard_begin[s], n = a.shard_begin[s + 1] - r0;
-        if (n > 0) row_kernel<D, kFp8Given><<<blocks_for(n, 1), kThreads, 0, st>>>({a.in, out, scale + s, r0, a.cols, vec});
-      }
-      break;
-    }
-    case Scheme::kFp8Block: {
-      const dim3 grid(blocks_for(a.cols, kFp8BlockSize), blocks_for(a.rows, kFp8BlockSize));
-      if (grid.x > 0 && grid.y > 0) block_kernel<D><<<grid, kThreads, 0, st>>>(a.in, out, scale, a.rows, a.cols, vec);
-      break;
-    }
-    case Scheme::kInt4Group: {
-      const int64_t groups = a.rows * (a.cols / kInt4GroupSize);
-      const bool vec_in = aligned16(a.in);
-      const bool vec_out = aligned8(a.out);
-      if (groups > 0) {
-        int4_kernel<D><<<blocks_for(groups * 8, kThreads), kThreads, 0, st>>>(
-            a.in, out, static_cast<uint16_t*>(a.scale), groups, a.cols, vec_in, vec_out);
-      }
-      break;
-    }
-    case Scheme::kGptqInt4: return Status::invalid_argument("quantize: gptq_int4 is a quantized reload");
-  }
+Status launch_block(const QuantArgs& a, cudaStream_t st) {
+  constexpr int E = kPerVec<D>;
+  const bool vec = aligned16(a.in) && (a.cols * (D == DType::kF32 ? 4 : 2)) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.out) % E == 0;
+  if (!vec) return generic_block(a, st);
+  const int64_t batch = a.matrix_rows > 0 ? a.rows / a.matrix_rows : 0;
+  const int64_t tiles = batch * ((a.matrix_rows + kFp8BlockSize - 1) / kFp8BlockSize) *
+                        ((a.cols + kFp8BlockSize - 1) / kFp8BlockSize);
+  if (tiles == 0) return ok_status();
+  const auto kernel = block_vec_kernel<D>;
+  kernel<<<persistent_blocks(reinterpret_cast<const void*>(kernel), tiles), kThreads, 0, st>>>(
+      a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), a.matrix_rows, a.cols, tiles);
   FERRY_CUDA_LAUNCH_CHECK();
   return ok_status();
+}
+
+template <DType D>
+Status launch_int4(const QuantArgs& a, cudaStream_t st) {
+  const int64_t groups = a.rows * (a.cols / kInt4GroupSize);
+  if (groups == 0) return ok_status();
+  const auto kernel = int4_kernel<D>;
+  const unsigned blocks = persistent_blocks(reinterpret_cast<const void*>(kernel), blocks_for(groups * 8, kThreads));
+  kernel<<<blocks, kThreads, 0, st>>>(a.in, static_cast<uint8_t*>(a.out), static_cast<uint16_t*>(a.scale), groups,
+                                      aligned16(a.in), aligned8(a.out));
+  FERRY_CUDA_LAUNCH_CHECK();
+  return ok_status();
+}
+
+template <DType D>
+Status launch(const QuantArgs& a, cudaStream_t st) {
+  switch (a.scheme) {
+    case Scheme::kNone: return launch_none<D>(a, st);
+    case Scheme::kFp8PerChannel: return quantize_per_channel(a, false, st);
+    case Scheme::kInt8PerChannel: return quantize_per_channel(a, true, st);
+    case Scheme::kFp8PerTensor: return quantize_per_tensor(a, st);
+    case Scheme::kFp8Block: return launch_block<D>(a, st);
+    case Scheme::kInt4Group: return launch_int4<D>(a, st);
+    case Scheme::kGptqInt4: break;
+  }
+  return Status::invalid_argument("quantize: gptq_int4 is a quantized reload");
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ TEST(GptqTest, LayoutsNameEveryTensor) {
   EXPECT_EQ((*st)[2].suffix, "perm");
   EXPECT_TRUE((*st)[2].runtime);
   EXPECT_EQ((*st)[3].suffix, "workspace");
-  EXPECT_EQ((*st)[3].shape, (Shape{5}));
+  EXPECT_EQ((*st)[3].shape, (Shape{6}));  // 5 tile counters, then the GEMM's error flag
   EXPECT_TRUE((*st)[3].runtime);
   EXPECT_FALSE(storage_layout(Scheme::kGptqInt4, {300, 500}, {}).ok());
 }

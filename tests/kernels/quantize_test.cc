@@ -39,12 +39,16 @@ std::vector<Case> all_cases() {
 }
 
 std::vector<Shape> shapes_for(Scheme s) {
-  if (s == Scheme::kInt4Group) return {{1, 128}, {3, 256}, {10, 384}, {131, 128}, {4, 2, 128}, {0, 128}};
-  return {{1, 1}, {3, 5}, {10, 130}, {128, 128}, {130, 257}, {257, 200}, {4, 3, 43}, {0, 16}};
+  // Rank 3: stacked matrices (fused experts) for the per-channel, per-group and block schemes;
+  // [3, 130, 200] has partial 128-row bands inside every matrix.
+  if (s == Scheme::kInt4Group) return {{1, 128}, {3, 256}, {10, 384}, {131, 128}, {4, 2, 128}, {3, 5, 256}, {0, 128}};
+  return {{1, 1}, {3, 5}, {10, 130}, {128, 128}, {130, 257}, {257, 200}, {4, 3, 43}, {3, 130, 200}, {2, 2, 3, 5},
+          {0, 16}};
 }
 
 std::vector<int64_t> shards_for(Scheme s, int64_t rows) {
   if (s != Scheme::kFp8PerTensor || rows < 3) return {};
+  // (fp8_per_tensor views every shape as dim 0 x the rest, so shards split dim 0.)
   return {rows / 2, rows / 3, rows - rows / 2 - rows / 3};  // q, k, v of different sizes
 }
 
@@ -86,10 +90,15 @@ TEST_P(QuantizeTest, CpuMatchesReference) {
         EXPECT_TRUE(same_bytes(out.tensors[i].dtype, out.tensors[i].bytes, want[i])) << "output " << (*layout)[i].suffix;
       }
       // Dequantize back, against the reference dequantization of the same stored bytes.
-      HostTensor deq = empty_like(DType::kF32, {in.rows(), in.cols()});
+      HostTensor deq = empty_like(DType::kF32, shape);
       st = dequantize(c.scheme, out.views, shards, deq.view());
       ASSERT_TRUE(st.ok()) << st.to_string();
-      const auto want_deq = ref_dequantize(c.scheme, out.bytes(), c.none_dtype, in.rows(), in.cols(), shards);
+      const auto want_deq = ref_dequantize(c.scheme, out.bytes(), c.none_dtype, shape, shards);
+      // The 2-D view (dim 0 x the rest) of the output names the same weight.
+      HostTensor deq2 = empty_like(DType::kF32, {in.rows(), in.cols()});
+      st = dequantize(c.scheme, out.views, shards, deq2.view());
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      EXPECT_EQ(deq2.bytes, deq.bytes);
       std::vector<uint8_t> want_bytes(want_deq.size() * 4);
       if (!want_deq.empty()) std::memcpy(want_bytes.data(), want_deq.data(), want_bytes.size());
       EXPECT_TRUE(same_bytes(DType::kF32, deq.bytes, want_bytes)) << "dequantize";
@@ -149,6 +158,51 @@ TEST_P(QuantizeTest, CudaMatchesCpu) {
       st = dequantize(c.scheme, dviews, shards, ddeq.view);
       ASSERT_TRUE(st.ok()) << st.to_string();
       EXPECT_TRUE(same_bytes(DType::kF32, to_host(ddeq.view), deq.bytes)) << "dequantize";
+    }
+  }
+}
+
+// Fused expert weights [E, rows, cols]: one set of scales per matrix, E in front.
+TEST(StackedLayout, ScalesCarryTheExpertDim) {
+  auto shape_of = [](Scheme s, const Shape& shape, size_t i) {
+    auto l = storage_layout(s, shape, {});
+    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    return l.ok() ? (*l)[i].shape : Shape{};
+  };
+  EXPECT_EQ(shape_of(Scheme::kFp8PerChannel, {8, 3, 256}, 1), (Shape{8, 3}));
+  EXPECT_EQ(shape_of(Scheme::kInt8PerChannel, {8, 3, 256}, 1), (Shape{8, 3}));
+  EXPECT_EQ(shape_of(Scheme::kInt4Group, {8, 3, 256}, 0), (Shape{8, 3, 256}));
+  EXPECT_EQ(shape_of(Scheme::kInt4Group, {8, 3, 256}, 1), (Shape{8, 3, 2}));
+  EXPECT_EQ(shape_of(Scheme::kFp8Block, {8, 130, 200}, 1), (Shape{8, 2, 2}));
+  EXPECT_EQ(shape_of(Scheme::kFp8Block, {8, 130, 2, 100}, 1), (Shape{8, 2, 2}));
+  EXPECT_EQ(shape_of(Scheme::kFp8PerTensor, {8, 3, 256}, 1), (Shape{1}));
+  EXPECT_EQ(shape_of(Scheme::kFp8PerChannel, {8, 256}, 1), (Shape{8}));
+  // int4 groups run along the last dims of one matrix.
+  EXPECT_FALSE(storage_layout(Scheme::kInt4Group, {2, 128, 64}, {}).ok());
+}
+
+// A stacked weight gives, matrix by matrix, the bytes of quantizing each matrix alone.
+TEST(StackedLayout, EachMatrixAsAlone) {
+  for (Scheme s : {Scheme::kFp8PerChannel, Scheme::kInt8PerChannel, Scheme::kInt4Group, Scheme::kFp8Block}) {
+    SCOPED_TRACE(std::string(scheme_name(s)));
+    const Shape shape{3, 131, 256};
+    HostTensor in = make_input(DType::kBF16, shape, 7);
+    auto layout = storage_layout(s, shape, {});
+    ASSERT_TRUE(layout.ok());
+    Outputs all = make_outputs(*layout);
+    ASSERT_TRUE(quantize(s, in.view(), {}, all.views, Exec{nullptr, 2}).ok());
+    for (int64_t e = 0; e < shape[0]; ++e) {
+      HostTensor m = matrix_of(in, e);
+      auto ml = storage_layout(s, m.shape, {});
+      ASSERT_TRUE(ml.ok());
+      Outputs one = make_outputs(*ml);
+      ASSERT_TRUE(quantize(s, m.view(), {}, one.views).ok());
+      for (size_t t = 0; t < one.tensors.size(); ++t) {
+        const size_t n = one.tensors[t].bytes.size();
+        const std::vector<uint8_t> part(all.tensors[t].bytes.begin() + static_cast<std::ptrdiff_t>(e * n),
+                                        all.tensors[t].bytes.begin() + static_cast<std::ptrdiff_t>((e + 1) * n));
+        EXPECT_EQ(part, one.tensors[t].bytes) << "matrix " << e << " tensor " << (*ml)[t].suffix;
+      }
     }
   }
 }

@@ -15,8 +15,9 @@ void put(std::vector<uint8_t>& out, size_t i, T v) {
   std::memcpy(&out[i * sizeof(T)], &v, sizeof(T));
 }
 
-// `in` must carry exact values; `none_dtype` is the storage dtype of scheme none.
-inline std::vector<std::vector<uint8_t>> ref_quantize(Scheme scheme, const HostTensor& in,
+// `in` must carry exact values; `none_dtype` is the storage dtype of scheme none. One matrix: dim 0
+// rows, the rest columns.
+inline std::vector<std::vector<uint8_t>> ref_quantize_matrix(Scheme scheme, const HostTensor& in,
                                                       const std::vector<int64_t>& shard_rows, DType none_dtype) {
   const int64_t rows = in.rows(), cols = in.cols();
   const float* x = in.values.data();
@@ -114,7 +115,7 @@ inline std::vector<std::vector<uint8_t>> ref_quantize(Scheme scheme, const HostT
 }
 
 // Reference dequantization of the bytes `st` (in storage_layout order) to f32 values.
-inline std::vector<float> ref_dequantize(Scheme scheme, const std::vector<std::vector<uint8_t>>& st, DType none_dtype,
+inline std::vector<float> ref_dequantize_matrix(Scheme scheme, const std::vector<std::vector<uint8_t>>& st, DType none_dtype,
                                          int64_t rows, int64_t cols, const std::vector<int64_t>& shard_rows) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   auto f32_at = [&](size_t t, int64_t i) {
@@ -170,6 +171,63 @@ inline std::vector<float> ref_dequantize(Scheme scheme, const std::vector<std::v
       }
       out[static_cast<size_t>(i)] = v;
     }
+  }
+  return out;
+}
+
+// Schemes that quantize a rank >= 3 weight [E, rows, cols...] as E separate matrices.
+inline bool stacks(Scheme s, const Shape& shape) {
+  return shape.size() >= 3 && (s == Scheme::kFp8PerChannel || s == Scheme::kInt8PerChannel || s == Scheme::kInt4Group ||
+                               s == Scheme::kFp8Block);
+}
+
+// Matrix e of a stacked input, as a 2-D host tensor.
+inline HostTensor matrix_of(const HostTensor& in, int64_t e) {
+  HostTensor m;
+  m.dtype = in.dtype;
+  int64_t cols = 1;
+  for (size_t i = 2; i < in.shape.size(); ++i) cols *= in.shape[i];
+  m.shape = {in.shape[1], cols};
+  const size_t n = static_cast<size_t>(in.shape[1] * cols), es = dtype_bytes(in.dtype, 1);
+  m.bytes.assign(in.bytes.begin() + static_cast<std::ptrdiff_t>(e * n * es),
+                 in.bytes.begin() + static_cast<std::ptrdiff_t>((e + 1) * n * es));
+  m.values.assign(in.values.begin() + static_cast<std::ptrdiff_t>(e * n),
+                  in.values.begin() + static_cast<std::ptrdiff_t>((e + 1) * n));
+  return m;
+}
+
+// Every storage tensor of the scheme for `in`: stacked weights are the matrices' outputs, each
+// tensor concatenated over the matrices in order.
+inline std::vector<std::vector<uint8_t>> ref_quantize(Scheme scheme, const HostTensor& in,
+                                                      const std::vector<int64_t>& shard_rows, DType none_dtype) {
+  if (!stacks(scheme, in.shape)) return ref_quantize_matrix(scheme, in, shard_rows, none_dtype);
+  std::vector<std::vector<uint8_t>> out;
+  for (int64_t e = 0; e < in.shape[0]; ++e) {
+    auto part = ref_quantize_matrix(scheme, matrix_of(in, e), shard_rows, none_dtype);
+    out.resize(part.size());
+    for (size_t t = 0; t < part.size(); ++t) out[t].insert(out[t].end(), part[t].begin(), part[t].end());
+  }
+  return out;
+}
+
+// Reference dequantization of a weight of logical `shape`, matrix by matrix when it stacks.
+inline std::vector<float> ref_dequantize(Scheme scheme, const std::vector<std::vector<uint8_t>>& st, DType none_dtype,
+                                         const Shape& shape, const std::vector<int64_t>& shard_rows) {
+  int64_t rows = shape.empty() ? 1 : shape[0], cols = 1;
+  for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+  if (!stacks(scheme, shape)) return ref_dequantize_matrix(scheme, st, none_dtype, rows, cols, shard_rows);
+  const int64_t batch = shape[0];
+  rows = shape[1];
+  cols /= rows > 0 ? rows : 1;
+  std::vector<float> out;
+  for (int64_t e = 0; e < batch; ++e) {
+    std::vector<std::vector<uint8_t>> part;
+    for (const auto& t : st) {
+      const size_t n = t.size() / static_cast<size_t>(batch);
+      part.emplace_back(t.begin() + static_cast<std::ptrdiff_t>(e * n), t.begin() + static_cast<std::ptrdiff_t>((e + 1) * n));
+    }
+    auto v = ref_dequantize_matrix(scheme, part, none_dtype, rows, cols, shard_rows);
+    out.insert(out.end(), v.begin(), v.end());
   }
   return out;
 }

@@ -5,8 +5,10 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -57,8 +59,9 @@ Status Inbox::on_bucket(const uint8_t* data, size_t size) {
 #if defined(FERRY_HAVE_CUDA)
   if (device_memory_ && size > 0) {
     host.resize(size);
-    if (cudaMemcpy(host.data(), data, size, cudaMemcpyDeviceToHost) != cudaSuccess) {
-      return Status::internal("inbox: copy of a device bucket failed");
+    const cudaError_t e = cudaMemcpy(host.data(), data, size, cudaMemcpyDefault);
+    if (e != cudaSuccess) {
+      return Status::internal(std::string("inbox: copy of a device bucket failed: ") + cudaGetErrorString(e));
     }
     bytes = host.data();
   }
@@ -108,10 +111,10 @@ std::vector<Status> Inbox::closed() {
   return closed_;
 }
 
-Result<Source> Source::create(Transport& t, size_t bytes) {
+Result<Source> Source::create(Transport& t, size_t bytes, int device) {
   Source s;
   s.device_ = t.capabilities().device_memory && !t.capabilities().host_memory;
-  const Device dev = s.device_ ? Device::cuda(0) : Device::cpu();
+  const Device dev = s.device_ ? Device::cuda(device) : Device::cpu();
   FERRY_ASSIGN_OR_RETURN(s.buffer_, Buffer::allocate(std::max<size_t>(bytes, 64), dev));
   FERRY_ASSIGN_OR_RETURN(s.region_, t.register_memory(s.buffer_.data(), s.buffer_.size(), dev));
   return s;
@@ -128,10 +131,51 @@ uint64_t Source::write(size_t offset, size_t size, uint64_t sender, uint64_t seq
   const uint64_t h = hash_bytes(dst, size);
 #if defined(FERRY_HAVE_CUDA)
   if (device_ && size > 0) {
-    cudaMemcpy(buffer_.data_as<uint8_t>() + offset, host.data(), size, cudaMemcpyHostToDevice);
+    const cudaError_t e = cudaMemcpy(buffer_.data_as<uint8_t>() + offset, host.data(), size, cudaMemcpyDefault);
+    if (e != cudaSuccess) ADD_FAILURE() << "source: copy to the device failed: " << cudaGetErrorString(e);
   }
 #endif
   return h;
+}
+
+std::vector<std::pair<size_t, size_t>> stream_schedule() {
+  // Empty, tiny and unaligned buckets, one larger than the 64 MiB default bucket (a cuda_ipc slot:
+  // it travels as fragments), then many small ones back to back.
+  std::vector<std::pair<size_t, size_t>> s;
+  const size_t sizes[] = {0, 1, 3, 4097, (1 << 20) + 13, (size_t{64} << 20) + 5, 7};
+  size_t off = 1;
+  for (size_t n : sizes) {
+    s.emplace_back(off, n);
+    off += n + 3;
+  }
+  for (size_t i = 0; i < 64; ++i) {
+    s.emplace_back(off, (256 << 10) + i);
+    off += (256 << 10) + 64;
+  }
+  return s;
+}
+
+int cuda_device_count() {
+#if defined(FERRY_HAVE_CUDA)
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+#else
+  return 0;
+#endif
+}
+
+bool use_device(int device) {
+#if defined(FERRY_HAVE_CUDA)
+  const cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    ADD_FAILURE() << "cudaSetDevice(" << device << "): " << cudaGetErrorString(e);
+    return false;
+  }
+#else
+  (void)device;
+#endif
+  return true;
 }
 
 uint64_t available_memory_bytes() {
@@ -151,7 +195,7 @@ Child::~Child() {
 }
 
 Result<std::unique_ptr<Child>> Child::spawn(const std::string& role, const std::string& transport,
-                                            const std::string& blob) {
+                                            const std::string& blob, int device) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::internal(std::string("pipe: ") + std::strerror(errno));
   // Everything the child needs is built before fork: after it, the child only dups and execs.
@@ -164,6 +208,7 @@ Result<std::unique_ptr<Child>> Child::spawn(const std::string& role, const std::
   env_strings.push_back("FERRY_CONFORMANCE_TRANSPORT=" + transport);
   env_strings.push_back("FERRY_CONFORMANCE_BLOB=" + blob);
   env_strings.push_back("FERRY_CONFORMANCE_FD=" + std::to_string(kChildFd));
+  env_strings.push_back("FERRY_CONFORMANCE_DEVICE=" + std::to_string(device));
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -242,11 +287,34 @@ Status run_receiver(Transport& t, int fd) {
   return ok_status();
 }
 
-Status run_sender(Transport& t, const std::string& blob, int fd) {
+// Posts stream_schedule() with up to four buckets in flight, then closes cleanly.
+Status run_stream_sender(Transport& t, const std::string& blob, int device, int fd) {
+  FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(30s)));
+  const auto schedule = stream_schedule();
+  size_t end = 0;
+  for (const auto& [off, size] : schedule) end = std::max(end, off + size);
+  FERRY_ASSIGN_OR_RETURN(Source src, Source::create(t, end, device));
+  std::deque<std::unique_ptr<TransferHandle>> pending;
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    if (pending.size() == 4) {
+      FERRY_RETURN_IF_ERROR(pending.front()->wait(in(60s)).with_context("bucket " + std::to_string(i - 4)));
+      pending.pop_front();
+    }
+    src.write(schedule[i].first, schedule[i].second, kStreamSender, i);
+    FERRY_ASSIGN_OR_RETURN(auto h, conn->post(src.region(), schedule[i].first, schedule[i].second));
+    pending.push_back(std::move(h));
+  }
+  for (auto& h : pending) FERRY_RETURN_IF_ERROR(h->wait(in(60s)));
+  conn.reset();
+  report(fd, "done");
+  return ok_status();
+}
+
+Status run_sender(Transport& t, const std::string& blob, int device, int fd) {
   FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(10s)));
   constexpr size_t kBucket = 8 << 20;
   constexpr size_t kSlots = 4;
-  FERRY_ASSIGN_OR_RETURN(Source src, Source::create(t, kBucket * kSlots));
+  FERRY_ASSIGN_OR_RETURN(Source src, Source::create(t, kBucket * kSlots, device));
   std::deque<std::unique_ptr<TransferHandle>> pending;
   const Deadline end = in(60s);
   for (uint64_t seq = 0; Clock::now() < end; ++seq) {
@@ -272,9 +340,17 @@ Status run_child_role() {
   const char* fd_text = std::getenv("FERRY_CONFORMANCE_FD");
   if (!role || !name || !blob || !fd_text) return Status::invalid_argument("child role environment is incomplete");
   const int fd = std::atoi(fd_text);
+  const char* device_text = std::getenv("FERRY_CONFORMANCE_DEVICE");
+  const int device = device_text ? std::atoi(device_text) : 0;
+#if defined(FERRY_HAVE_CUDA)
+  if (cuda_device_available() && cudaSetDevice(device) != cudaSuccess) {
+    return Status::unavailable("child: cannot use CUDA device " + std::to_string(device));
+  }
+#endif
   FERRY_ASSIGN_OR_RETURN(auto t, create_transport(name));
   if (std::string(role) == "receiver") return run_receiver(*t, fd);
-  if (std::string(role) == "sender") return run_sender(*t, blob, fd);
+  if (std::string(role) == "sender") return run_sender(*t, blob, device, fd);
+  if (std::string(role) == "stream_sender") return run_stream_sender(*t, blob, device, fd);
   return Status::invalid_argument(std::string("unknown child role ") + role);
 }
 

@@ -64,7 +64,8 @@ class Inbox {
 // Bytes a sender posts from: host memory, or device memory for device transports.
 class Source {
  public:
-  static Result<Source> create(Transport& t, size_t bytes);
+  // On `device` for device transports (the sending transport's device); host memory otherwise.
+  static Result<Source> create(Transport& t, size_t bytes, int device = 0);
   // Writes a payload at `offset` and returns its hash.
   uint64_t write(size_t offset, size_t size, uint64_t sender, uint64_t seq);
   const MemoryRegion& region() const { return *region_; }
@@ -84,8 +85,9 @@ uint64_t available_memory_bytes();
 class Child {
  public:
   ~Child();
+  // `device`: the CUDA device the child makes current before it creates its transport.
   static Result<std::unique_ptr<Child>> spawn(const std::string& role, const std::string& transport,
-                                              const std::string& blob);
+                                              const std::string& blob, int device = 0);
   // Reads one '\n'-terminated line the child reports, or nothing at the deadline or end of file.
   std::optional<std::string> read_line(Deadline deadline);
   void kill_now();
@@ -96,6 +98,16 @@ class Child {
   int fd_ = -1;
   std::string pending_;
 };
+
+// The schedule the "stream_sender" child posts, as (offset, size) into its source; the parent
+// regenerates payload (sender kStreamSender, seq i) to check each bucket.
+constexpr uint64_t kStreamSender = 11;
+std::vector<std::pair<size_t, size_t>> stream_schedule();
+
+// CUDA devices visible here (0 without CUDA).
+int cuda_device_count();
+// Makes `device` current on this thread; false (with a test failure saying why) when it cannot.
+bool use_device(int device);
 
 // Entry for the child side: the role named by FERRY_CONFORMANCE_ROLE; reports on the fd named by
 // FERRY_CONFORMANCE_FD. Returns when there is nothing left to do (normally it is killed first).

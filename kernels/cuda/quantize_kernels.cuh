@@ -1,0 +1,24 @@
+// The CUDA quantize kernels' launchers, split over quantize.cu (dispatch, fp8_block, int4_group,
+// none), quantize_rows.cu (per-channel and per-tensor, vectorized) and quantize_generic.cu (any
+// alignment and row length, used when the vectorized kernels cannot be).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/status.h"
+#include "kernels/internal.h"
+
+namespace ferry::kernels::detail::cuda {
+
+// Row modes of the row kernels.
+enum RowMode : int { kFp8Channel, kInt8Channel, kAmaxOnly, kFp8Given };
+
+Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st);
+Status quantize_per_tensor(const QuantArgs& a, cudaStream_t st);
+
+// One block per row (per 128x128 tile), any alignment, rows of any length.
+Status generic_rows(const QuantArgs& a, cudaStream_t st);  // fp8_per_channel, int8_per_channel
+Status generic_per_tensor(const QuantArgs& a, cudaStream_t st);
+Status generic_block(const QuantArgs& a, cudaStream_t st);
+
+}  // namespace ferry::kernels::detail::cuda

@@ -1,0 +1,172 @@
+// Models and specs: what the trainer sends (manifest) and what a rollout rank holds (RankSpec),
+// from a Llama config, a Hugging Face config.json, a preset or a mapping file.
+#include <pybind11/operators.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+
+#include "kernels/quantize.h"
+#include "python/bindings.h"
+#include "sharding/layout.h"
+#include "sharding/llama.h"
+#include "sharding/model_config.h"
+#include "sharding/presets.h"
+
+namespace ferry::python {
+namespace {
+
+using sharding::LlamaConfig;
+using sharding::ModelConfig;
+using sharding::ModelDesc;
+using sharding::ParamSpec;
+using sharding::RankSpec;
+using sharding::SourceSlice;
+using sharding::SourceTensor;
+
+template <typename C, typename T>
+void dtype_property(py::class_<C>& cls, const char* name, T C::*member) {
+  cls.def_property(
+      name, [member](const C& c) { return std::string(dtype_name(c.*member)); },
+      [member](C& c, py::handle v) { c.*member = take(dtype_from_python(v)); });
+}
+
+// Keyword construction for plain structs: Config(hidden_size=64, ...).
+template <typename C>
+void kwargs_init(py::class_<C>& cls) {
+  cls.def(py::init([](py::kwargs kw) {
+    py::object self = py::cast(C{});
+    for (auto [k, v] : kw) {
+      if (!py::hasattr(self, k)) throw py::type_error(fmt::format("unknown field {}", std::string(py::str(k))));
+      self.attr(k) = v;
+    }
+    return self.cast<C>();
+  }));
+}
+
+std::string source_repr(const SourceTensor& t) {
+  return fmt::format("SourceTensor('{}', '{}', [{}])", t.name, dtype_name(t.dtype), fmt::join(t.shape, ", "));
+}
+
+}  // namespace
+
+sharding::Manifest manifest_from_python(py::handle obj) {
+  sharding::Manifest out;
+  for (py::handle item : obj) {
+    if (py::isinstance<SourceTensor>(item)) {
+      out.push_back(item.cast<SourceTensor>());
+      continue;
+    }
+    auto t = item.cast<py::sequence>();
+    if (t.size() != 3) throw py::value_error("a manifest entry is (name, dtype, shape)");
+    out.push_back({t[0].cast<std::string>(), take(dtype_from_python(t[1])), t[2].cast<Shape>()});
+  }
+  return out;
+}
+
+void init_model(py::module_& m) {
+  py::class_<SourceTensor> st(m, "SourceTensor", "One tensor of a manifest, in checkpoint format.");
+  st.def(py::init([](std::string name, py::handle dtype, Shape shape) {
+           return SourceTensor{std::move(name), take(dtype_from_python(dtype)), std::move(shape)};
+         }),
+         py::arg("name"), py::arg("dtype"), py::arg("shape"))
+      .def_readwrite("name", &SourceTensor::name)
+      .def_readwrite("shape", &SourceTensor::shape)
+      .def(py::self == py::self)
+      .def("__repr__", &source_repr);
+  dtype_property(st, "dtype", &SourceTensor::dtype);
+
+  py::class_<Region>(m, "Region")
+      .def_readwrite("offset", &Region::offset)
+      .def_readwrite("size", &Region::size)
+      .def("__repr__", &Region::to_string);
+
+  py::class_<SourceSlice>(m, "SourceSlice", "A region of a source tensor landing at dst_offset in a parameter.")
+      .def_readwrite("source", &SourceSlice::source)
+      .def_readwrite("src", &SourceSlice::src)
+      .def_readwrite("dst_offset", &SourceSlice::dst_offset);
+
+  py::class_<ParamSpec> ps(m, "ParamSpec", "One full-precision parameter of a rank and its scheme.");
+  ps.def_readwrite("name", &ParamSpec::name)
+      .def_readwrite("layer", &ParamSpec::layer)
+      .def_readwrite("shape", &ParamSpec::shape)
+      .def_readwrite("scheme", &ParamSpec::scheme)
+      .def_readwrite("shard_rows", &ParamSpec::shard_rows)
+      .def_readwrite("slices", &ParamSpec::slices)
+      .def("__repr__", [](const ParamSpec& p) {
+        return fmt::format("ParamSpec('{}', [{}], {})", p.name, fmt::join(p.shape, ", "), p.scheme);
+      });
+  dtype_property(ps, "source_dtype", &ParamSpec::source_dtype);
+
+  py::class_<RankSpec>(m, "RankSpec", "One rank of one replica: its parameters and the sources it takes.")
+      .def_readwrite("replica", &RankSpec::replica)
+      .def_readwrite("tp_rank", &RankSpec::tp_rank)
+      .def_readwrite("tp_size", &RankSpec::tp_size)
+      .def_readwrite("ep_size", &RankSpec::ep_size)
+      .def_readwrite("expects", &RankSpec::expects)
+      .def_readwrite("params", &RankSpec::params)
+      .def("validate", [](const RankSpec& s, py::handle manifest) {
+        check(sharding::validate_rank_spec(s, manifest_from_python(manifest)));
+      })
+      .def("__repr__", [](const RankSpec& s) {
+        return fmt::format("RankSpec(replica={}, tp_rank={}/{}, {} params)", s.replica, s.tp_rank, s.tp_size,
+                           s.params.size());
+      });
+
+  py::class_<LlamaConfig> lc(m, "LlamaConfig", "A Llama-family model (Llama, Mistral, Qwen2, Qwen3).");
+  kwargs_init(lc);
+  lc.def_readwrite("hidden_size", &LlamaConfig::hidden_size)
+      .def_readwrite("num_heads", &LlamaConfig::num_heads)
+      .def_readwrite("num_kv_heads", &LlamaConfig::num_kv_heads)
+      .def_readwrite("head_dim", &LlamaConfig::head_dim)
+      .def_readwrite("intermediate_size", &LlamaConfig::intermediate_size)
+      .def_readwrite("vocab_size", &LlamaConfig::vocab_size)
+      .def_readwrite("num_layers", &LlamaConfig::num_layers)
+      .def_readwrite("tie_word_embeddings", &LlamaConfig::tie_word_embeddings)
+      .def_readwrite("qkv_bias", &LlamaConfig::qkv_bias)
+      .def_readwrite("qk_norm", &LlamaConfig::qk_norm)
+      .def_readwrite("vocab_pad_multiple", &LlamaConfig::vocab_pad_multiple)
+      .def("validate", [](const LlamaConfig& c, int tp_size) { check(c.validate(tp_size)); });
+  dtype_property(lc, "dtype", &LlamaConfig::dtype);
+
+  py::class_<ModelConfig>(m, "ModelConfig", "A Hugging Face config.json, parsed.")
+      .def_readonly("family", &ModelConfig::family)
+      .def_readonly("hidden_size", &ModelConfig::hidden_size)
+      .def_readonly("num_layers", &ModelConfig::num_layers)
+      .def_readonly("num_experts", &ModelConfig::num_experts)
+      .def_readonly("vocab_size", &ModelConfig::vocab_size);
+
+  py::class_<ModelDesc>(m, "ModelDesc", "A model as rules, from a preset, a config.json or a mapping file.")
+      .def_readonly("name", &ModelDesc::name)
+      .def("manifest", [](const ModelDesc& d) { return sharding::model_manifest(d); })
+      .def("rank_spec",
+           [](const ModelDesc& d, int tp_rank, int tp_size, const std::string& scheme, int ep_size, int replica) {
+             return take(sharding::model_rank_spec(d, tp_rank, tp_size, ep_size, scheme, replica));
+           },
+           py::arg("tp_rank"), py::arg("tp_size"), py::arg("scheme") = "none", py::arg("ep_size") = 1,
+           py::arg("replica") = 0);
+
+  m.def("llama_manifest", &sharding::llama_manifest, "Every tensor a trainer sends for this model.");
+  m.def(
+      "llama_rank_spec",
+      [](const LlamaConfig& c, int tp_rank, int tp_size, const std::string& scheme, int replica) {
+        RankSpec s = take(sharding::llama_rank_spec(c, tp_rank, tp_size, scheme));
+        s.replica = replica;
+        return s;
+      },
+      py::arg("config"), py::arg("tp_rank"), py::arg("tp_size"), py::arg("scheme") = "none", py::arg("replica") = 0);
+  m.def("parse_hf_config", [](const std::string& text) { return take(sharding::parse_hf_config(text)); });
+  m.def("load_hf_config", [](const std::string& path) { return take(sharding::load_hf_config(path)); });
+  m.def("to_llama_config", [](const ModelConfig& c) { return take(sharding::to_llama_config(c)); });
+  m.def("describe_model", [](const ModelConfig& c) { return take(sharding::describe_model(c)); });
+  m.def("preset_names", &sharding::preset_names);
+  m.def("preset_model", [](const std::string& name) { return take(sharding::preset_model(name)); });
+  m.def("model_from_json", [](const std::string& text) { return take(sharding::model_from_json(text)); });
+  m.def("model_from_file", [](const std::string& path) { return take(sharding::model_from_file(path)); });
+  m.def("schemes", [] {
+    std::vector<std::string> out;
+    for (auto s : kernels::kAllSchemes) out.emplace_back(kernels::scheme_name(s));
+    return out;
+  });
+}
+
+}  // namespace ferry::python

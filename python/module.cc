@@ -1,0 +1,11 @@
+// The ferry module: `import ferry` (the package in python/ferry re-exports this extension).
+#include "python/bindings.h"
+
+PYBIND11_MODULE(_ferry, m) {
+  m.doc() = "ferry: move fresh weights from an RL trainer into live rollout engines.";
+  ferry::python::init_errors(m);
+  ferry::python::init_tensor(m);
+  ferry::python::init_model(m);
+  ferry::python::init_storage(m);
+  ferry::python::init_update(m);
+}

@@ -1,0 +1,312 @@
+// Trainer and RolloutWorker from Python. Transfers and processing run with the GIL released; the
+// pause and resume hooks, which ferry calls on its own threads, take it.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <set>
+#include <type_traits>
+
+#include "coordinator/rollout_worker.h"
+#include "coordinator/trainer.h"
+#include "python/bindings.h"
+
+namespace ferry::python {
+namespace {
+
+using coordinator::PauseRequest;
+using coordinator::RolloutWorker;
+using coordinator::Trainer;
+using coordinator::UpdateReport;
+
+// Runs `f` without the GIL and raises its Status, if any, with the GIL back.
+template <typename F>
+auto nogil(F&& f) {
+  auto r = [&] {
+    py::gil_scoped_release release;
+    return f();
+  }();
+  if constexpr (std::is_same_v<decltype(r), Status>) {
+    check(r);
+  } else {
+    return take(std::move(r));
+  }
+}
+
+struct PyTrainer {
+  std::unique_ptr<Trainer> trainer;
+  // Tensors of the update in flight: in-place transports read them until finish returns.
+  std::vector<Imported> held;
+
+  ~PyTrainer() { close(); }
+  Trainer& get() {
+    if (!trainer) raise_status(Status::failed_precondition("the trainer is closed"));
+    return *trainer;
+  }
+  void close() {
+    py::gil_scoped_release release;
+    trainer.reset();
+  }
+};
+
+// Looks tensors up by name in a Python mapping, in the order the plan asks for them.
+class MappingSource final : public coordinator::WeightSource {
+ public:
+  MappingSource(py::object mapping, std::vector<Imported>& held) : mapping_(std::move(mapping)), held_(held) {}
+  Result<TensorView> get(const std::string& name) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object t = mapping_[py::str(name)];
+      FERRY_ASSIGN_OR_RETURN(Imported imp, import_tensor(t, name));
+      held_.push_back(imp);
+      return imp->view;
+    } catch (const py::error_already_set& e) {
+      return status_from_python(e, e.matches(PyExc_KeyError) ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
+                                "weights[" + name + "]");
+    }
+  }
+
+ private:
+  py::object mapping_;
+  std::vector<Imported>& held_;
+};
+
+// A Python callable, released under the GIL whenever the C++ side lets go of it.
+struct PyHook {
+  py::object fn;
+  explicit PyHook(py::object f) : fn(std::move(f)) {}
+  ~PyHook() {
+    py::gil_scoped_acquire gil;
+    fn = py::object();
+  }
+  template <typename... A>
+  Status call(const char* what, A&&... args) {
+    py::gil_scoped_acquire gil;
+    try {
+      fn(std::forward<A>(args)...);
+      return ok_status();
+    } catch (const py::error_already_set& e) {
+      return status_from_python(e, StatusCode::kAborted, std::string(what) + " hook raised");
+    }
+  }
+};
+
+struct PyWorker;
+std::set<PyWorker*>& live_workers() {
+  static std::set<PyWorker*> s;
+  return s;
+}
+
+struct PyWorker {
+  std::shared_ptr<PyStorage> storage;
+  std::unique_ptr<RolloutWorker> worker;
+
+  PyWorker() { live_workers().insert(this); }
+  ~PyWorker() {
+    live_workers().erase(this);
+    close();
+  }
+  RolloutWorker& get() {
+    if (!worker) raise_status(Status::failed_precondition("the rollout worker is closed"));
+    return *worker;
+  }
+  // The worker's threads may be inside a hook waiting for the GIL: let go of it while they stop.
+  void close() {
+    py::gil_scoped_release release;
+    worker.reset();
+  }
+};
+
+std::unique_ptr<PyWorker> make_worker(const sharding::RankSpec& spec, std::shared_ptr<PyStorage> storage,
+                                      py::object pause, py::object resume, const std::string& coordinator) {
+  auto out = std::make_unique<PyWorker>();
+  out->storage = std::move(storage);
+  coordinator::RolloutOptions o;
+  o.coordinator = coordinator;
+  o.spec = spec;
+  o.storage = out->storage->storage.get();
+  if (!pause.is_none()) {
+    auto hook = std::make_shared<PyHook>(std::move(pause));
+    o.pause = [hook](const PauseRequest& r) { return hook->call("pause", r); };
+  }
+  if (!resume.is_none()) {
+    auto hook = std::make_shared<PyHook>(std::move(resume));
+    o.resume = [hook](uint64_t version) { return hook->call("resume", version); };
+  }
+  out->worker = nogil([&] { return RolloutWorker::create(std::move(o)); });
+  return out;
+}
+
+// Blocks until the coordinator closes, waking to let Python handle signals (Ctrl-C).
+void serve(PyWorker& w, std::optional<int64_t> timeout_ms) {
+  RolloutWorker& r = w.get();
+  if (timeout_ms) return nogil([&] { return r.wait_closed(*timeout_ms); });
+  for (;;) {
+    Status s = [&] {
+      py::gil_scoped_release release;
+      return r.wait_closed(200);
+    }();
+    if (s.ok()) return;
+    if (s.code() != StatusCode::kDeadlineExceeded) raise_status(s);
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+}  // namespace
+
+void init_update(py::module_& m) {
+  py::class_<UpdateReport>(m, "UpdateReport", "What finish_weight_update() measured.")
+      .def_readonly("version", &UpdateReport::version)
+      .def_readonly("ranks", &UpdateReport::ranks)
+      .def_readonly("bytes", &UpdateReport::bytes)
+      .def_readonly("moved", &UpdateReport::moved)
+      .def_readonly("registered", &UpdateReport::registered)
+      .def_readonly("peak_staging_bytes", &UpdateReport::peak_staging_bytes)
+      .def_readonly("seconds", &UpdateReport::seconds)
+      .def_readonly("pause_seconds", &UpdateReport::pause_seconds)
+      .def_readonly("plan_seconds", &UpdateReport::plan_seconds)
+      .def_readonly("transfer_seconds", &UpdateReport::transfer_seconds)
+      .def_readonly("process_seconds", &UpdateReport::process_seconds)
+      .def_readonly("resume_seconds", &UpdateReport::resume_seconds)
+      .def_property_readonly("gbps", &UpdateReport::gbps)
+      .def("as_dict",
+           [](const UpdateReport& r) {
+             py::dict d;
+             for (const char* k : {"version", "ranks", "bytes", "moved", "registered", "peak_staging_bytes", "seconds",
+                                   "pause_seconds", "plan_seconds", "transfer_seconds", "process_seconds",
+                                   "resume_seconds", "gbps"}) {
+               d[k] = py::cast(r).attr(k);
+             }
+             return d;
+           })
+      .def("__repr__", [](const UpdateReport& r) {
+        return fmt::format("UpdateReport(version={}, ranks={}, bytes={}, seconds={:.4f}, gbps={:.2f}, moved={}/{})",
+                           r.version, r.ranks, r.bytes, r.seconds, r.gbps(), r.moved, r.registered);
+      });
+
+  py::class_<PauseRequest>(m, "PauseRequest", "What the pause hook is told.")
+      .def_readonly("version", &PauseRequest::version)
+      .def_readonly("mode", &PauseRequest::mode)
+      .def_readonly("clear_cache", &PauseRequest::clear_cache)
+      .def("__repr__", [](const PauseRequest& r) {
+        return fmt::format("PauseRequest(version={}, mode='{}', clear_cache={})", r.version, r.mode, r.clear_cache);
+      });
+
+  py::class_<PyTrainer>(m, "Trainer", "The trainer side: start_weight_update, send, finish_weight_update.")
+      .def(py::init([](const std::string& coordinator, const std::string& listen_host, uint16_t port,
+                       const std::string& pause_mode, bool clear_cache) {
+             coordinator::TrainerOptions o{coordinator, listen_host, port, pause_mode, clear_cache};
+             auto t = std::make_unique<PyTrainer>();
+             t->trainer = nogil([&] { return Trainer::create(o); });
+             return t;
+           }),
+           py::arg("coordinator") = "", py::arg("listen_host") = "", py::arg("port") = 0,
+           py::arg("pause_mode") = "abort", py::arg("clear_cache") = true,
+           "Joins `coordinator` (host:port), or embeds one when it is empty.")
+      .def_property_readonly("coordinator_address", [](PyTrainer& t) { return t.get().coordinator_address(); })
+      .def(
+          "wait_for_ranks", [](PyTrainer& t, int n, int64_t timeout_ms) {
+            Trainer& tr = t.get();
+            nogil([&] { return tr.wait_for_ranks(n, timeout_ms); });
+          },
+          py::arg("n"), py::arg("timeout_ms") = 30000)
+      .def(
+          "start_weight_update",
+          [](PyTrainer& t, uint64_t version, py::handle manifest, std::optional<std::string> pause_mode,
+             std::optional<bool> clear_cache, std::optional<std::vector<int>> replicas) {
+            Trainer& tr = t.get();
+            const sharding::Manifest mf = manifest_from_python(manifest);
+            t.held.clear();
+            if (!pause_mode && !clear_cache && !replicas) return nogil([&] { return tr.start_weight_update(version, mf); });
+            coordinator::UpdateOptions o;
+            if (pause_mode) o.pause_mode = *pause_mode;
+            if (clear_cache) o.clear_cache = *clear_cache;
+            if (replicas) o.replicas = *replicas;
+            nogil([&] { return tr.start_weight_update(version, mf, o); });
+          },
+          py::arg("version"), py::arg("manifest"), py::arg("pause_mode") = py::none(),
+          py::arg("clear_cache") = py::none(), py::arg("replicas") = py::none(),
+          "Checks the manifest against every replica, pauses them and plans. Manifest: SourceTensor objects "
+          "or (name, dtype, shape) tuples.")
+      .def(
+          "send",
+          [](PyTrainer& t, const std::string& name, py::handle tensor) {
+            Trainer& tr = t.get();
+            Imported imp = take(import_tensor(tensor, name));
+            t.held.push_back(imp);
+            nogil([&] { return tr.send(name, imp->view); });
+          },
+          py::arg("name"), py::arg("tensor"), "Sends one tensor of the manifest (torch, numpy, any DLPack tensor).")
+      .def(
+          "update_weights",
+          [](PyTrainer& t, py::object weights) {
+            Trainer& tr = t.get();
+            if (py::hasattr(weights, "keys") && py::hasattr(weights, "__getitem__")) {
+              MappingSource source(weights, t.held);
+              return nogil([&] { return tr.update_weights(source); });
+            }
+            for (py::handle item : weights) {
+              auto pair = item.cast<py::sequence>();
+              if (pair.size() != 2) throw py::value_error("weights are (name, tensor) pairs");
+              const auto name = pair[0].cast<std::string>();
+              Imported imp = take(import_tensor(pair[1], name));
+              t.held.push_back(imp);
+              nogil([&] { return tr.send(name, imp->view); });
+            }
+          },
+          py::arg("weights"),
+          "Sends every tensor: a mapping is read in plan order; an iterable of (name, tensor) pairs (e.g. "
+          "model.state_dict().items() or a generator) is sent as it comes.")
+      .def(
+          "finish_weight_update",
+          [](PyTrainer& t) {
+            Trainer& tr = t.get();
+            auto r = [&] {
+              py::gil_scoped_release release;
+              return tr.finish_weight_update();
+            }();
+            t.held.clear();
+            return take(std::move(r));
+          },
+          "Waits until every rank holds the version, resumes them together, and returns the UpdateReport.")
+      .def("close", &PyTrainer::close, "Stops the trainer (and its embedded coordinator); ranks see the job end.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyTrainer& t, py::args) { t.close(); });
+
+  py::class_<PyWorker>(m, "RolloutWorker", "A rollout rank: registers its storage and serves updates.")
+      .def(py::init(&make_worker), py::arg("spec"), py::arg("storage"), py::arg("pause") = py::none(),
+           py::arg("resume") = py::none(), py::arg("coordinator") = "",
+           "Joins `coordinator` (empty: FERRY_COORDINATOR) and serves updates on background threads. "
+           "pause(request) runs before any byte of an update is written; resume(version) once every rank "
+           "of the replica holds it. Both run on ferry's threads; an exception fails the update.")
+      .def_property_readonly("weight_version", [](PyWorker& w) { return w.get().weight_version(); })
+      .def_property_readonly("consistent", [](PyWorker& w) { return w.get().consistent(); })
+      .def_property_readonly("paused", [](PyWorker& w) { return w.get().paused(); })
+      .def_property_readonly("storage", [](PyWorker& w) { return w.storage; })
+      .def(
+          "wait_serving", [](PyWorker& w, int64_t timeout_ms) {
+            RolloutWorker& r = w.get();
+            nogil([&] { return r.wait_serving(timeout_ms); });
+          },
+          py::arg("timeout_ms") = 30000)
+      .def(
+          "wait_closed", [](PyWorker& w, int64_t timeout_ms) {
+            RolloutWorker& r = w.get();
+            nogil([&] { return r.wait_closed(timeout_ms); });
+          },
+          py::arg("timeout_ms"))
+      .def("serve", &serve, py::arg("timeout_ms") = py::none(),
+           "Serves updates until the coordinator closes the job (or timeout_ms passes: DeadlineExceeded).")
+      .def("close", &PyWorker::close)
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyWorker& w, py::args) { w.close(); });
+
+  // Workers still open at exit would call hooks into a finalizing interpreter.
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    for (PyWorker* w : std::set<PyWorker*>(live_workers())) w->close();
+  }));
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,316 @@
+// nccl, receiving end and the transport: one thread accepts senders (handshake, communicator,
+// warm-up, synchronously and under a deadline), posts receives as headers arrive and runs the
+// callbacks, never two at once.
+#include "transport/nccl_transport.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/buffer.h"
+#include "core/log.h"
+#include "core/settings.h"
+#include "transport/cuda_ipc_socket.h"
+#include "transport/cuda_ipc_wire.h"
+#include "transport/nccl_wire.h"
+
+namespace ferry::transport {
+namespace nccl {
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline);
+}  // namespace nccl
+
+namespace {
+
+using namespace nccl;
+using cuda_ipc::ScopedDevice;
+using cuda_ipc::event_done;
+
+constexpr auto kSetup = std::chrono::seconds(30);
+constexpr auto kGroup = std::chrono::seconds(10);
+constexpr int kDepth = 2;  // receives posted ahead per sender
+constexpr int kSpins = 2000;
+
+struct RecvSlot {
+  void* buf = nullptr;
+  uint64_t cap = 0;
+  uint64_t size = 0;
+  cudaEvent_t done = nullptr;
+};
+
+struct Peer {
+  int device = 0;
+  net::Socket sock;
+  std::string inbuf;
+  int pid = 0;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  RecvSlot slots[kDepth];
+  std::deque<uint64_t> announced;  // sizes whose receive is not posted yet
+  uint64_t posted = 0, delivered = 0;
+  bool clean_close = false, eof = false;
+
+  // Abort, never finalize: it cannot wait on a peer that is gone, and stops kernels waiting for one.
+  ~Peer() {
+    ScopedDevice d(device);
+    if (comm != nullptr) ncclCommAbort(comm);
+    for (auto& s : slots) {
+      if (s.buf != nullptr) cudaFreeAsync(s.buf, stream);
+      if (s.done != nullptr) cudaEventDestroy(s.done);
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+class NcclReceiver {
+ public:
+  NcclReceiver(net::Listener listener, int device, uint64_t max_bucket, BucketCallback on_bucket,
+               PeerClosedCallback on_closed)
+      : listener_(std::move(listener)), device_(device), max_bucket_(max_bucket), on_bucket_(std::move(on_bucket)),
+        on_closed_(std::move(on_closed)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~NcclReceiver() { stop(); }
+
+  void stop() {
+    if (stop_.exchange(true)) return;
+    waker_.notify();
+    if (thread_.joinable()) thread_.join();
+    for (auto& p : peers_) {
+      const net::Msg m = net::text_msg(kClose, "nccl receiver shut down");
+      (void)p->sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
+    }
+    peers_.clear();
+  }
+
+ private:
+  Status accept_peer(net::Socket s) {
+    const Deadline deadline = Clock::now() + kSetup;
+    Hello hello{};
+    FERRY_RETURN_IF_ERROR(s.read_all(&hello, sizeof hello, deadline));
+    if (hello.magic != kMagic) return Status::invalid_argument("a connection without the nccl hello");
+    hello.bus_id[sizeof hello.bus_id - 1] = '\0';
+    auto p = std::make_unique<Peer>();
+    p->device = device_;
+    p->pid = hello.pid;
+    Welcome w{};
+    w.magic = kMagic;
+    w.pid = getpid();
+    std::snprintf(w.bus_id, sizeof w.bus_id, "%s", cuda_ipc::bus_id(device_).c_str());
+    Status st = nccl_status(ncclGetUniqueId(&w.id), "ncclGetUniqueId", __FILE__, __LINE__);
+    w.accepted = st.ok() ? 1 : 0;
+    if (!st.ok()) std::snprintf(w.reason, sizeof w.reason, "%s", st.message().c_str());
+    FERRY_RETURN_IF_ERROR(s.write_all(&w, sizeof w, deadline));
+    FERRY_RETURN_IF_ERROR(st);
+    FERRY_RETURN_IF_ERROR(init_comm(&p->comm, w.id, 1, deadline, s.fd())
+                              .with_context(fmt::format("communicator with sender pid {} on {}", hello.pid, hello.bus_id)));
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking));
+    for (auto& slot : p->slots) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    // The warm-up receive: the sender's connect() waits for it, so the p2p channel exists before
+    // the first bucket.
+    RecvSlot& w0 = p->slots[0];
+    FERRY_CUDA_CHECK(cudaMallocAsync(&w0.buf, 1, p->stream));
+    w0.cap = 1;
+    FERRY_RETURN_IF_ERROR(p2p(false, w0.buf, 1, 0, p->comm, p->stream, w0.done, deadline, s.fd()));
+    for (;;) {
+      FERRY_ASSIGN_OR_RETURN(bool done, event_done(w0.done, "warm-up receive"));
+      if (done) break;
+      if (Clock::now() >= deadline) return Status::deadline_exceeded("nccl warm-up receive did not complete");
+      if (hung_up(s.fd())) return Status::unavailable("nccl sender closed its socket during set-up");
+      std::this_thread::yield();
+    }
+    FERRY_LOG_DEBUG("nccl: sender pid {} on {} connected to {}", hello.pid, hello.bus_id, w.bus_id);
+    p->sock = std::move(s);
+    peers_.push_back(std::move(p));
+    return ok_status();
+  }
+
+  // Posts announced receives into free slots, then delivers completed ones in order.
+  Status pump(Peer& p, bool* progress, bool* gpu_wait) {
+    while (!p.announced.empty() && p.posted - p.delivered < kDepth) {
+      RecvSlot& s = p.slots[p.posted % kDepth];
+      s.size = p.announced.front();
+      if (s.size > s.cap) {
+        if (s.buf != nullptr) FERRY_CUDA_CHECK(cudaFreeAsync(s.buf, p.stream));
+        s.buf = nullptr;
+        s.cap = 0;
+        FERRY_CUDA_CHECK(cudaMallocAsync(&s.buf, s.size, p.stream));
+        s.cap = s.size;
+      }
+      FERRY_RETURN_IF_ERROR(p2p(false, s.buf, s.size, 0, p.comm, p.stream, s.done, Clock::now() + kGroup, p.sock.fd()));
+      p.announced.pop_front();
+      ++p.posted;
+      *progress = true;
+    }
+    while (p.delivered < p.posted) {
+      RecvSlot& s = p.slots[p.delivered % kDepth];
+      FERRY_ASSIGN_OR_RETURN(bool done, event_done(s.done, "cudaEventQuery(recv)"));
+      if (!done) {
+        *gpu_wait = true;
+        return ok_status();
+      }
+      ++p.delivered;
+      *progress = true;
+      FERRY_RETURN_IF_ERROR(on_bucket_(static_cast<const uint8_t*>(s.buf), s.size));
+    }
+    return ok_status();
+  }
+
+  std::optional<Status> serve(Peer& p, bool* progress, bool* gpu_wait) {
+    if (!p.eof) {
+      auto more = p.sock.read_available(p.inbuf);
+      if (!more.ok()) return more.status();
+      p.eof = !*more;
+    }
+    net::Msg m;
+    while (net::pop_msg(p.inbuf, &m)) {
+      *progress = true;
+      if (m.type == kData) {
+        if (m.total > max_bucket_) {
+          return Status::resource_exhausted(fmt::format("nccl: a {}-byte bucket; the limit is {}", m.total, max_bucket_));
+        }
+        p.announced.push_back(m.total);
+      } else if (m.type == kClose) {
+        p.clean_close = true;
+      } else if (m.type == kAbort) {
+        return Status::aborted(fmt::format("nccl sender pid {} aborted the connection: {}", p.pid, m.text));
+      } else {
+        return Status::data_loss(fmt::format("nccl: unknown control message {}", m.type));
+      }
+    }
+    if (p.eof && !p.clean_close) {
+      return Status::unavailable(
+          fmt::format("nccl sender pid {} closed its control socket without a close (it exited or died)", p.pid));
+    }
+    Status st = pump(p, progress, gpu_wait);
+    if (!st.ok()) return st;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(p.comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+      return nccl_status(async, "nccl communicator", __FILE__, __LINE__, p.comm);
+    }
+    if (p.clean_close && p.announced.empty() && p.delivered == p.posted) return ok_status();
+    return std::nullopt;
+  }
+
+  void run() {
+    if (cudaSetDevice(device_) != cudaSuccess) FERRY_LOG_ERROR("nccl: receiver thread cannot use device {}", device_);
+    int idle = 0;
+    while (!stop_.load(std::memory_order_acquire)) {
+      bool progress = false, gpu_wait = false;
+      for (;;) {
+        auto s = listener_.accept();
+        if (!s.ok() || !s->valid()) break;
+        progress = true;
+        Status st = accept_peer(std::move(*s));
+        if (!st.ok()) FERRY_LOG_WARN("nccl: refused a sender: {}", st.to_string());
+      }
+      for (size_t k = 0; k < peers_.size();) {
+        Peer& p = *peers_[k];
+        std::optional<Status> closing = serve(p, &progress, &gpu_wait);
+        if (!closing) {
+          ++k;
+          continue;
+        }
+        if (!closing->ok() && !p.eof) {
+          const net::Msg m = net::text_msg(kRefuse, closing->message());
+          (void)p.sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
+        }
+        FERRY_LOG_DEBUG("nccl: sender pid {} closed: {}", p.pid, closing->to_string());
+        peers_.erase(peers_.begin() + static_cast<std::ptrdiff_t>(k));
+        if (on_closed_) on_closed_(*closing);
+        progress = true;
+      }
+      if (progress) {
+        idle = 0;
+        continue;
+      }
+      std::vector<int> fds = {listener_.fd(), waker_.fd()};
+      for (auto& p : peers_) fds.push_back(p->sock.fd());
+      const int timeout = gpu_wait ? (++idle < kSpins ? 0 : 1) : 100;
+      if (net::wait_readable(fds.data(), fds.size(), timeout) & 2) waker_.drain();
+    }
+  }
+
+  net::Listener listener_;
+  int device_;
+  uint64_t max_bucket_;
+  BucketCallback on_bucket_;
+  PeerClosedCallback on_closed_;
+  net::Waker waker_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::thread thread_;
+};
+
+class NcclTransport final : public Transport {
+ public:
+  explicit NcclTransport(int device) : device_(device) {}
+  ~NcclTransport() override { shutdown(); }
+  std::string_view name() const override { return "nccl"; }
+  Capabilities capabilities() const override { return {true, true, false, true}; }
+
+  Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
+    if (!device.is_cuda() || device.index != device_) {
+      return Status::invalid_argument(fmt::format("nccl on cuda:{} moves memory of that device only; got {}", device_,
+                                                  device.to_string()));
+    }
+    if (size > 0) {
+      FERRY_ASSIGN_OR_RETURN(int actual, cuda_ipc::device_of(data));
+      if (actual != device_) return Status::invalid_argument(fmt::format("nccl: memory lives on cuda:{}", actual));
+    }
+    return std::unique_ptr<MemoryRegion>(std::make_unique<cuda_ipc::DeviceRegion>(data, size, device_));
+  }
+
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (receiver_) return Status::failed_precondition("nccl: listen() was already called on this transport");
+    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
+    FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
+    FERRY_ASSIGN_OR_RETURN(net::Listener listener, net::Listener::tcp(host));
+    std::string advertised = host;
+    if (host == "0.0.0.0" || host == "::") {
+      char name[256] = {};
+      gethostname(name, sizeof name - 1);
+      advertised = name;
+    }
+    if (advertised.find(':') != std::string::npos) advertised = "[" + advertised + "]";
+    const int port = listener.port();
+    receiver_ = std::make_unique<NcclReceiver>(std::move(listener), device_, bucket * 4 + (64ull << 20),
+                                               std::move(on_bucket), std::move(on_closed));
+    return fmt::format("{}{}:{}", kScheme, advertised, port);
+  }
+
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
+    auto c = nccl::connect(blob, device_, deadline);
+    if (!c.ok()) return c.status().with_context("nccl connect to " + blob);
+    return c;
+  }
+
+  void shutdown() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (receiver_) receiver_->stop();
+  }
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::unique_ptr<NcclReceiver> receiver_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> create_nccl_transport() {
+  if (!cuda_device_available()) return Status::unavailable("nccl: no CUDA device here");
+  int device = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));
+  return std::unique_ptr<Transport>(std::make_unique<NcclTransport>(device));
+}
+
+}  // namespace ferry::transport
