@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -34,6 +36,27 @@ tiny::Config demo_shape() {
   c.vocab = 1000;
   c.layers = 4;
   return c;
+}
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Runs every function once per round, interleaved, so that a change in the machine's load over
+// the run weighs on all of them alike; returns each one's median.
+Result<std::vector<double>> interleaved_medians(int rounds, const std::vector<std::function<Status()>>& fns) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      FERRY_RETURN_IF_ERROR(fns[i]());
+      t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::vector<double> out;
+  for (auto& v : t) out.push_back(median(std::move(v)));
+  return out;
 }
 
 template <typename F>
@@ -93,7 +116,7 @@ Status bench_scheme(bool json, const std::string& scheme) {
   }
   for (const auto& p : pieces) in_bytes += p.bytes.size();
   const uint64_t bytes = in_bytes + storage.bytes();
-  constexpr int kRuns = 15;
+  constexpr int kRuns = 31;
 
   uint64_t version = 0;
   // Lent: the rank owns its received buckets and lends them until their layer is processed (the
@@ -112,8 +135,6 @@ Status bench_scheme(bool json, const std::string& scheme) {
   // One update of each first: staging pools and page tables are warm in a running rank.
   FERRY_RETURN_IF_ERROR(update(true));
   FERRY_RETURN_IF_ERROR(update(false));
-  FERRY_ASSIGN_OR_RETURN(double engine_s, median_seconds(kRuns, [&] { return update(true); }));
-  FERRY_ASSIGN_OR_RETURN(double copied_s, median_seconds(kRuns, [&] { return update(false); }));
 
   // The bare kernels: every parameter's whole input, already assembled, straight into storage.
   std::vector<std::vector<TensorView>> ins, outs;
@@ -138,18 +159,24 @@ Status bench_scheme(bool json, const std::string& scheme) {
     for (const auto& t : layout) o.push_back(storage.tensors().at(reload::storage_name(p.name, t.suffix)));
     outs.push_back(o);
   }
-  FERRY_ASSIGN_OR_RETURN(double bare_s, median_seconds(kRuns, [&]() -> Status {
+  // The same thread count as the engine resolves once (kernels::Exec{} would ask every call).
+  kernels::Exec exec;
+  exec.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto bare = [&]() -> Status {
     for (size_t i = 0; i < spec.params.size(); ++i) {
       const auto& p = spec.params[i];
       FERRY_ASSIGN_OR_RETURN(auto s, kernels::parse_scheme(p.scheme));
       if (s == kernels::Scheme::kGptqInt4) {
-        FERRY_RETURN_IF_ERROR(kernels::gptq_reload(ins[i][0], ins[i][1], ins[i][2], outs[i]));
+        FERRY_RETURN_IF_ERROR(kernels::gptq_reload(ins[i][0], ins[i][1], ins[i][2], outs[i], exec));
       } else {
-        FERRY_RETURN_IF_ERROR(kernels::quantize(s, ins[i][0], p.shard_rows, outs[i]));
+        FERRY_RETURN_IF_ERROR(kernels::quantize(s, ins[i][0], p.shard_rows, outs[i], exec));
       }
     }
     return ok_status();
-  }));
+  };
+  FERRY_ASSIGN_OR_RETURN(auto medians, interleaved_medians(kRuns, {[&] { return update(true); },
+                                                                   [&] { return update(false); }, bare}));
+  const double engine_s = medians[0], copied_s = medians[1], bare_s = medians[2];
 
   std::vector<uint8_t> dst(in_bytes);
   FERRY_ASSIGN_OR_RETURN(double copy_s, median_seconds(kRuns, [&]() -> Status {

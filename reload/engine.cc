@@ -251,8 +251,11 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
   // completes the layer, processed within this call) are kept as they are and processed at
   // completion straight into storage; other row pieces are processed now into scratch; the rest
   // is staged in full precision.
-  enum class Hold { kKept, kScratch, kStaged };
-  const Hold hold = !rows ? Hold::kStaged : (owner != nullptr || completes) ? Hold::kKept : Hold::kScratch;
+  // A kept piece that covers a whole input is read in place of its staging, by any kernel.
+  enum class Hold { kKept, kWhole, kScratch, kStaged };
+  const bool kept = owner != nullptr || completes;
+  const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;
+  const Hold hold = rows ? (kept ? Hold::kKept : Hold::kScratch) : (kept && whole ? Hold::kWhole : Hold::kStaged);
   Status st = ok_status();
   if (hold == Hold::kStaged) {
     st = stage_input(layer, p, input);
@@ -267,7 +270,11 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
     release(layer);
     return st;
   }
-  if (hold == Hold::kKept) {
+  if (hold == Hold::kWhole) {
+    if (p.whole.size() != p.inputs.size()) p.whole.resize(p.inputs.size());
+    p.whole[input] = Param::Lent{TensorView(const_cast<void*>(data), dtype, in.shape), 0,
+                                 owner != nullptr ? *owner : nullptr};
+  } else if (hold == Hold::kKept) {
     p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0],
                                  owner != nullptr ? *owner : nullptr});
   } else if (hold == Hold::kScratch) {
@@ -345,13 +352,20 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
   ScratchArena scratch(dev);
   std::vector<TensorView> inputs;
   for (uint32_t i = 0; i < p.inputs.size(); ++i) {
-    FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, i));
+    const void* src = nullptr;
+    if (i < p.whole.size() && p.whole[i].rows.data() != nullptr) {
+      src = p.whole[i].rows.data();
+      if (dev.is_cpu()) ++report_.direct_pieces;
+    } else {
+      FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, i));
+      src = b->data();
+    }
     const auto& in = p.inputs[i];
     if (dev.is_cpu()) {
-      inputs.emplace_back(b->data(), in.dtype, in.shape);
+      inputs.emplace_back(const_cast<void*>(src), in.dtype, in.shape);
     } else {
       FERRY_ASSIGN_OR_RETURN(TensorView d, scratch.allocate(in.dtype, in.shape));
-      FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, b->data(), Device::cpu(), d.nbytes()));
+      FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, src, Device::cpu(), d.nbytes()));
       inputs.push_back(d);
     }
   }
@@ -390,6 +404,7 @@ void ReloadEngine::release(Layer& layer) {
     p.piecewise_views.clear();
     p.rows_done.clear();
     p.lent.clear();
+    p.whole.clear();
   }
 }
 

@@ -150,6 +150,7 @@ class ReloadEngine {
       std::shared_ptr<const void> owner;
     };
     std::vector<Lent> lent;  // processed at completion, straight into the target
+    std::vector<Lent> whole;  // per input: a kept piece covering all of it, read in place of staging
   };
 
   ReloadEngine(sharding::RankSpec spec, ModelStorage& storage, EngineOptions options)
