@@ -247,11 +247,11 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
       p.inputs.size() == 1 && storage_.device().is_cpu() && dst.rank() >= 1 && p.kernel->can_process_rows(dst);
   bool completes = true;
   for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
-  // Row pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
-  // completes the layer, processed within this call) are kept as they are and processed at
-  // completion straight into storage; other row pieces are processed now into scratch; the rest
+  // Pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
+  // completes the layer, processed within this call) are kept as they are: row pieces are
+  // processed at completion straight into storage, and a piece covering a whole input is read in
+  // place of its staging, by any kernel. Other row pieces are processed now into scratch; the rest
   // is staged in full precision.
-  // A kept piece that covers a whole input is read in place of its staging, by any kernel.
   enum class Hold { kKept, kWhole, kScratch, kStaged };
   const bool kept = owner != nullptr || completes;
   const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;

@@ -9,6 +9,8 @@
 #include "core/float_convert.h"
 #include "kernels/gemm.h"
 #include "reload/model_storage.h"
+#include "reload/processing.h"
+#include "examples/tiny_decoder/step_kernels.h"
 
 namespace tiny {
 
@@ -45,12 +47,10 @@ void rope(float* x, int64_t d, int32_t pos, float theta) {
 
 Result<std::unique_ptr<Decoder>> Decoder::create(const Config& cfg, const ferry::sharding::RankSpec& spec,
                                                  const ferry::reload::LayerRegistry& registry, ferry::Device device) {
-  if (!device.is_cpu()) {
-    return Status::unavailable(
-        "tiny decoder: a CUDA graph of the decode step needs GEMMs that do not wait for their stream "
-        "(kernels::gemm synchronizes)");
-  }
-  std::unique_ptr<Decoder> d(new Decoder(cfg));
+#if !FERRY_HAVE_CUDA
+  if (!device.is_cpu()) return Status::unavailable("tiny decoder: ferry was built without CUDA");
+#endif
+  std::unique_ptr<Decoder> d(new Decoder(cfg, device));
   FERRY_ASSIGN_OR_RETURN(d->program_, ferry::reload::CapturedProgram::create(device));
   FERRY_RETURN_IF_ERROR(d->capture(spec, registry));
   return d;
@@ -62,6 +62,10 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
   const int64_t h = c.hidden, hd = c.head_dim, nq = c.heads * hd, nkv = c.kv_heads * hd, inter = c.intermediate;
   FERRY_ASSIGN_OR_RETURN(const auto* embed, registry.find("model.embed_tokens.weight"));
   const int64_t vpad = embed->view.dim(0);
+  vpad_ = vpad;
+  // On a CUDA device every launch only enqueues on the capturing stream (step_kernels.h and
+  // kernels::gemm_async), so the whole step becomes one CUDA graph.
+  [[maybe_unused]] const bool gpu = device_.is_cuda();
   FERRY_ASSIGN_OR_RETURN(token_, prog.own(DType::kI32, {1}));
   FERRY_ASSIGN_OR_RETURN(pos_, prog.own(DType::kI32, {1}));
   FERRY_ASSIGN_OR_RETURN(next_, prog.own(DType::kI32, {1}));
@@ -100,15 +104,20 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
       ptrs.push_back(baked(r->view, r->name));
     }
     std::vector<int64_t> shards = scheme == ferry::kernels::Scheme::kGptqInt4 ? std::vector<int64_t>{} : p->shard_rows;
+    if (scheme == ferry::kernels::Scheme::kGptqInt4) checks_.push_back({scheme, w});
     return prog.record("gemm " + name, std::move(ptrs), [=](const Exec& e) {
-      return ferry::kernels::gemm(scheme, in, w, shards, out, e);
+      return ferry::kernels::gemm_async(scheme, in, w, shards, out, e);
     });
   };
 
   FERRY_RETURN_IF_ERROR(prog.begin_capture());
   const TensorView table = embed->view;
   FERRY_RETURN_IF_ERROR(prog.record("embed", {baked(tok, "token"), baked(table, embed->name), baked(x, "x")},
-                                    [=](const Exec&) {
+                                    [=](const Exec& e) {
+                                      if (gpu) {
+                                        return tiny::cuda::embed(tok.data_as<int32_t>(), table.data_as<uint16_t>(),
+                                                                 vpad, h, f32(x), e.stream);
+                                      }
                                       const int32_t t = *tok.data_as<int32_t>();
                                       if (t < 0 || t >= vpad) return Status::out_of_range(fmt::format("token {}", t));
                                       const auto* row = table.data_as<uint16_t>() + t * h;
@@ -118,13 +127,15 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
   auto record_norm = [&](const std::string& name, const TensorView& in, const TensorView& out) -> Status {
     FERRY_ASSIGN_OR_RETURN(TensorView w, norm_weight(name));
     const float eps = c.rms_eps;
-    return prog.record("rmsnorm " + name, {baked(in, "x"), baked(w, name), baked(out, "xn")}, [=](const Exec&) {
+    return prog.record("rmsnorm " + name, {baked(in, "x"), baked(w, name), baked(out, "xn")}, [=](const Exec& e) {
+      if (gpu) return tiny::cuda::rmsnorm(f32(in), w.data_as<uint16_t>(), f32(out), h, eps, e.stream);
       rmsnorm(f32(in), w.data_as<uint16_t>(), f32(out), h, eps);
       return ferry::ok_status();
     });
   };
   auto record_add = [&](const TensorView& acc, const TensorView& add) -> Status {
-    return prog.record("residual", {baked(acc, "x"), baked(add, "delta")}, [=](const Exec&) {
+    return prog.record("residual", {baked(acc, "x"), baked(add, "delta")}, [=](const Exec& e) {
+      if (gpu) return tiny::cuda::residual(f32(acc), f32(add), h, e.stream);
       for (int64_t i = 0; i < h; ++i) f32(acc)[i] += f32(add)[i];
       return ferry::ok_status();
     });
@@ -137,7 +148,12 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
     FERRY_RETURN_IF_ERROR(prog.record(
         "attention " + pre, {baked(qkv, "qkv"), baked(pos, "pos"), baked(kc, "k cache"), baked(vc, "v cache"),
                              baked(att, "attention out")},
-        [=](const Exec&) {
+        [=](const Exec& e) {
+          if (gpu) {
+            return tiny::cuda::attention(f32(qkv), pos.data_as<int32_t>(), f32(kc), f32(vc), f32(att),
+                                         static_cast<int>(c.heads), static_cast<int>(c.kv_heads),
+                                         static_cast<int>(hd), static_cast<int>(c.max_seq), c.rope_theta, e.stream);
+          }
           const int32_t p = *pos.data_as<int32_t>();
           if (p < 0 || p >= c.max_seq) return Status::out_of_range(fmt::format("position {}", p));
           float* q = f32(qkv);
@@ -170,7 +186,8 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
     FERRY_RETURN_IF_ERROR(record_add(x, o));
     FERRY_RETURN_IF_ERROR(record_norm(pre + "post_attention_layernorm.weight", x, xn));
     FERRY_RETURN_IF_ERROR(linear(pre + "mlp.gate_up_proj.weight", xn, gu));
-    FERRY_RETURN_IF_ERROR(prog.record("swiglu " + pre, {baked(gu, "gate_up"), baked(act, "act")}, [=](const Exec&) {
+    FERRY_RETURN_IF_ERROR(prog.record("swiglu " + pre, {baked(gu, "gate_up"), baked(act, "act")}, [=](const Exec& e) {
+      if (gpu) return tiny::cuda::swiglu(f32(gu), f32(act), inter, e.stream);
       for (int64_t i = 0; i < inter; ++i) {
         const float g = f32(gu)[i], u = f32(gu)[inter + i];
         f32(act)[i] = g / (1.0f + std::exp(-g)) * u;
@@ -183,7 +200,8 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
   FERRY_RETURN_IF_ERROR(record_norm("model.norm.weight", x, xn));
   FERRY_RETURN_IF_ERROR(linear("lm_head.weight", xn, logits));
   const int64_t vocab = c.vocab;
-  FERRY_RETURN_IF_ERROR(prog.record("argmax", {baked(logits, "logits"), baked(next, "next")}, [=](const Exec&) {
+  FERRY_RETURN_IF_ERROR(prog.record("argmax", {baked(logits, "logits"), baked(next, "next")}, [=](const Exec& e) {
+    if (gpu) return tiny::cuda::argmax(f32(logits), vocab, next.data_as<int32_t>(), e.stream);
     int32_t best = 0;
     for (int64_t i = 1; i < vocab; ++i) best = f32(logits)[i] > f32(logits)[best] ? static_cast<int32_t>(i) : best;
     *next.data_as<int32_t>() = best;
@@ -193,10 +211,25 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
 }
 
 Result<int32_t> Decoder::step(int32_t token, int32_t pos) {
-  *token_.data_as<int32_t>() = token;
-  *pos_.data_as<int32_t>() = pos;
+  if (device_.is_cpu()) {
+    *token_.data_as<int32_t>() = token;
+    *pos_.data_as<int32_t>() = pos;
+    FERRY_RETURN_IF_ERROR(program_->replay());
+    return *next_.data_as<int32_t>();
+  }
+  // The graph reads token and position from its own device memory; the kernels cannot return an
+  // error, so the host checks them first.
+  if (token < 0 || token >= vpad_) return Status::out_of_range(fmt::format("token {}", token));
+  if (pos < 0 || pos >= cfg_.max_seq) return Status::out_of_range(fmt::format("position {}", pos));
+  using ferry::reload::copy_bytes;
+  FERRY_RETURN_IF_ERROR(copy_bytes(token_.data(), device_, &token, ferry::Device::cpu(), sizeof(token)));
+  FERRY_RETURN_IF_ERROR(copy_bytes(pos_.data(), device_, &pos, ferry::Device::cpu(), sizeof(pos)));
   FERRY_RETURN_IF_ERROR(program_->replay());
-  return *next_.data_as<int32_t>();
+  // A gptq GEMM that gave up (a workspace left non-zero) leaves a flag; gemm_check reads it.
+  for (const auto& c : checks_) FERRY_RETURN_IF_ERROR(ferry::kernels::gemm_check(c.scheme, c.weight));
+  int32_t next = 0;
+  FERRY_RETURN_IF_ERROR(copy_bytes(&next, ferry::Device::cpu(), next_.data(), device_, sizeof(next)));
+  return next;
 }
 
 Result<std::vector<int32_t>> Decoder::generate(const std::vector<int32_t>& prompt, int new_tokens) {
@@ -216,8 +249,9 @@ Result<std::vector<int32_t>> Decoder::generate(const std::vector<int32_t>& promp
       FERRY_ASSIGN_OR_RETURN(next, step(next, pos++));
     }
   }
-  const float* l = logits_view_.data_as<float>();
-  logits_.assign(l, l + cfg_.vocab);
+  logits_.resize(static_cast<size_t>(cfg_.vocab));
+  FERRY_RETURN_IF_ERROR(ferry::reload::copy_bytes(logits_.data(), ferry::Device::cpu(), logits_view_.data(), device_,
+                                                  logits_.size() * sizeof(float)));
   return out;
 }
 

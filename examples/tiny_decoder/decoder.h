@@ -3,6 +3,8 @@
 // as a CapturedProgram whose launches bake the registered storage they read (taken from the
 // reload engine's registry, never from a pointer of the decoder's own); greedy generation replays
 // it token by token, the host writing only the token and position into program-owned memory.
+// On a CUDA device the step is a real CUDA graph: kernels::gemm_async and the step kernels of
+// step_kernels.h only enqueue on the capturing stream.
 #pragma once
 
 #include <memory>
@@ -16,8 +18,9 @@ namespace tiny {
 
 class Decoder {
  public:
-  // Captures the decode step over the registered tensors of `spec` found in `registry`. CPU only
-  // for now: a CUDA graph of the step needs GEMMs that do not wait for their stream.
+  // Captures the decode step over the registered tensors of `spec` found in `registry`, on
+  // `device` (where the registry's storage lives): a CapturedProgram on the CPU, a CUDA graph on a
+  // CUDA device.
   static ferry::Result<std::unique_ptr<Decoder>> create(const Config& cfg, const ferry::sharding::RankSpec& spec,
                                                         const ferry::reload::LayerRegistry& registry,
                                                         ferry::Device device = ferry::Device::cpu());
@@ -36,10 +39,18 @@ class Decoder {
   ferry::reload::CapturedProgram& program() { return *program_; }
 
  private:
-  Decoder(Config cfg) : cfg_(cfg) {}
+  Decoder(Config cfg, ferry::Device device) : cfg_(cfg), device_(device) {}
   ferry::Status capture(const ferry::sharding::RankSpec& spec, const ferry::reload::LayerRegistry& registry);
 
+  struct Check {
+    ferry::kernels::Scheme scheme;
+    std::vector<ferry::TensorView> weight;
+  };
+
   Config cfg_;
+  ferry::Device device_;
+  int64_t vpad_ = 0;
+  std::vector<Check> checks_;  // GEMMs whose workspace reports a failure (gptq_int4)
   std::unique_ptr<ferry::reload::CapturedProgram> program_;
   ferry::TensorView token_, pos_, next_, logits_view_;
   std::vector<float> logits_;
