@@ -236,6 +236,7 @@ class CoordinatorImpl final : public Coordinator {
       case wire::Envelope::kFinishUpdate: return updates_->on_finish(*m, env.finish_update());
       case wire::Envelope::kFinalized: return updates_->on_finalized(*m, env.finalized());
       case wire::Envelope::kResumeAck: return updates_->on_resume_ack(*m, env.resume_ack());
+      case wire::Envelope::kAbortAck: return updates_->on_abort_ack(*m, env.abort_ack());
       default:
         FERRY_LOG_WARN("unexpected message {} from {} ({}); closing it", static_cast<int>(env.body_case()),
                        m->describe(), c->peer());

@@ -197,11 +197,12 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   void on_resume(const wire::Resume& r) {
+    // The version is set before the hook runs: code the hook wakes must read the new version.
+    version_ = r.version();
+    consistent_ = true;
     Status st;
     if (options_.resume) st = options_.resume(r.version());
     if (!st.ok()) FERRY_LOG_ERROR("resume hook failed at v{}: {}", r.version(), st.message());
-    version_ = r.version();
-    consistent_ = true;
     {
       std::lock_guard<std::mutex> lock(serve_mu_);
       paused_ = false;
@@ -213,12 +214,29 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   void on_abort(const wire::Abort& a) {
-    std::lock_guard<std::mutex> lock(mu_);
-    engine_->abort();
-    finalized_ = true;
-    timer_.cancel();
-    consistent_ = false;
-    FERRY_LOG_ERROR("update v{} aborted; staying paused until a complete update lands: {}", a.version(), a.reason());
+    wire::Envelope env;
+    auto* ack = env.mutable_abort_ack();
+    ack->set_version(a.version());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine_->abort();
+      finalized_ = true;
+      timer_.cancel();
+      consistent_ = false;
+      if (engine_->rollback_mode() == reload::RollbackMode::kHost) {
+        // Storage goes back to the last complete version, in place; the coordinator resumes the
+        // replica at it once every rank has done the same.
+        Status st = engine_->rollback();
+        to_wire(st, ack->mutable_status());
+        ack->set_rolled_back(st.ok());
+        ack->set_serving_version(version_.load());
+        if (!st.ok()) FERRY_LOG_ERROR("rollback after update v{} failed: {}", a.version(), st.message());
+      }
+    }
+    FERRY_LOG_ERROR("update v{} aborted; {}: {}", a.version(),
+                    ack->rolled_back() ? "restored the previous version" : "staying paused until a complete update lands",
+                    a.reason());
+    reply(env);
   }
 
   void on_closed(const Status& why) {

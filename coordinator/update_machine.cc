@@ -209,6 +209,33 @@ void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
   phase_ = Phase::kIdle;
 }
 
+void UpdateMachine::on_abort_ack(Member& m, const wire::AbortAck& a) {
+  if (a.version() != version_ || !aborted_.erase(m.id)) return;
+  if (!a.rolled_back()) return;  // stays paused and inconsistent until a complete update lands
+  m.version = a.serving_version();
+  m.state = "rolled-back";
+  rolled_back_.insert(m.id);
+  // A replica resumes once all of its ranks rolled back; one that cannot, keeps all of them paused.
+  const int replica = m.spec.replica;
+  std::vector<int> ranks;
+  for (const auto& [id, x] : members_) {
+    if (x.role != "rollout" || x.spec.replica != replica) continue;
+    if (!rolled_back_.count(id)) return;
+    ranks.push_back(id);
+  }
+  wire::Envelope env;
+  env.mutable_resume()->set_version(m.version);
+  env.mutable_resume()->set_rollback(true);
+  for (int id : ranks) {
+    Member& x = members_.at(id);
+    x.consistent = true;
+    x.state = "serving";
+    rolled_back_.erase(id);
+    x.channel->send(env);
+  }
+  FERRY_LOG_WARN("replica {} rolled back to v{} after update v{} was aborted", replica, m.version, version_);
+}
+
 void UpdateMachine::on_member_lost(const Member& m, const Status& why) {
   if (phase_ == Phase::kIdle || (m.id != trainer_ && !participants_.count(m.id))) return;
   fail(Status(why.code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
@@ -230,6 +257,8 @@ void UpdateMachine::fail(const Status& why) {
     it->second.channel->send(abort);
   }
   record(false, why.message());
+  aborted_ = participants_;
+  rolled_back_.clear();
   wire::Envelope reply;
   if (phase_ == Phase::kPausing) {
     to_wire(why, reply.mutable_start_reply()->mutable_status());

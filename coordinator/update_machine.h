@@ -22,6 +22,9 @@ class UpdateMachine {
   void on_finish(Member& trainer, const wire::FinishUpdate& f);
   void on_finalized(Member& m, const wire::Finalized& f);
   void on_resume_ack(Member& m, const wire::ResumeAck& a);
+  // After an abort: ranks that restored their previous version (FERRY_ROLLBACK=host) resume it
+  // together, replica by replica, once every rank of the replica has.
+  void on_abort_ack(Member& m, const wire::AbortAck& a);
   // A member left (or went silent): aborts the update if it takes part in it.
   void on_member_lost(const Member& m, const Status& why);
 
@@ -51,6 +54,8 @@ class UpdateMachine {
   int trainer_ = 0;
   std::set<int> participants_;
   std::set<int> acked_;
+  std::set<int> aborted_;      // participants of the last aborted update, still to answer
+  std::set<int> rolled_back_;  // of those, the ranks that restored their previous version
   std::chrono::steady_clock::time_point started_, phase_start_;
   wire::FinishReply report_;
   std::deque<wire::UpdateRecord> history_;

@@ -23,6 +23,10 @@ constexpr SettingInfo kSettings[] = {
     {"FERRY_MAX_FRAME_BYTES", SettingType::kBytes, "64M", "largest control-plane frame accepted", ""},
     {"FERRY_VERIFY", SettingType::kBool, "0", "checksum every bucket (XXH3-64) on both ends", ""},
     {"FERRY_TOKEN", SettingType::kString, "", "shared secret; when set, joining requires an HMAC-SHA256 answer", ""},
+    {"FERRY_ROLLBACK", SettingType::kChoice, "off",
+     "host: keep a host copy of each layer before it is overwritten; an aborted update restores it and the "
+     "replica resumes on its previous version",
+     "off host"},
     {"FERRY_METRICS_PORT", SettingType::kInt, "0", "serve Prometheus metrics over HTTP on this port (0: off)", ""},
 };
 

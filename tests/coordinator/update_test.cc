@@ -198,3 +198,39 @@ TEST(Update, NoRanksIsAFailedPrecondition) {
 
 }  // namespace
 }  // namespace ferry::testutil
+
+namespace ferry::testutil {
+namespace {
+
+// FERRY_ROLLBACK=host: an aborted update restores every written layer in place and the replica
+// resumes, all ranks together, on the version it served before.
+TEST(Update, RollbackResumesThePreviousVersion) {
+  setenv("FERRY_ROLLBACK", "host", 1);
+  Cluster c(2);
+  ASSERT_TRUE(c.start().ok());
+  unsetenv("FERRY_ROLLBACK");
+  Checkpoint a(c.manifest(), 1), b(c.manifest(), 2);
+  ASSERT_TRUE(c.update(1, a).ok());
+  const uint64_t f0 = c.rank(0).fingerprint(), f1 = c.rank(1).fingerprint();
+  ASSERT_TRUE(c.trainer().start_weight_update(2, c.manifest()).ok());
+  for (const auto& [name, v] : b.views) {
+    if (name == "model.layers.1.mlp.down_proj.weight") continue;
+    ASSERT_TRUE(c.trainer().send(name, v).ok());
+  }
+  ASSERT_FALSE(c.trainer().finish_weight_update().ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(c.rank(i).worker->wait_serving(10'000).ok()) << "rank " << i << " did not resume";
+    EXPECT_TRUE(c.rank(i).worker->consistent());
+    EXPECT_EQ(c.rank(i).worker->weight_version(), 1u);
+    EXPECT_EQ(c.rank(i).resumes, 2);
+    EXPECT_EQ(c.rank(i).last_resume, 1u);
+  }
+  EXPECT_EQ(c.rank(0).fingerprint(), f0);
+  EXPECT_EQ(c.rank(1).fingerprint(), f1);
+  auto r = c.update(3, b);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->moved, 0u);
+}
+
+}  // namespace
+}  // namespace ferry::testutil
