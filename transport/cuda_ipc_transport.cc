@@ -196,7 +196,13 @@ class IpcReceiver {
   Status deliver(Peer& p, bool* progress) {
     while (!p.ready.empty()) {
       const net::Msg m = p.ready.front();
-      FERRY_ASSIGN_OR_RETURN(bool done, event_done(p.filled[m.slot], "cudaEventQuery(filled)"));
+      // A sender says kClose only once every copy it announced has landed (its in-flight list is
+      // empty), so after a clean close the slots are known filled: no need to query events whose
+      // creator may have exited since.
+      bool done = p.clean_close;
+      if (!done) {
+        FERRY_ASSIGN_OR_RETURN(done, event_done(p.filled[m.slot], "cudaEventQuery(filled)"));
+      }
       if (!done) return ok_status();
       *progress = true;
       const uint8_t* data = static_cast<const uint8_t*>(p.ring->ring) + m.slot * slot_bytes_;
@@ -229,16 +235,28 @@ class IpcReceiver {
       p.ready.pop_front();
       ++p.record;
       FERRY_RETURN_IF_ERROR(st);
+      // A sender's handles complete when its copies land, not when we consume them, so it may
+      // say goodbye and close its socket while buckets still wait here. After its kClose it reuses
+      // no slot: a kFree is pointless, and writing it to the closed socket would fail (EPIPE) and
+      // turn a clean close into an error and drop the buckets still waiting.
+      if (p.clean_close) continue;
       net::Msg f;
       f.type = kFree;
       f.slot = m.slot;
-      FERRY_RETURN_IF_ERROR(p.sock.write_all(&f, sizeof f, Clock::now() + kNotify));
+      Status sent = p.sock.write_all(&f, sizeof f, Clock::now() + kNotify);
+      if (!sent.ok()) {
+        // The goodbye may have arrived after our last read: a sender writes kClose before it
+        // closes, so if it said one, it is queued on our socket now. Only a sender that left
+        // without one (it died) makes this failure the connection's end.
+        FERRY_RETURN_IF_ERROR(read_control(p, progress));
+        if (!p.clean_close) return sent;
+      }
     }
     return ok_status();
   }
 
-  // Reads the control socket and delivers; returns the Status that ends the link, if it ends.
-  std::optional<Status> serve(Peer& p, bool* progress) {
+  // Reads what the control socket holds now and takes in its messages.
+  Status read_control(Peer& p, bool* progress) {
     if (!p.eof) {
       auto more = p.sock.read_available(p.inbuf);
       if (!more.ok()) return more.status();
@@ -248,8 +266,7 @@ class IpcReceiver {
     while (net::pop_msg(p.inbuf, &m)) {
       *progress = true;
       if (m.type == kReady) {
-        Status st = validate(p, m);
-        if (!st.ok()) return st;
+        FERRY_RETURN_IF_ERROR(validate(p, m));
         p.ready.push_back(m);
       } else if (m.type == kClose) {
         p.clean_close = true;
@@ -259,7 +276,14 @@ class IpcReceiver {
         return Status::data_loss(fmt::format("cuda_ipc: unknown control message {}", m.type));
       }
     }
-    Status st = deliver(p, progress);
+    return ok_status();
+  }
+
+  // Reads the control socket and delivers; returns the Status that ends the link, if it ends.
+  std::optional<Status> serve(Peer& p, bool* progress) {
+    Status st = read_control(p, progress);
+    if (!st.ok()) return st;
+    st = deliver(p, progress);
     if (!st.ok()) return st;
     if (p.clean_close && p.ready.empty()) return ok_status();
     if (p.eof && !p.clean_close) {

@@ -1,6 +1,6 @@
-// nccl, receiving end and the transport: one thread accepts senders (handshake, communicator,
-// warm-up, synchronously and under a deadline), posts receives as headers arrive and runs the
-// callbacks, never two at once.
+// nccl, receiving end and the transport: one thread accepts senders and hands each to a set-up
+// thread (handshake, communicator, warm-up, under a deadline); the serving thread posts receives
+// for every connected sender as headers arrive and runs the callbacks, never two at once.
 #include "transport/nccl_transport.h"
 
 #include <unistd.h>
@@ -83,6 +83,18 @@ class NcclReceiver {
     if (stop_.exchange(true)) return;
     waker_.notify();
     if (thread_.joinable()) thread_.join();
+    // Set-ups end at their own deadlines; what they finish joins the peers told to close below.
+    std::vector<Setup> setups;
+    {
+      std::lock_guard<std::mutex> lock(setup_mu_);
+      setups.swap(setups_);
+    }
+    for (auto& s : setups) s.thread.join();
+    {
+      std::lock_guard<std::mutex> lock(setup_mu_);
+      for (auto& p : joined_) peers_.push_back(std::move(p));
+      joined_.clear();
+    }
     for (auto& p : peers_) {
       const net::Msg m = net::text_msg(kClose, "nccl receiver shut down");
       (void)p->sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
@@ -91,7 +103,57 @@ class NcclReceiver {
   }
 
  private:
-  Status accept_peer(net::Socket s) {
+  // A new sender's handshake, communicator and warm-up run on a thread of their own, never on the
+  // thread that serves the connected senders: those have sends in flight (NCCL kernels spinning on
+  // the GPU until we post the matching receives), and NCCL's set-up makes CUDA calls that can wait
+  // for every kernel on the device. Setting up a second sender on the serving thread therefore
+  // deadlocked two senders into one receiver: the new sender's init waited on the first sender's
+  // kernels, which waited on receives this thread no longer posted, until the connect deadline.
+  struct Setup {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+
+  void start_setup(net::Socket s) {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread t([this, done, sock = std::move(s)]() mutable {
+      Result<std::unique_ptr<Peer>> p =
+          cudaSetDevice(device_) == cudaSuccess
+              ? accept_peer(std::move(sock))
+              : Result<std::unique_ptr<Peer>>(Status::internal("nccl: receiver set-up thread cannot use its device"));
+      if (!p.ok()) FERRY_LOG_WARN("nccl: refused a sender: {}", p.status().to_string());
+      {
+        std::lock_guard<std::mutex> lock(setup_mu_);
+        if (p.ok()) joined_.push_back(std::move(*p));
+      }
+      done->store(true, std::memory_order_release);
+      waker_.notify();
+    });
+    std::lock_guard<std::mutex> lock(setup_mu_);
+    setups_.push_back({std::move(t), std::move(done)});
+  }
+
+  // Takes in senders whose set-up finished and joins their threads.
+  void adopt(bool* progress) {
+    std::vector<Setup> finished;
+    {
+      std::lock_guard<std::mutex> lock(setup_mu_);
+      for (auto& p : joined_) peers_.push_back(std::move(p));
+      if (!joined_.empty()) *progress = true;
+      joined_.clear();
+      for (size_t i = 0; i < setups_.size();) {
+        if (setups_[i].done->load(std::memory_order_acquire)) {
+          finished.push_back(std::move(setups_[i]));
+          setups_.erase(setups_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+    }
+    for (auto& s : finished) s.thread.join();
+  }
+
+  Result<std::unique_ptr<Peer>> accept_peer(net::Socket s) {
     const Deadline deadline = Clock::now() + kSetup;
     Hello hello{};
     FERRY_RETURN_IF_ERROR(s.read_all(&hello, sizeof hello, deadline));
@@ -128,8 +190,7 @@ class NcclReceiver {
     }
     FERRY_LOG_DEBUG("nccl: sender pid {} on {} connected to {}", hello.pid, hello.bus_id, w.bus_id);
     p->sock = std::move(s);
-    peers_.push_back(std::move(p));
-    return ok_status();
+    return p;
   }
 
   // Posts announced receives into free slots, then delivers completed ones in order.
@@ -208,9 +269,9 @@ class NcclReceiver {
         auto s = listener_.accept();
         if (!s.ok() || !s->valid()) break;
         progress = true;
-        Status st = accept_peer(std::move(*s));
-        if (!st.ok()) FERRY_LOG_WARN("nccl: refused a sender: {}", st.to_string());
+        start_setup(std::move(*s));
       }
+      adopt(&progress);
       for (size_t k = 0; k < peers_.size();) {
         Peer& p = *peers_[k];
         std::optional<Status> closing = serve(p, &progress, &gpu_wait);
@@ -246,6 +307,9 @@ class NcclReceiver {
   net::Waker waker_;
   std::atomic<bool> stop_{false};
   std::vector<std::unique_ptr<Peer>> peers_;
+  std::mutex setup_mu_;
+  std::vector<Setup> setups_;                   // set-up threads, joined once done
+  std::vector<std::unique_ptr<Peer>> joined_;   // set up, not yet taken in by the serving thread
   std::thread thread_;
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -400,6 +401,79 @@ TEST_P(Conformance, TwoSendersOneReceiver) {
   EXPECT_EQ(next[0], kCount);
   EXPECT_EQ(next[1], kCount);
   tx2->shutdown();
+}
+
+// A sender connects while another has buckets in flight to the same receiver; both streams
+// arrive whole and in order. Regression (nccl): the receiver set up the newcomer's communicator on
+// the thread that posts receives, so the first sender's sends (kernels waiting for those receives)
+// and the newcomer's NCCL init (CUDA calls that wait for them) deadlocked until the connect deadline.
+TEST_P(Conformance, SenderJoinsWhileAnotherStreams) {
+  const std::string blob = listen();
+  auto tx2_or = create_transport(GetParam().name);
+  ASSERT_TRUE(tx2_or.ok()) << tx2_or.status().to_string();
+  std::unique_ptr<Transport> tx2 = std::move(*tx2_or);
+  constexpr size_t kCount = 8;
+  constexpr size_t kBucket = 256 << 10;
+  std::vector<std::pair<size_t, size_t>> items;
+  for (size_t i = 0; i < kCount; ++i) items.emplace_back(i * kBucket, kBucket - i);
+  auto a = connect(*tx_, blob);
+  ASSERT_TRUE(a);
+  auto src_a = Source::create(*tx_, kBucket * kCount, txd());
+  ASSERT_TRUE(src_a.ok()) << src_a.status().to_string();
+  auto first = post_all(*a, *src_a, items, 0);  // not waited on: in flight while the second joins
+  ASSERT_EQ(first.size(), kCount);
+  auto b = connect(*tx2, blob);
+  ASSERT_TRUE(b) << "a second sender could not join while the first streamed";
+  auto src_b = Source::create(*tx2, kBucket * kCount, txd());
+  ASSERT_TRUE(src_b.ok()) << src_b.status().to_string();
+  auto second = post_all(*b, *src_b, items, 1);
+  ASSERT_EQ(second.size(), kCount);
+  for (auto& p : first) EXPECT_TRUE(p.handle->wait(in(30s)).ok());
+  for (auto& p : second) EXPECT_TRUE(p.handle->wait(in(30s)).ok());
+  ASSERT_TRUE(inbox_->wait_for_count(2 * kCount, in(60s))) << "received " << inbox_->received().size() << " of "
+                                                           << 2 * kCount;
+  uint64_t next[2] = {0, 0};
+  for (const Received& r : inbox_->received()) {
+    ASSERT_LT(r.sender, 2u);
+    ASSERT_LT(r.seq, kCount);
+    ASSERT_EQ(r.seq, next[r.sender]) << "sender " << r.sender << " out of order";
+    EXPECT_EQ(r.hash, (r.sender == 0 ? first : second)[r.seq].hash);
+    ++next[r.sender];
+  }
+  a.reset();
+  b.reset();
+  tx2->shutdown();
+}
+
+// A sender may finish and close while the receiver still holds buckets it has not handed over (a
+// cuda_ipc sender's handles complete once its copies land in the receiver's ring). That close is
+// clean: every bucket still arrives and the receiver reports OK. Regression (cuda_ipc): the
+// receiver wrote a slot-free to the closed socket, failed with "Broken pipe", reported that as the
+// close and dropped the buckets still waiting (which also starved TwoSendersOneReceiver).
+TEST_P(Conformance, CloseWithBucketsUndelivered) {
+  const std::string blob = listen();
+  auto c = connect(*tx_, blob);
+  ASSERT_TRUE(c);
+  auto src = Source::create(*tx_, 2 * 4096, txd());
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  inbox_->close_gate();  // the receiver holds the first bucket in its callback
+  // Two buckets: a cuda_ipc ring has at least two slots, so both land without a slot-free.
+  auto posted = post_all(*c, *src, {{0, 4096}, {4096, 4095}}, 12);
+  ASSERT_EQ(posted.size(), 2u);
+  // Where completing or closing needs the receiver's progress, the closer waits for the gate;
+  // where it does not (cuda_ipc), it closes while both buckets are still undelivered.
+  auto closer = std::async(std::launch::async, [&] {
+    for (auto& p : posted) EXPECT_TRUE(p.handle->wait(in(30s)).ok());
+    c.reset();
+  });
+  (void)closer.wait_for(5s);
+  inbox_->open_gate();
+  closer.wait();
+  expect_arrived(posted);
+  EXPECT_TRUE(inbox_->wait_for_closed(1, in(20s))) << "the receiver was not told of the clean close";
+  if (!inbox_->closed().empty() && GetParam().clean_close_ok) {
+    EXPECT_TRUE(inbox_->closed()[0].ok()) << inbox_->closed()[0].to_string();
+  }
 }
 
 // A child process streams stream_schedule() into this one: for cuda_ipc this is the real IPC path
