@@ -23,6 +23,7 @@
 #include "core/settings.h"
 #include "coordinator/rollout_worker.h"
 #include "coordinator/trainer.h"
+#include "examples/demo/llama_config.h"
 #include "examples/demo/reference.h"
 #include "reload/model_storage.h"
 #include "sharding/llama.h"
@@ -34,18 +35,6 @@ namespace {
 namespace fs = std::filesystem;
 using ferry::Status;
 
-ferry::sharding::LlamaConfig llama_config(const demo::Model& m) {
-  ferry::sharding::LlamaConfig c;
-  c.hidden_size = m.hidden;
-  c.num_heads = m.heads;
-  c.num_kv_heads = m.kv_heads;
-  c.intermediate_size = m.intermediate;
-  c.vocab_size = m.vocab;
-  c.num_layers = m.layers;
-  c.vocab_pad_multiple = m.vocab_pad;
-  return c;
-}
-
 std::string rank_file(const std::string& dir, uint64_t version, int rank) {
   return fmt::format("{}/v{}/rank{}.safetensors", dir, version, rank);
 }
@@ -53,7 +42,7 @@ std::string rank_file(const std::string& dir, uint64_t version, int rank) {
 int run_rollout(const std::string& coordinator, int rank, int tp, const std::string& dir) {
   ferry::set_log_identity(fmt::format("rank {}", rank));
   const demo::Model m;
-  auto spec = ferry::sharding::llama_rank_spec(llama_config(m), rank, tp, "fp8_per_tensor");
+  auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), rank, tp, "fp8_per_tensor");
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
   auto storage = ferry::reload::ModelStorage::allocate(*spec, ferry::Device::cpu());
   if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;
@@ -152,7 +141,7 @@ int run_trainer(int updates, int tp, std::string dir) {
   int rc = 0;
   Status st = (*trainer)->wait_for_ranks(tp, timeout);
   const demo::Model m;
-  const auto manifest = ferry::sharding::llama_manifest(llama_config(m));
+  const auto manifest = ferry::sharding::llama_manifest(demo::llama_config(m));
   for (int v = 1; v <= updates && st.ok(); ++v) {
     const demo::Checkpoint ck = demo::make_checkpoint(m, static_cast<uint64_t>(v));
     std::map<std::string, ferry::TensorView> views;

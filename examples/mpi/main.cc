@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "coordinator/rollout_worker.h"
 #include "coordinator/trainer.h"
+#include "examples/demo/llama_config.h"
 #include "examples/demo/reference.h"
 #include "reload/model_storage.h"
 #include "sharding/llama.h"
@@ -21,18 +22,6 @@
 namespace {
 
 constexpr int kAddressBytes = 256;
-
-ferry::sharding::LlamaConfig llama(const demo::Model& m) {
-  ferry::sharding::LlamaConfig c;
-  c.hidden_size = m.hidden;
-  c.num_heads = m.heads;
-  c.num_kv_heads = m.kv_heads;
-  c.intermediate_size = m.intermediate;
-  c.vocab_size = m.vocab;
-  c.num_layers = m.layers;
-  c.vocab_pad_multiple = m.vocab_pad;
-  return c;
-}
 
 // Trainer rank 0: embeds the coordinator, runs the updates. Returns the number of failures.
 int run_trainer(int ranks, int updates) {
@@ -43,7 +32,7 @@ int run_trainer(int ranks, int updates) {
   MPI_Bcast(address, kAddressBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
   if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 1;
   if (auto st = (*trainer)->wait_for_ranks(ranks, 30'000); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
-  const auto manifest = ferry::sharding::llama_manifest(llama(m));
+  const auto manifest = ferry::sharding::llama_manifest(demo::llama_config(m));
   int failures = 0;
   for (int v = 1; v <= updates; ++v) {
     const demo::Checkpoint ck = demo::make_checkpoint(m, static_cast<uint64_t>(v));
@@ -74,7 +63,7 @@ int run_rollout(int tp_rank, int tp, int* mismatches) {
   MPI_Bcast(address, kAddressBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
   if (address[0] == '\0') return 1;
   const demo::Model m;
-  auto spec = ferry::sharding::llama_rank_spec(llama(m), tp_rank, tp, "fp8_per_tensor");
+  auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), tp_rank, tp, "fp8_per_tensor");
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
   auto storage = ferry::reload::ModelStorage::allocate(*spec, ferry::Device::cpu());
   if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;

@@ -234,3 +234,60 @@ TEST(Update, RollbackResumesThePreviousVersion) {
 
 }  // namespace
 }  // namespace ferry::testutil
+
+namespace ferry::testutil {
+namespace {
+
+// Rolling updates: one replica is updated while the other keeps serving, then the other, at the
+// same version; no replica is paused by the other's update.
+TEST(Update, RollingUpdateLeavesTheOtherReplicaServing) {
+  auto trainer = coordinator::Trainer::create({});
+  ASSERT_TRUE(trainer.ok());
+  const auto cfg = tiny_llama();
+  std::vector<std::unique_ptr<Rank>> replicas;
+  for (int replica = 0; replica < 2; ++replica) {
+    auto rank = std::make_unique<Rank>();
+    auto spec = sharding::llama_rank_spec(cfg, 0, 1, "fp8_per_tensor");
+    ASSERT_TRUE(spec.ok());
+    spec->replica = replica;
+    auto storage = reload::ModelStorage::allocate(*spec, Device::cpu());
+    ASSERT_TRUE(storage.ok());
+    rank->storage = std::make_unique<reload::ModelStorage>(std::move(*storage));
+    coordinator::RolloutOptions o;
+    o.coordinator = (*trainer)->coordinator_address();
+    o.spec = *spec;
+    o.storage = rank->storage.get();
+    Rank* raw = rank.get();
+    o.pause = [raw](const coordinator::PauseRequest&) {
+      raw->pauses++;
+      return ok_status();
+    };
+    auto w = coordinator::RolloutWorker::create(std::move(o));
+    ASSERT_TRUE(w.ok());
+    rank->worker = std::move(*w);
+    replicas.push_back(std::move(rank));
+  }
+  ASSERT_TRUE((*trainer)->wait_for_ranks(2, 10'000).ok());
+  const auto manifest = sharding::llama_manifest(cfg);
+  Checkpoint ck(manifest, 1);
+  for (int group = 0; group < 2; ++group) {
+    coordinator::UpdateOptions uo;
+    uo.replicas = {group};
+    ASSERT_TRUE((*trainer)->start_weight_update(1, manifest, uo).ok());
+    coordinator::MapSource src(ck.views);
+    ASSERT_TRUE((*trainer)->update_weights(src).ok());
+    auto r = (*trainer)->finish_weight_update();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->ranks, 1);
+    EXPECT_EQ(replicas[static_cast<size_t>(group)]->worker->weight_version(), 1u);
+    EXPECT_EQ(replicas[static_cast<size_t>(group)]->pauses, 1);
+    if (group == 0) {
+      EXPECT_EQ(replicas[1]->pauses, 0);  // kept serving
+      EXPECT_EQ(replicas[1]->worker->weight_version(), 0u);
+    }
+  }
+  EXPECT_EQ(replicas[0]->fingerprint(), replicas[1]->fingerprint());
+}
+
+}  // namespace
+}  // namespace ferry::testutil
