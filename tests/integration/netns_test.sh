@@ -36,6 +36,13 @@ for i in $(seq 1 50); do
 done
 FERRY_LISTEN_HOST=10.77.0.2 ip netns exec "$b" "$peer" rollout "10.77.0.1:$port" 0 1 &
 rank_pid=$!
+# The update starts once the rank has joined (bounded).
+joined=0
+for i in $(seq 1 100); do
+  if ip netns exec "$a" "$ferry" status "10.77.0.1:$port" 2>/dev/null | grep -q " rollout "; then joined=1; break; fi
+  sleep 0.1
+done
+[ $joined = 1 ] || { echo "the rank on host B never joined"; exit 1; }
 # The trainer on host A sends a full update (stop-after beyond the tensor count: it never stops).
 FERRY_LISTEN_HOST=10.77.0.1 timeout 60 ip netns exec "$a" "$peer" trainer "10.77.0.1:$port" 1 1000000
 rc=$?
