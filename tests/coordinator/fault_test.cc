@@ -30,6 +30,8 @@ class FaultTest : public ::testing::Test {
     unsetenv("FERRY_TIMEOUT_MS");
     unsetenv("FERRY_TOKEN");
   }
+
+ public:
   static std::unique_ptr<Child> rollout(const std::string& address, int rank, int tp) {
     return std::make_unique<Child>(std::vector<std::string>{FERRY_FAULT_PEER, "rollout", address, std::to_string(rank),
                                                             std::to_string(tp)});
@@ -58,14 +60,29 @@ Result<coordinator::UpdateReport> full_update(coordinator::Trainer& t, uint64_t 
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A trainer with the embedded coordinator, two rollout ranks as child processes, and version 1 landed.
+struct Replica2 {
+  Result<std::unique_ptr<coordinator::Trainer>> trainer = Status::internal("not started");
+  std::string addr;
+  std::unique_ptr<Child> r0, r1;
+
+  void start() {
+    trainer = coordinator::Trainer::create({});
+    ASSERT_TRUE(trainer.ok());
+    addr = (*trainer)->coordinator_address();
+    r0 = FaultTest::rollout(addr, 0, 2);
+    r1 = FaultTest::rollout(addr, 1, 2);
+    ASSERT_TRUE((*trainer)->wait_for_ranks(2, 10'000).ok());
+    ASSERT_TRUE(full_update(**trainer, 1).ok());
+  }
+};
+
 TEST_F(FaultTest, RolloutKilledMidTransfer) {
-  auto trainer = coordinator::Trainer::create({});
-  ASSERT_TRUE(trainer.ok());
-  const std::string addr = (*trainer)->coordinator_address();
-  auto r0 = rollout(addr, 0, 2);
-  auto r1 = rollout(addr, 1, 2);
-  ASSERT_TRUE((*trainer)->wait_for_ranks(2, 10'000).ok());
-  ASSERT_TRUE(full_update(**trainer, 1).ok());
+  Replica2 c;
+  ASSERT_NO_FATAL_FAILURE(c.start());
+  auto& trainer = c.trainer;
+  auto& r1 = c.r1;
+  const std::string addr = c.addr;
 
   const auto manifest = sharding::llama_manifest(tiny_llama());
   Checkpoint ck(manifest, 2);
@@ -139,13 +156,11 @@ TEST_F(FaultTest, TrainerKilledMidTransfer) {
 }
 
 TEST_F(FaultTest, StoppedRankMeetsTheDeadline) {
-  auto trainer = coordinator::Trainer::create({});
-  ASSERT_TRUE(trainer.ok());
-  const std::string addr = (*trainer)->coordinator_address();
-  auto r0 = rollout(addr, 0, 2);
-  auto r1 = rollout(addr, 1, 2);
-  ASSERT_TRUE((*trainer)->wait_for_ranks(2, 10'000).ok());
-  ASSERT_TRUE(full_update(**trainer, 1).ok());
+  Replica2 c;
+  ASSERT_NO_FATAL_FAILURE(c.start());
+  auto& trainer = c.trainer;
+  auto& r1 = c.r1;
+  const std::string addr = c.addr;
   r1->signal(SIGSTOP);
   const auto t0 = Clock::now();
   auto r = full_update(**trainer, 2);
