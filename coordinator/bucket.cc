@@ -58,6 +58,26 @@ uint8_t* BucketBuilder::add_piece(uint32_t param, const Region& dst, DType dtype
   return where;
 }
 
+void BucketBuilder::add_ref_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes, uint64_t alloc,
+                                  uint64_t offset, uint64_t row_stride, uint64_t rows) {
+  wire::PieceHeader* p = header_.add_pieces();
+  p->set_param(param);
+  for (int64_t v : dst.offset) p->add_dst_offset(v);
+  for (int64_t v : dst.size) p->add_size(v);
+  p->set_bytes(bytes);
+  p->set_dtype(std::string(dtype_name(dtype)));
+  p->set_ref_alloc(alloc);
+  p->set_ref_offset(offset);
+  p->set_ref_row_stride(row_stride);
+  p->set_ref_rows(rows);
+  header_estimate_ += kPieceHeaderBytes + 48;
+}
+
+void BucketBuilder::add_allocation(const wire::IpcAllocation& a) {
+  *header_.add_allocations() = a;
+  header_estimate_ += a.ByteSizeLong() + 8;
+}
+
 Result<size_t> BucketBuilder::seal(bool checksum) {
   header_.set_payload_bytes(payload_);
   header_.set_checksum(checksum ? payload_checksum(data(), payload_) : 0);
@@ -84,6 +104,16 @@ Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* heade
     return Status::data_loss(fmt::format("bucket says {} payload bytes, carries {}", header->payload_bytes(), payload));
   }
   for (const auto& p : header->pieces()) {
+    if (p.dst_offset_size() != p.size_size()) return Status::data_loss("piece region has mismatched rank");
+    if (p.ref_alloc() != 0) {
+      // Direct: the bytes lie in a shared allocation, checked against it when resolved.
+      if (p.ref_rows() == 0 ? p.bytes() != 0 : p.bytes() % p.ref_rows() != 0 ||
+                                                   (p.ref_rows() > 1 && p.ref_row_stride() < p.bytes() / p.ref_rows())) {
+        return Status::data_loss(fmt::format("direct piece for parameter #{}: {} bytes in {} rows {} bytes apart",
+                                             p.param(), p.bytes(), p.ref_rows(), p.ref_row_stride()));
+      }
+      continue;
+    }
     if (p.offset() > payload || p.bytes() > payload - p.offset()) {
       return Status::data_loss(fmt::format("piece for parameter #{} at {}+{} lies outside a {}-byte payload", p.param(),
                                            p.offset(), p.bytes(), payload));

@@ -28,6 +28,13 @@ class BucketBuilder {
   // Reserves `bytes` of payload for a piece landing at `dst` of parameter `param`; returns where to
   // write the piece's packed elements.
   uint8_t* add_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes);
+  // A direct piece: `bytes` in `rows` rows, `row_stride` bytes apart from `offset` in the sender's
+  // shared allocation `alloc` (wire::PieceHeader), with no payload.
+  void add_ref_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes, uint64_t alloc, uint64_t offset,
+                     uint64_t row_stride, uint64_t rows);
+  // Announces a shared allocation that this bucket's or later buckets' direct pieces use.
+  void add_allocation(const wire::IpcAllocation& a);
+  void set_sender_nonce(uint64_t nonce) { header_.set_sender_nonce(nonce); }
   // Writes header and trailer; returns the bucket's total size. `checksum` adds XXH3-64 of the payload.
   Result<size_t> seal(bool checksum);
   uint8_t* data() const { return buffer_.data_as<uint8_t>(); }

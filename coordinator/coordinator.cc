@@ -275,6 +275,7 @@ class CoordinatorImpl final : public Coordinator {
       if (!spec.ok()) return refuse(c, spec.status());
       m.spec = std::move(*spec);
       m.endpoints.assign(h.endpoints().begin(), h.endpoints().end());
+      m.storage_device = h.storage_device();
       if (m.endpoints.empty()) return refuse(c, Status::invalid_argument("a rollout rank must listen on a data transport"));
     } else if (m.role != "trainer" && m.role != "observer") {
       return refuse(c, Status::invalid_argument("unknown role '" + m.role + "'"));

@@ -19,6 +19,7 @@ struct Member {
   std::string role;  // trainer, rollout, observer
   sharding::RankSpec spec;
   std::vector<wire::Endpoint> endpoints;
+  std::string storage_device;  // rollout ranks: "cpu", "cuda:0", ...
   uint64_t version = 0;     // the version its storage holds complete
   bool consistent = false;  // false until a complete version lands, and after an aborted update
   std::string state = "joined";

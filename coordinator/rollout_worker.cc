@@ -17,6 +17,7 @@
 #include "coordinator/member.h"
 #include "coordinator/wire.h"
 #include "reload/engine.h"
+#include "transport/ipc_share.h"
 #include "transport/transport.h"
 
 namespace ferry::coordinator {
@@ -51,6 +52,10 @@ class RolloutWorkerImpl final : public RolloutWorker {
     }
     if (address.empty()) return Status::invalid_argument("no coordinator address: set FERRY_COORDINATOR=host:port");
     FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage));
+    device_ = options_.storage->device();
+    if (device_.is_cuda() && transport::ipc_share_available()) {
+      importer_ = std::make_unique<transport::IpcImporter>(device_.index);
+    }
     // Listen on every transport that may reach a sender (FERRY_TRANSPORT narrows it to one); the
     // sender connects with the first, in priority order, that reaches this rank.
     FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports());
@@ -81,6 +86,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     to_wire(options_.spec, h->mutable_spec());
     for (const auto& e : endpoints_) *h->add_endpoints() = e;
     h->set_pid(static_cast<int32_t>(getpid()));
+    h->set_storage_device(device_.to_string());
     FERRY_RETURN_IF_ERROR(
         join(*channel_, welcome_, std::move(hello),
              std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_))
@@ -273,6 +279,9 @@ class RolloutWorkerImpl final : public RolloutWorker {
       st = Status::failed_precondition(fmt::format("bucket of update v{} while this rank is at v{}{}", header.version(),
                                                    update_version_, engine_->in_update() ? "" : " (no update open)"));
     }
+    for (int i = 0; st.ok() && i < header.allocations_size(); ++i) {
+      st = announce(header.allocations(i));
+    }
     for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
       const auto& p = header.pieces(i);
       auto dt = parse_dtype(p.dtype());
@@ -281,7 +290,8 @@ class RolloutWorkerImpl final : public RolloutWorker {
         break;
       }
       Region dst{Shape(p.dst_offset().begin(), p.dst_offset().end()), Shape(p.size().begin(), p.size().end())};
-      st = engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());
+      st = p.ref_alloc() != 0 ? apply_direct(header.sender_nonce(), p, dst, *dt)
+                              : engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());
     }
     if (!st.ok() && bucket_error_.ok()) bucket_error_ = st;
     ++received_;
@@ -289,6 +299,42 @@ class RolloutWorkerImpl final : public RolloutWorker {
       asio::post(io_, [this, v = update_version_] { finalize(v, false); });
     }
     return ok_status();
+  }
+
+  Status announce(const wire::IpcAllocation& a) {
+    if (!importer_) {
+      return Status::failed_precondition(
+          fmt::format("a sender shares device memory with this rank, whose storage is on {}", device_.to_string()));
+    }
+    transport::SharedAllocation s;
+    s.id = a.id();
+    s.handle = a.handle();
+    s.size = a.size();
+    s.process_nonce = a.process_nonce();
+    s.base = a.base();
+    s.device = a.device();
+    s.pid = a.pid();
+    return importer_->announce(s);
+  }
+
+  // A piece the rank reads in place from the colocated sender's device memory. Rows that are not
+  // one run (columns of a row-parallel weight) are gathered on the device first.
+  Status apply_direct(uint64_t nonce, const wire::PieceHeader& p, const Region& dst, DType dtype) {
+    if (!importer_) {
+      return Status::failed_precondition(
+          fmt::format("direct piece for parameter #{} on a rank whose storage is on {}", p.param(), device_.to_string()));
+    }
+    const uint64_t rows = p.ref_rows(), row_bytes = rows ? p.bytes() / rows : 0;
+    const uint64_t span = rows ? (rows - 1) * p.ref_row_stride() + row_bytes : 0;
+    FERRY_ASSIGN_OR_RETURN(const uint8_t* src, importer_->resolve(nonce, p.ref_alloc(), p.ref_offset(), span));
+    if (rows <= 1 || p.ref_row_stride() == row_bytes) {
+      return engine_->lend_piece(p.param(), 0, dst, dtype, nullptr, src, p.bytes(), device_);
+    }
+    FERRY_ASSIGN_OR_RETURN(Buffer packed, Buffer::allocate(p.bytes(), device_));
+    FERRY_RETURN_IF_ERROR(transport::gather_rows(packed.data(), src, rows, row_bytes, p.ref_row_stride(), device_.index));
+    auto owner = std::make_shared<Buffer>(std::move(packed));
+    const void* bytes = owner->data();
+    return engine_->lend_piece(p.param(), 0, dst, dtype, std::move(owner), bytes, p.bytes(), device_);
   }
 
   RolloutOptions options_;
@@ -306,6 +352,8 @@ class RolloutWorkerImpl final : public RolloutWorker {
 
   std::mutex mu_;  // engine and update counters
   std::unique_ptr<reload::ReloadEngine> engine_;
+  Device device_ = Device::cpu();                      // of the storage
+  std::unique_ptr<transport::IpcImporter> importer_;  // device storage: colocated senders' memory
   uint64_t update_version_ = 0;
   int64_t received_ = 0;
   int64_t expected_ = -1;

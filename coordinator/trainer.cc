@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <deque>
+#include <set>
 #include <thread>
 
 #include "core/asio.h"
@@ -20,6 +22,8 @@
 #include "coordinator/member.h"
 #include "coordinator/wire.h"
 #include "sharding/planner.h"
+#include "reload/processing.h"
+#include "transport/ipc_share.h"
 #include "transport/transport.h"
 
 namespace ferry::coordinator {
@@ -44,7 +48,23 @@ struct Destination {
   int open = -1;  // builder being filled
   uint64_t buckets = 0;
   uint64_t seq = 0;
+  bool direct = false;               // reads this trainer's device tensors in place
+  std::set<uint64_t> announced;      // shared allocations this connection was told of
 };
+
+// Where the rows of `src` lie inside a contiguous tensor of `shape` and `dtype`: the first row's
+// byte offset and the bytes between rows, when every row of the box is one contiguous run.
+std::optional<std::pair<uint64_t, uint64_t>> row_runs(const Shape& shape, DType dtype, const Region& src) {
+  if (shape.empty()) return std::pair<uint64_t, uint64_t>{0, 0};
+  for (size_t d = 2; d < shape.size(); ++d) {
+    if (src.offset[d] != 0 || src.size[d] != shape[d]) return std::nullopt;
+  }
+  int64_t inner = 1;
+  for (size_t d = 2; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t row = shape.size() > 1 ? shape[1] * inner : 1;
+  const int64_t first = src.offset[0] * row + (shape.size() > 1 ? src.offset[1] * inner : 0);
+  return std::pair<uint64_t, uint64_t>{dtype_bytes(dtype, first), dtype_bytes(dtype, row)};
+}
 
 class TrainerImpl final : public Trainer {
  public:
@@ -71,6 +91,8 @@ class TrainerImpl final : public Trainer {
     FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
     if (inflight < 1) return Status::invalid_argument("FERRY_BUCKETS_IN_FLIGHT must be at least 1");
     if (bucket_bytes_ < 4096) return Status::invalid_argument("FERRY_BUCKET_BYTES must be at least 4K");
+    FERRY_ASSIGN_OR_RETURN(std::string direct, setting_string("FERRY_DIRECT"));
+    direct_ = direct == "auto" && transport::ipc_share_available();
     in_flight_ = static_cast<size_t>(inflight);
     std::string address = options_.coordinator;
     if (address.empty()) {
@@ -123,10 +145,12 @@ class TrainerImpl final : public Trainer {
     const auto t_plan = Clock::now();
     ranks_.clear();
     endpoints_.clear();
+    storage_devices_.clear();
     for (const auto& m : r.ranks()) {
       FERRY_ASSIGN_OR_RETURN(auto spec, from_wire(m.spec()));
       ranks_.push_back(std::move(spec));
       endpoints_.emplace_back(m.endpoints().begin(), m.endpoints().end());
+      storage_devices_.push_back(m.storage_device());
     }
     manifest_ = manifest;
     index_.clear();
@@ -140,6 +164,8 @@ class TrainerImpl final : public Trainer {
     sent_.assign(manifest_.size(), false);
     failure_ = Status();
     bytes_ = 0;
+    direct_bytes_ = 0;
+    synced_devices_.clear();
     in_update_ = true;
     t_transfer_ = Clock::now();
     return ok_status();
@@ -207,6 +233,7 @@ class TrainerImpl final : public Trainer {
     rep.version = r.version();
     rep.ranks = r.ranks();
     rep.bytes = r.bytes();
+    rep.direct_bytes = direct_bytes_;
     rep.moved = r.moved();
     rep.registered = r.registered();
     rep.peak_staging_bytes = r.peak_staging_bytes();
@@ -281,7 +308,12 @@ class TrainerImpl final : public Trainer {
           break;
         }
       }
-      if (!d.conn) FERRY_RETURN_IF_ERROR(connect_dest(d, i));
+      if (!d.conn) {
+        FERRY_RETURN_IF_ERROR(connect_dest(d, i));
+        d.announced.clear();
+      }
+      // Direct reads need the rank on this node (shm reached it) with device storage.
+      d.direct = direct_ && d.transport->name() == "shm" && storage_devices_[i].starts_with("cuda");
       d.buckets = 0;
       d.open = -1;
       const size_t want = std::max<uint64_t>(std::min<uint64_t>(bucket_bytes_, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
@@ -316,6 +348,7 @@ class TrainerImpl final : public Trainer {
     d.free.pop_back();
     BucketBuilder* b = d.pool[static_cast<size_t>(d.open)].get();
     b->reset(version_, 0, d.seq++);
+    b->set_sender_nonce(transport::ipc_process_nonce());
     return b;
   }
 
@@ -355,18 +388,69 @@ class TrainerImpl final : public Trainer {
                  frac * 100, static_cast<double>(bytes_) / 1e9, total / 1e9, done ? "\n" : "");
   }
 
-  Status send_one(const std::string& name, const TensorView& tensor) {
+  // A direct piece: the rank reads the rows of `piece` from this trainer's device tensor in place.
+  // False when the rows are not contiguous runs (the piece then travels as bytes).
+  Result<bool> send_direct(Destination& d, const sharding::Piece& piece, const Region& dst, const TensorView& tensor) {
+    const auto runs = row_runs(tensor.shape(), tensor.dtype(), piece.src);
+    if (!runs) return false;
+    if (!synced_devices_.contains(tensor.device().index)) {
+      // The trainer's last writes to its weights land before any rank reads them.
+      FERRY_RETURN_IF_ERROR(transport::ipc_device_synchronize(tensor.device().index));
+      synced_devices_.insert(tensor.device().index);
+    }
+    FERRY_ASSIGN_OR_RETURN(transport::SharedRef ref, exporter_.locate(tensor.data(), tensor.nbytes()));
+    FERRY_ASSIGN_OR_RETURN(BucketBuilder * b, open_bucket(d));
+    if (b->payload_room() < 1024) {
+      FERRY_RETURN_IF_ERROR(flush(d));
+      FERRY_ASSIGN_OR_RETURN(b, open_bucket(d));
+    }
+    if (!d.announced.contains(ref.id)) {
+      const transport::SharedAllocation* a = exporter_.allocation(ref.id);
+      wire::IpcAllocation w;
+      w.set_id(a->id);
+      w.set_handle(a->handle);
+      w.set_size(a->size);
+      w.set_process_nonce(a->process_nonce);
+      w.set_base(a->base);
+      w.set_device(a->device);
+      w.set_pid(a->pid);
+      b->add_allocation(w);
+      d.announced.insert(ref.id);
+    }
+    const uint64_t rows = piece.src.size.empty() ? 1 : static_cast<uint64_t>(piece.src.size[0]);
+    b->add_ref_piece(static_cast<uint32_t>(piece.param), dst, tensor.dtype(), piece.bytes, ref.id,
+                     ref.offset + runs->first, runs->second, rows);
+    bytes_ += piece.bytes;
+    direct_bytes_ += piece.bytes;
+    return true;
+  }
+
+  Status send_one(const std::string& name, const TensorView& tensor_in) {
     auto it = index_.find(name);
     if (it == index_.end()) return Status::invalid_argument("send(" + name + "): not in this update's manifest");
     const sharding::SourceTensor& meta = manifest_[it->second];
-    FERRY_RETURN_IF_ERROR(expect_tensor(tensor, "send(" + name + ")", meta.dtype, meta.shape));
+    FERRY_RETURN_IF_ERROR(expect_tensor(tensor_in, "send(" + name + ")", meta.dtype, meta.shape));
     if (sent_[it->second]) return Status::invalid_argument("send(" + name + "): already sent in this update");
     sent_[it->second] = true;
+    TensorView tensor = tensor_in;
+    Buffer host;  // a device tensor's bytes for pieces that travel as bytes
     for (int pi : plan_->by_source[it->second]) {
       const sharding::Piece& piece = plan_->pieces[static_cast<size_t>(pi)];
       const sharding::ParamSpec& param = ranks_[static_cast<size_t>(piece.dst)].params[static_cast<size_t>(piece.param)];
       const Region dst_full = sharding::slice_dst_region(param.slices[static_cast<size_t>(piece.slice)], param);
       Destination& d = dests_[static_cast<size_t>(piece.dst)];
+      if (tensor_in.device().is_cuda() && d.direct) {
+        auto sent = send_direct(d, piece, dst_full, tensor_in);
+        if (!sent.ok()) return sent.status().with_context(name);
+        if (*sent) continue;
+      }
+      if (!tensor.device().is_cpu()) {
+        FERRY_ASSIGN_OR_RETURN(host, Buffer::allocate(tensor_in.nbytes()));
+        FERRY_RETURN_IF_ERROR(
+            reload::copy_bytes(host.data(), Device::cpu(), tensor_in.data(), tensor_in.device(), tensor_in.nbytes())
+                .with_context(name));
+        tensor = TensorView(host.data(), tensor_in.dtype(), tensor_in.shape());
+      }
       const int64_t rows = piece.src.size.empty() ? 1 : piece.src.size[0];
       const size_t row_bytes = rows ? piece.bytes / static_cast<uint64_t>(rows) : 0;
       const size_t k = dst_full.size.size() - piece.src.size.size();  // dst dim of src dim 0
@@ -419,9 +503,14 @@ class TrainerImpl final : public Trainer {
   std::vector<std::vector<wire::Endpoint>> endpoints_;  // per destination, in its preference order
   std::vector<Destination> dests_;
   std::vector<bool> sent_;
+  std::vector<std::string> storage_devices_;  // per destination
+  bool direct_ = false;                       // FERRY_DIRECT allows direct reads
+  transport::IpcExporter exporter_;
+  std::set<int> synced_devices_;  // devices synchronized in this update
   bool in_update_ = false;
   uint64_t version_ = 0;
   uint64_t bytes_ = 0;
+  uint64_t direct_bytes_ = 0;
   Status failure_;
   Clock::time_point t_start_, t_transfer_, last_progress_;
   const bool tty_ = isatty(STDERR_FILENO) != 0;

@@ -5,9 +5,16 @@
 //   for (auto& [name, t] : weights) trainer->send(name, t);          // or update_weights(source)
 //   auto report = trainer->finish_weight_update();                   // resumes them at `step`
 //
-// Contract: a tensor passed to send() is read during the call only on the host path; transports
-// that read in place (cuda_ipc) read it until finish_weight_update() returns, so the trainer must
-// not modify its weights between start and finish.
+// Contract: the trainer does not modify its weights between start_weight_update() and
+// finish_weight_update() returning. Host tensors are read during send(); device tensors going to a
+// rank on this node whose storage is on a GPU (FERRY_DIRECT=auto, the default) are read in place
+// by that rank's kernels until finish_weight_update() returns: each device allocation holding
+// them is exported once by CUDA IPC (one handle per allocation, not per tensor or update), the
+// first send() of an update waits for the work this process queued on the device, and the rank
+// quantizes straight from the trainer's memory into its storage (2 bytes read and 1 written per
+// bf16 parameter in fp8). Weights must come from cudaMalloc (PyTorch's caching allocator does;
+// stream-ordered pools and expandable segments cannot be exported: set FERRY_DIRECT=off there).
+// Other device pieces are copied to host and sent as bytes.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +48,7 @@ struct UpdateReport {
   uint64_t version = 0;
   int ranks = 0;
   uint64_t bytes = 0;
+  uint64_t direct_bytes = 0;  // of `bytes`, read in place from this trainer's device memory by colocated ranks
   uint64_t moved = 0;
   uint64_t registered = 0;
   uint64_t peak_staging_bytes = 0;

@@ -134,6 +134,7 @@ void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
     w->set_member_id(id);
     to_wire(p.spec, w->mutable_spec());
     for (const auto& e : p.endpoints) *w->add_endpoints() = e;
+    w->set_storage_device(p.storage_device);
   }
   send_to_trainer(reply);
 }

@@ -16,6 +16,8 @@ constexpr SettingInfo kSettings[] = {
      ""},
     {"FERRY_TIMEOUT_MS", SettingType::kInt, "30000", "deadline for every wait in an update, in milliseconds", ""},
     {"FERRY_TRANSPORT", SettingType::kChoice, "auto", "force one data transport", "auto tcp shm cuda_ipc ucx nccl"},
+    {"FERRY_DIRECT", SettingType::kChoice, "auto",
+     "colocated ranks read a trainer's device tensors in place (CUDA IPC) instead of receiving bytes", "auto off"},
     {"FERRY_BUCKET_BYTES", SettingType::kBytes, "64M", "bytes per bucket that a transport moves", ""},
     {"FERRY_BUCKETS_IN_FLIGHT", SettingType::kInt, "4", "buckets posted and not yet completed, per destination", ""},
     {"FERRY_MAX_STAGING_BYTES", SettingType::kBytes, "0",

@@ -1,5 +1,7 @@
 #include "reload/checkpoint_loader.h"
 
+#include "reload/processing.h"
+
 #include <algorithm>
 #include <random>
 
@@ -86,7 +88,18 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
     const DType dt = p.src.dtype();
     buf.resize(dtype_bytes(dt, p.src_region.numel()));
     Status st = pack_region(p.src, p.src_region, buf.data(), buf.size());
-    if (st.ok()) st = engine.apply_input_piece(p.param, p.input, p.dst, dt, buf.data(), buf.size());
+    if (st.ok() && options.lend_from.is_cuda()) {
+      auto dev = Buffer::allocate(std::max<size_t>(buf.size(), 1), options.lend_from);
+      st = dev.status();
+      if (st.ok()) st = copy_bytes(dev->data(), options.lend_from, buf.data(), Device::cpu(), buf.size());
+      if (st.ok()) {
+        auto owner = std::make_shared<Buffer>(std::move(*dev));
+        const void* data = owner->data();
+        st = engine.lend_piece(p.param, p.input, p.dst, dt, std::move(owner), data, buf.size(), options.lend_from);
+      }
+    } else if (st.ok()) {
+      st = engine.apply_input_piece(p.param, p.input, p.dst, dt, buf.data(), buf.size());
+    }
     if (!st.ok()) {
       engine.abort();
       return st;

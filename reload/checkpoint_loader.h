@@ -20,6 +20,9 @@ struct LoadOptions {
   bool reverse_layers = false;  // feed layers last to first
   uint64_t shuffle_seed = 0;    // non-zero: shuffle the pieces of every layer
   bool interleave_layers = false;  // alternate pieces between all layers (out-of-order input)
+  // A CUDA device: every piece is uploaded there and lent to the engine in device memory, the way a
+  // colocated trainer's tensors reach a rank (read in place by the kernels). CPU: host pieces.
+  Device lend_from = Device::cpu();
 };
 
 // begin(version), every piece, finalize().

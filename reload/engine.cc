@@ -208,13 +208,18 @@ Status ReloadEngine::apply_input_piece(uint32_t param, uint32_t input, const Reg
 }
 
 Status ReloadEngine::lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype,
-                                std::shared_ptr<const void> owner, const void* data, size_t bytes) {
-  return apply(param, input, dst, dtype, data, bytes, &owner);
+                                std::shared_ptr<const void> owner, const void* data, size_t bytes, Device data_device) {
+  return apply(param, input, dst, dtype, data, bytes, &owner, data_device);
 }
 
 Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
-                           size_t bytes, const std::shared_ptr<const void>* owner) {
+                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device) {
   if (!in_update_) return Status::failed_precondition("piece received outside an update");
+  const bool on_device = !data_device.is_cpu();
+  if (on_device && (owner == nullptr || data_device != storage_.device())) {
+    return Status::invalid_argument(fmt::format("piece in {} memory for storage on {}: device pieces are lent, on the "
+                                                "storage's device", data_device.to_string(), storage_.device().to_string()));
+  }
   if (param >= params_.size()) {
     unknown_.push_back(fmt::format("#{}", param));
     return Status::not_found(fmt::format("piece for parameter #{}; this rank has {}", param, params_.size()));
@@ -243,8 +248,10 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
         fmt::format("{}: piece {} arrives after layer {} was complete", in_name, dst.to_string(), layer.name));
   }
   FERRY_RETURN_IF_ERROR(p.coverage[input].add(dst));
-  const bool rows =
-      p.inputs.size() == 1 && storage_.device().is_cpu() && dst.rank() >= 1 && p.kernel->can_process_rows(dst);
+  // Row pieces are processed where their bytes are: host rows into host storage (or its scratch),
+  // lent device rows straight into device storage.
+  const bool rows = p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1 &&
+                    p.kernel->can_process_rows(dst);
   bool completes = true;
   for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
   // Pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
@@ -272,10 +279,10 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
   }
   if (hold == Hold::kWhole) {
     if (p.whole.size() != p.inputs.size()) p.whole.resize(p.inputs.size());
-    p.whole[input] = Param::Lent{TensorView(const_cast<void*>(data), dtype, in.shape), 0,
+    p.whole[input] = Param::Lent{TensorView(const_cast<void*>(data), dtype, in.shape, data_device), 0,
                                  owner != nullptr ? *owner : nullptr};
   } else if (hold == Hold::kKept) {
-    p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0],
+    p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size, data_device), dst.offset[0],
                                  owner != nullptr ? *owner : nullptr});
   } else if (hold == Hold::kScratch) {
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
@@ -288,7 +295,18 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
     ++report_.piecewise_pieces;
   } else {
     TensorView staged(p.staging[input].data(), in.dtype, in.shape);
-    FERRY_RETURN_IF_ERROR(unpack_region(staged, dst, data, bytes).with_context(in_name));
+    if (on_device) {
+      // A device piece no kernel can take on its own (part of a per-tensor shard, a band of blocks):
+      // through host memory, like any other staged piece.
+      FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));
+      FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), data, data_device, bytes));
+      Status unpacked = unpack_region(staged, dst, host.data(), bytes).with_context(in_name);
+      pool_.give(std::move(host));
+      FERRY_RETURN_IF_ERROR(unpacked);
+      ++report_.device_staged_pieces;
+    } else {
+      FERRY_RETURN_IF_ERROR(unpack_region(staged, dst, data, bytes).with_context(in_name));
+    }
   }
   report_.bytes += bytes;
   report_.pieces += 1;
@@ -324,12 +342,20 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
   const auto& in = p.inputs[0];
   const int64_t rows = in.shape[0], per_row = rows ? shape_numel(in.shape) / rows : 0;
   int64_t next = 0;
+  const Device dev = storage_.device();
+  ScratchArena uploads(dev);
   auto run = [&](int64_t r0, int64_t r1) -> Status {
     if (r1 <= r0) return ok_status();
     FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, 0));
     Shape s = in.shape;
     s[0] = r1 - r0;
     TensorView v(static_cast<char*>(b->data()) + dtype_bytes(in.dtype, r0 * per_row), in.dtype, s);
+    if (!scratch && !dev.is_cpu()) {
+      // Device storage beside lent device rows: the staged rows go up first.
+      FERRY_ASSIGN_OR_RETURN(TensorView d, uploads.allocate(in.dtype, s));
+      FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, v.data(), Device::cpu(), d.nbytes()));
+      v = d;
+    }
     return p.kernel->process_rows(v, r0, target, options_.exec).with_context(ps.name);
   };
   for (const auto& [r0, r1] : p.rows_done) {
@@ -337,6 +363,7 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
     next = r1;
   }
   FERRY_RETURN_IF_ERROR(run(next, rows));
+  if (uploads.bytes() > 0) FERRY_RETURN_IF_ERROR(device_synchronize(dev));  // before the uploads are freed
   if (!scratch) return ok_status();
   // Copy-in: values go into the registered storage; its identity stays.
   for (size_t i = 0; i < p.storage.size(); ++i) {
@@ -355,7 +382,12 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
     const void* src = nullptr;
     if (i < p.whole.size() && p.whole[i].rows.data() != nullptr) {
       src = p.whole[i].rows.data();
-      if (dev.is_cpu()) ++report_.direct_pieces;
+      if (p.whole[i].rows.device() == dev) {
+        // In place: host bytes into host storage, or a colocated trainer's device tensor.
+        ++report_.direct_pieces;
+        inputs.push_back(p.whole[i].rows);
+        continue;
+      }
     } else {
       FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, i));
       src = b->data();
@@ -370,7 +402,8 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
     }
   }
   FERRY_RETURN_IF_ERROR(p.kernel->process(inputs, p.storage, scratch, options_.exec).with_context(ps.name));
-  if (!dev.is_cpu()) FERRY_RETURN_IF_ERROR(device_synchronize(dev));
+  // Scratch is freed on return: its readers finish first. Without scratch, finalize() waits once.
+  if (!dev.is_cpu() && scratch.bytes() > 0) FERRY_RETURN_IF_ERROR(device_synchronize(dev));
   return ok_status();
 }
 
@@ -435,6 +468,13 @@ Result<EngineReport> ReloadEngine::finalize() {
     if (l.refused) gaps += " (refused: staging limit)";
     if (n_missing <= 8) missing += fmt::format("\n  {}: {}", l.name, gaps);
   }
+  // Every kernel of the update has finished (and reported its error) before the update ends: lent
+  // device pieces are only guaranteed until then.
+  if (Status synced = device_synchronize(storage_.device()); !synced.ok()) {
+    in_update_ = false;
+    for (Layer& l : layers_) release(l);
+    return synced.with_context(fmt::format("update v{}", version_));
+  }
   report_.census = census();
   report_.snapshot_bytes = snapshots_.bytes();
   in_update_ = false;
@@ -484,6 +524,8 @@ Status ReloadEngine::rollback() {
 }
 
 void ReloadEngine::abort() {
+  // Kernels still reading lent pieces finish before their owners may reuse the bytes.
+  if (Status st = device_synchronize(storage_.device()); !st.ok()) FERRY_LOG_WARN("abort: {}", st.message());
   for (Layer& l : layers_) release(l);
   in_update_ = false;
 }

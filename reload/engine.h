@@ -59,6 +59,7 @@ struct EngineReport {
   uint64_t pieces = 0;
   uint64_t piecewise_pieces = 0;  // processed on arrival, without full-precision staging
   uint64_t direct_pieces = 0;     // processed at completion straight into storage (no scratch)
+  uint64_t device_staged_pieces = 0;  // device pieces that had to be staged through host memory
   uint64_t snapshot_bytes = 0;    // host snapshot held for rollback at the end of the update
   uint64_t layers = 0;            // layers processed
   uint64_t peak_staging_bytes = 0;
@@ -90,9 +91,11 @@ class ReloadEngine {
   // keeps it alive; null when the caller guarantees `data` until the update ends) until the layer
   // is processed or the update ends, and then processes it straight into registered storage, with
   // no staging copy. Pieces that cannot be processed on their own are copied at once, as by
-  // apply_input_piece(). Lent bytes count as staging.
+  // apply_input_piece(). Lent bytes count as staging. `data_device`: where `data` lives; device
+  // memory must be on the storage's device, and the kernels then read it in place (a colocated
+  // trainer's tensors), whole rows or a whole input; other device pieces are staged through host.
   Status lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, std::shared_ptr<const void> owner,
-                    const void* data, size_t bytes);
+                    const void* data, size_t bytes, Device data_device = Device::cpu());
   // Ends the update: every layer complete, no piece for an unknown tensor, census moved 0/N;
   // otherwise an error naming what is missing, unknown or moved. Incomplete layers keep their
   // previous storage untouched.
@@ -145,7 +148,7 @@ class ReloadEngine {
     std::vector<TensorView> piecewise_views;
     std::vector<std::pair<int64_t, int64_t>> rows_done;  // [begin, end) processed on arrival
     struct Lent {
-      TensorView rows;  // whole rows from `row0`, the caller's bytes
+      TensorView rows;  // whole rows from `row0`, the caller's bytes (on the storage device or host)
       int64_t row0 = 0;
       std::shared_ptr<const void> owner;
     };
@@ -161,7 +164,7 @@ class ReloadEngine {
   Status stage_input(Layer& layer, Param& p, uint32_t input);
   Status stage_piecewise(Layer& layer, Param& p);
   Status apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes,
-               const std::shared_ptr<const void>* owner);
+               const std::shared_ptr<const void>* owner, Device data_device = Device::cpu());
   Status process(Layer& layer);
   Status process_rows(Param& p, const sharding::ParamSpec& ps);
   Result<const Buffer*> input_buffer(Param& p, uint32_t input);

@@ -1,6 +1,7 @@
 #include "reload/processing.h"
 
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -101,10 +102,13 @@ class OnlineKernel final : public ProcessingKernel {
     return kernels::quantize(scheme_, inputs[0], param_.shard_rows, storage, exec);
   }
   bool can_process_rows(const Region& dst) const override {
-    if (scheme_ == kernels::Scheme::kFp8PerTensor) return false;
     const Shape& s = param_.shape;
     for (size_t d = 1; d < s.size(); ++d) {
       if (dst.offset[d] != 0 || dst.size[d] != s[d]) return false;
+    }
+    if (scheme_ == kernels::Scheme::kFp8PerTensor) {
+      // Whole logical shards (q, k, v of a fused qkv): each has its own scale.
+      return s.size() == 2 && shard_span(dst.offset[0], dst.size[0]).has_value();
     }
     if (scheme_ == kernels::Scheme::kFp8Block) {
       const int64_t b = kernels::kFp8BlockSize;
@@ -114,11 +118,45 @@ class OnlineKernel final : public ProcessingKernel {
   }
   Status process_rows(const TensorView& input, int64_t row0, std::span<const TensorView> out,
                       const kernels::Exec& exec) override {
+    if (scheme_ == kernels::Scheme::kFp8PerTensor) {
+      const auto span = shard_span(row0, input.dim(0));
+      if (!span || out.size() != 2) {
+        return Status::invalid_argument(
+            fmt::format("{}: rows {}+{} are not whole shards", param_.name, row0, input.dim(0)));
+      }
+      const auto [s0, s1] = *span;
+      const TensorView& codes = out[0];
+      const int64_t cols = codes.rank() == 2 ? codes.dim(1) : 0;
+      const TensorView c(static_cast<uint8_t*>(codes.data()) + row0 * cols, codes.dtype(), {input.dim(0), cols},
+                         codes.device());
+      const TensorView sc(out[1].data_as<float>() + s0, out[1].dtype(), {s1 - s0}, out[1].device());
+      std::vector<int64_t> shards;
+      if (!param_.shard_rows.empty()) {
+        shards.assign(param_.shard_rows.begin() + s0, param_.shard_rows.begin() + s1);
+      }
+      const TensorView views[] = {c, sc};
+      return kernels::quantize(scheme_, input, shards, views, exec);
+    }
     FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, out, row0, input.dim(0)));
     return kernels::quantize(scheme_, input, {}, rows, exec);
   }
 
  private:
+  // The shards [s0, s1) that rows [row0, row0 + n) cover exactly, if they do.
+  std::optional<std::pair<int64_t, int64_t>> shard_span(int64_t row0, int64_t n) const {
+    const int64_t total = param_.shape.empty() ? 0 : param_.shape[0];
+    if (param_.shard_rows.empty()) {
+      return row0 == 0 && n == total ? std::optional(std::pair<int64_t, int64_t>{0, 1}) : std::nullopt;
+    }
+    int64_t at = 0, s0 = -1;
+    for (size_t i = 0; i <= param_.shard_rows.size(); ++i) {
+      if (at == row0) s0 = static_cast<int64_t>(i);
+      if (at == row0 + n && s0 >= 0 && n > 0) return std::pair<int64_t, int64_t>{s0, static_cast<int64_t>(i)};
+      if (i < param_.shard_rows.size()) at += param_.shard_rows[i];
+    }
+    return std::nullopt;
+  }
+
   kernels::Scheme scheme_;
   sharding::ParamSpec param_;
 };

@@ -6,10 +6,14 @@
 #   sanitizer.log  compute-sanitizer memcheck of the CUDA tests
 #   results.jsonl  benchmark lines ({"bench":...,"ratio":...})
 #   kernels.png    kernel throughput beside the device-copy baseline
-# usage: bench/gpu/run.sh OUT_DIR
+#   colocated.png  the colocated update per scheme beside its floor and the PyTorch baselines
+# usage: bench/gpu/run.sh OUT_DIR [STEPS]
+#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: bench/gpu/run.sh OUT_DIR}
+out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
+steps=${2:-tests,sanitizer,bench,colocated,torch,probe}
+want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off
 status=0
@@ -43,15 +47,20 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
   [ $rc -eq 0 ] || status=1
 }
 
+if want tests; then
 for t in kernels_quantize_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test core_buffer_test \
          reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
 [ -x "$bin/transport_conformance_test" ] && run "$bin/transport_conformance_test" --gtest_filter='*cuda_ipc*:*nccl*'
 run "$bin/ferry-demo"
+# Colocated on one GPU: the ranks read the trainer's device tensors in place, verified bit-exact.
+run "$bin/ferry-demo" --device cuda:0 --tp 1
+run "$bin/ferry-demo" --device cuda:0 --tp 2
+fi
 
 # compute-sanitizer on the CUDA paths (the tests compare CUDA against the CPU bit for bit).
-if command -v compute-sanitizer > /dev/null; then
+if want sanitizer && command -v compute-sanitizer > /dev/null; then
   for t in "kernels_quantize_test --gtest_filter=*Cuda*" "kernels_gptq_test --gtest_filter=*Cuda*" \
            "kernels_gemm_test --gtest_filter=*Cuda*" "reload_gpu_test"; do
     set -- $t
@@ -62,10 +71,34 @@ if command -v compute-sanitizer > /dev/null; then
   done
 fi
 
-"$bin/ferry" bench kernels --device all --json --rows 8192 --cols 8192 >> "$out/results.jsonl" 2>> "$out/tests.log"
-"$bin/ferry" bench reload --json --device all >> "$out/results.jsonl" 2>> "$out/tests.log"
-python3 bench/gpu/plot.py "$out/results.jsonl" "$out/kernels.png" >> "$out/tests.log" 2>&1
-grep -E "^=== (rc=|.*(PASSED|FAILED))" "$out/tests.log" | tail -40
+if want bench; then
+  "$bin/ferry" bench kernels --device all --json --rows 8192 --cols 8192 >> "$out/results.jsonl" 2>> "$out/tests.log"
+  "$bin/ferry" bench reload --json --device all >> "$out/results.jsonl" 2>> "$out/tests.log"
+  python3 bench/gpu/plot.py "$out/results.jsonl" "$out/kernels.png" >> "$out/tests.log" 2>&1
+fi
+# The colocated update of a Llama-3-8B shaped model (issue workload), per scheme, and what users do
+# today in PyTorch, in the same run.
+schemes=${FERRY_GPU_SCHEMES:-fp8_per_channel fp8_per_tensor int4_group}
+if want colocated; then
+  for s in $schemes; do
+    echo "=== colocated $s" >> "$out/tests.log"
+    timeout 300 "$bin/ferry-bench-colocated" --scheme "$s" --updates "${FERRY_GPU_UPDATES:-10}" --json \
+      >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "colocated $s failed" >> "$out/tests.log"; status=1; }
+  done
+fi
+if want torch && [ -f bench/gpu/torch_baseline.py ]; then
+  for s in $schemes; do
+    timeout 400 python3 bench/gpu/torch_baseline.py --scheme "$s" --baseline all --updates "${FERRY_GPU_UPDATES:-10}" \
+      >> "$out/results.jsonl" 2>> "$out/torch.log" || echo "torch baseline $s failed" >> "$out/tests.log"
+  done
+fi
+want colocated && python3 bench/gpu/plot_colocated.py "$out/results.jsonl" "$out/colocated.png" >> "$out/tests.log" 2>&1
+if want probe && command -v nvcc > /dev/null; then
+  nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/copy_probe bench/gpu/copy_probe.cu >> "$out/tests.log" 2>&1 &&
+    /tmp/copy_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"
+fi
+grep -E "^=== (rc=|.*(PASSED|FAILED))|^update v.*(verified|MISMATCH)|failed" "$out/tests.log" | tail -60
 grep -E "ERROR SUMMARY|=== rc" "$out/sanitizer.log" 2>/dev/null
-cat "$out/results.jsonl"
+cat "$out/results.jsonl" 2>/dev/null
+cat "$out/probe.jsonl" 2>/dev/null
 exit $status

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -26,6 +27,7 @@
 #include "examples/demo/llama_config.h"
 #include "examples/demo/reference.h"
 #include "reload/model_storage.h"
+#include "reload/processing.h"
 #include "sharding/llama.h"
 
 extern char** environ;
@@ -39,12 +41,12 @@ std::string rank_file(const std::string& dir, uint64_t version, int rank) {
   return fmt::format("{}/v{}/rank{}.safetensors", dir, version, rank);
 }
 
-int run_rollout(const std::string& coordinator, int rank, int tp, const std::string& dir) {
+int run_rollout(const std::string& coordinator, int rank, int tp, const std::string& dir, ferry::Device device) {
   ferry::set_log_identity(fmt::format("rank {}", rank));
   const demo::Model m;
   auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), rank, tp, "fp8_per_tensor");
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
-  auto storage = ferry::reload::ModelStorage::allocate(*spec, ferry::Device::cpu());
+  auto storage = ferry::reload::ModelStorage::allocate(*spec, device);
   if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;
   ferry::coordinator::RolloutOptions o;
   o.coordinator = coordinator;
@@ -54,7 +56,18 @@ int run_rollout(const std::string& coordinator, int rank, int tp, const std::str
   o.resume = [&](uint64_t version) -> Status {
     std::error_code ec;
     fs::create_directories(fmt::format("{}/v{}", dir, version), ec);
-    std::vector<std::pair<std::string, ferry::TensorView>> tensors(storage->tensors().begin(), storage->tensors().end());
+    std::vector<std::pair<std::string, ferry::TensorView>> tensors;
+    std::vector<ferry::Buffer> host;  // device storage is read back first
+    for (const auto& [name, t] : storage->tensors()) {
+      if (t.device().is_cpu()) {
+        tensors.emplace_back(name, t);
+        continue;
+      }
+      FERRY_ASSIGN_OR_RETURN(ferry::Buffer b, ferry::Buffer::allocate(std::max<size_t>(t.nbytes(), 1)));
+      FERRY_RETURN_IF_ERROR(ferry::reload::copy_bytes(b.data(), ferry::Device::cpu(), t.data(), t.device(), t.nbytes()));
+      tensors.emplace_back(name, ferry::TensorView(b.data(), t.dtype(), t.shape()));
+      host.push_back(std::move(b));
+    }
     return ferry::write_safetensors(rank_file(dir, version, rank), tensors);
   };
   auto worker = ferry::coordinator::RolloutWorker::create(std::move(o));
@@ -120,7 +133,7 @@ Check verify(const demo::Model& m, const demo::Checkpoint& ck, const std::string
   return c;
 }
 
-int run_trainer(int updates, int tp, std::string dir) {
+int run_trainer(int updates, int tp, std::string dir, ferry::Device device) {
   ferry::set_log_identity("trainer");
   const bool keep = !dir.empty();
   if (!keep) {
@@ -133,7 +146,7 @@ int run_trainer(int updates, int tp, std::string dir) {
   std::vector<Child> children;
   for (int r = 0; r < tp; ++r) {
     auto c = spawn({"ferry-demo", "--role", "rollout", "--coordinator", (*trainer)->coordinator_address(), "--tp-rank",
-                    std::to_string(r), "--tp", std::to_string(tp), "--dump-dir", dir});
+                    std::to_string(r), "--tp", std::to_string(tp), "--dump-dir", dir, "--device", device.to_string()});
     if (!c.ok()) return std::cerr << c.status().to_string() << "\n", 1;
     children.push_back(*c);
   }
@@ -142,12 +155,26 @@ int run_trainer(int updates, int tp, std::string dir) {
   Status st = (*trainer)->wait_for_ranks(tp, timeout);
   const demo::Model m;
   const auto manifest = ferry::sharding::llama_manifest(demo::llama_config(m));
+  std::map<std::string, ferry::Buffer> on_device;  // a GPU trainer's weights: allocated once, rewritten per step
   for (int v = 1; v <= updates && st.ok(); ++v) {
     const demo::Checkpoint ck = demo::make_checkpoint(m, static_cast<uint64_t>(v));
     std::map<std::string, ferry::TensorView> views;
     for (const auto& [name, t] : ck) {
-      views.emplace(name, ferry::TensorView(const_cast<uint16_t*>(t.bf16.data()), ferry::DType::kBF16, t.shape));
+      ferry::TensorView host(const_cast<uint16_t*>(t.bf16.data()), ferry::DType::kBF16, t.shape);
+      if (device.is_cpu()) {
+        views.emplace(name, host);
+        continue;
+      }
+      auto& b = on_device[name];
+      if (b.data() == nullptr) {
+        auto nb = ferry::Buffer::allocate(host.nbytes(), device);
+        if (!nb.ok()) return std::cerr << nb.status().to_string() << "\n", 1;
+        b = std::move(*nb);
+      }
+      st = ferry::reload::copy_bytes(b.data(), device, host.data(), ferry::Device::cpu(), host.nbytes());
+      views.emplace(name, ferry::TensorView(b.data(), ferry::DType::kBF16, t.shape, device));
     }
+    if (!st.ok()) break;
     ferry::coordinator::MapSource source(views);
     st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest);
     if (st.ok()) st = (*trainer)->update_weights(source);
@@ -158,9 +185,9 @@ int run_trainer(int updates, int tp, std::string dir) {
       break;
     }
     const Check check = verify(m, ck, dir, static_cast<uint64_t>(v), tp);
-    std::cout << fmt::format("update v{}: ok ranks={} bytes={} seconds={:.4f} gbps={:.2f} moved={}/{} {}", v,
-                             report->ranks, report->bytes, report->seconds, report->gbps(), report->moved,
-                             report->registered, check.ok ? "verified" : "MISMATCH")
+    std::cout << fmt::format("update v{}: ok ranks={} bytes={} direct={} seconds={:.4f} gbps={:.2f} moved={}/{} {}", v,
+                             report->ranks, report->bytes, report->direct_bytes, report->seconds, report->gbps(),
+                             report->moved, report->registered, check.ok ? "verified" : "MISMATCH")
               << std::endl;
     if (!check.ok) {
       std::cerr << check.first_error << "\n";
@@ -196,8 +223,19 @@ int main(int argc, char** argv) {
   app.add_option("--dump-dir", dump_dir, "write every rank's registered tensors to DIR/vN/rankR.safetensors");
   app.add_option("--coordinator", coordinator, "rollout role: coordinator address");
   app.add_option("--tp-rank", tp_rank, "rollout role: this rank");
+  std::string device_name = "cpu";
+  app.add_option("--device", device_name,
+                 "where the trainer's weights and the ranks' storage live: cpu, or cuda:N (colocated on one GPU node: "
+                 "the ranks read the trainer's tensors in place)");
   CLI11_PARSE(app, argc, argv);
   if (auto st = ferry::validate_settings(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
-  if (role == "rollout") return run_rollout(coordinator, tp_rank, tp, dump_dir);
-  return run_trainer(updates, tp, dump_dir);
+  std::optional<ferry::Device> device;
+  if (device_name == "cpu") device = ferry::Device::cpu();
+  if (device_name.starts_with("cuda:") && device_name.size() > 5 &&
+      device_name.find_first_not_of("0123456789", 5) == std::string::npos) {
+    device = ferry::Device::cuda(std::stoi(device_name.substr(5)));
+  }
+  if (!device) return std::cerr << "--device " << device_name << ": expected cpu or cuda:N\n", 2;
+  if (role == "rollout") return run_rollout(coordinator, tp_rank, tp, dump_dir, *device);
+  return run_trainer(updates, tp, dump_dir, *device);
 }

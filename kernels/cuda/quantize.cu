@@ -205,7 +205,7 @@ Status launch_block(const QuantArgs& a, cudaStream_t st) {
                         ((a.cols + kFp8BlockSize - 1) / kFp8BlockSize);
   if (tiles == 0) return ok_status();
   const auto kernel = block_vec_kernel<D>;
-  kernel<<<persistent_blocks(reinterpret_cast<const void*>(kernel), tiles), kThreads, 0, st>>>(
+  kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{1} << 30)), kThreads, 0, st>>>(
       a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), a.matrix_rows, a.cols, tiles);
   FERRY_CUDA_LAUNCH_CHECK();
   return ok_status();
@@ -216,7 +216,7 @@ Status launch_int4(const QuantArgs& a, cudaStream_t st) {
   const int64_t groups = a.rows * (a.cols / kInt4GroupSize);
   if (groups == 0) return ok_status();
   const auto kernel = int4_kernel<D>;
-  const unsigned blocks = persistent_blocks(reinterpret_cast<const void*>(kernel), blocks_for(groups * 8, kThreads));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(groups * 8, kThreads), int64_t{1} << 30));
   kernel<<<blocks, kThreads, 0, st>>>(a.in, static_cast<uint8_t*>(a.out), static_cast<uint16_t*>(a.scale), groups,
                                       aligned16(a.in), aligned8(a.out));
   FERRY_CUDA_LAUNCH_CHECK();

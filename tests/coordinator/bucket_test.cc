@@ -1,6 +1,7 @@
 #include "coordinator/bucket.h"
 
 #include <cstring>
+#include <tuple>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -84,6 +85,55 @@ TEST(Bucket, RoomShrinksAsPiecesArrive) {
   EXPECT_LT(b.payload_room(), room - 100 + 1);
   while (b.payload_room() >= 64) b.add_piece(0, Region{{0}, {64}}, DType::kU8, 64);
   EXPECT_TRUE(b.seal(true).ok());
+}
+
+// Direct pieces carry where the bytes lie in a shared allocation instead of bytes; announced
+// allocations and the sender's nonce travel in the header.
+TEST(Bucket, DirectPiecesCarryReferencesNotBytes) {
+  BucketBuilder b(4096);
+  b.reset(9, 0, 1);
+  b.set_sender_nonce(0x1234);
+  wire::IpcAllocation a;
+  a.set_id(77);
+  a.set_handle(std::string(64, 'h'));
+  a.set_size(1 << 20);
+  a.set_pid(42);
+  b.add_allocation(a);
+  b.add_ref_piece(3, Region{{0, 0}, {4, 16}}, DType::kBF16, 128, 77, 4096, 64, 4);
+  uint8_t* p = b.add_piece(4, Region{{0}, {2}}, DType::kF32, 8);
+  std::memset(p, 0x11, 8);
+  auto n = b.seal(true);
+  ASSERT_TRUE(n.ok());
+  wire::BucketHeader h;
+  ASSERT_TRUE(decode_bucket(b.data(), *n, &h).ok());
+  EXPECT_EQ(h.payload_bytes(), 8u);  // only the ordinary piece's bytes
+  EXPECT_EQ(h.sender_nonce(), 0x1234u);
+  ASSERT_EQ(h.allocations_size(), 1);
+  EXPECT_EQ(h.allocations(0).id(), 77u);
+  EXPECT_EQ(h.allocations(0).handle().size(), 64u);
+  ASSERT_EQ(h.pieces_size(), 2);
+  EXPECT_EQ(h.pieces(0).ref_alloc(), 77u);
+  EXPECT_EQ(h.pieces(0).ref_offset(), 4096u);
+  EXPECT_EQ(h.pieces(0).ref_row_stride(), 64u);
+  EXPECT_EQ(h.pieces(0).ref_rows(), 4u);
+  EXPECT_EQ(h.pieces(0).bytes(), 128u);
+  EXPECT_EQ(h.pieces(1).ref_alloc(), 0u);
+}
+
+// A direct piece whose rows overlap (stride shorter than a row) or do not divide its bytes is data
+// loss, named; a payload bound never applies to it.
+TEST(Bucket, MalformedDirectPieceIsDataLoss) {
+  for (auto [bytes, stride, rows] : {std::tuple<uint64_t, uint64_t, uint64_t>{128, 16, 4}, {130, 64, 4}, {128, 64, 0}}) {
+    BucketBuilder b(4096);
+    b.reset(1, 0, 0);
+    b.add_ref_piece(6, Region{{0, 0}, {4, 16}}, DType::kBF16, bytes, 5, 0, stride, rows);
+    auto n = b.seal(false);
+    ASSERT_TRUE(n.ok());
+    wire::BucketHeader h;
+    Status st = decode_bucket(b.data(), *n, &h);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << bytes << " " << stride << " " << rows;
+    EXPECT_THAT(st.message(), HasSubstr("parameter #6"));
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // its previous weights.
 #include <cstdlib>
 
+#include "core/region_copy.h"
+#include "kernels/quantize.h"
 #include "reload/checkpoint_loader.h"
 #include "tests/reload/util.h"
 
@@ -32,6 +34,43 @@ TEST(Staging, PlanOrderHoldsAtMostOneLayer) {
     EXPECT_EQ(r->out_of_order_layers, 0u) << scheme;
     EXPECT_EQ(rank->engine->staging_bytes(), 0u);
   }
+}
+
+// fp8_per_tensor keeps one scale per logical shard, so a piece covering whole shards (q, k or v of a
+// fused qkv; gate or up) is quantized on arrival instead of waiting in full-precision staging. The
+// result equals the kernel run once over the whole fused tensor, assembled here from the checkpoint.
+TEST(Staging, PerTensorShardsAreProcessedOnArrival) {
+  const tiny::Config cfg;
+  auto rank = make_rank(cfg, "fp8_per_tensor");
+  auto w = tiny::Weights::random(cfg, rank->spec, 3);
+  auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GT(r->piecewise_pieces + r->direct_pieces, 0u);
+  int fused = 0;
+  for (const auto& p : rank->spec.params) {
+    if (p.scheme != "fp8_per_tensor" || p.shard_rows.size() < 2) continue;
+    ++fused;
+    std::vector<uint8_t> whole(dtype_bytes(p.source_dtype, shape_numel(p.shape)));
+    const TensorView full(whole.data(), p.source_dtype, p.shape);
+    for (const auto& sl : p.slices) {
+      const TensorView& src = w->checkpoint().at(sl.source);
+      std::vector<uint8_t> packed(dtype_bytes(src.dtype(), sl.src.numel()));
+      ASSERT_OK(pack_region(src, sl.src, packed.data(), packed.size()));
+      ASSERT_OK(unpack_region(full, sharding::slice_dst_region(sl, p), packed.data(), packed.size()));
+    }
+    auto layout = param_layout(p, DType::kBF16);
+    ASSERT_TRUE(layout.ok());
+    std::vector<std::vector<uint8_t>> out;
+    std::vector<TensorView> views;
+    for (const auto& t : *layout) out.emplace_back(dtype_bytes(t.dtype, shape_numel(t.shape)));
+    for (size_t i = 0; i < layout->size(); ++i) views.emplace_back(out[i].data(), (*layout)[i].dtype, (*layout)[i].shape);
+    ASSERT_OK(kernels::quantize(kernels::Scheme::kFp8PerTensor, full, p.shard_rows, views, {}));
+    for (size_t i = 0; i < layout->size(); ++i) {
+      const std::string name = storage_name(p.name, (*layout)[i].suffix);
+      EXPECT_EQ(testing::bytes_of(rank->storage.tensors().at(name)), out[i]) << name;
+    }
+  }
+  EXPECT_GT(fused, 0);
 }
 
 TEST(Staging, OutOfOrderInputIsAccounted) {
