@@ -229,10 +229,12 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   if (json) {
     fmt::print("{{\"bench\":\"colocated\",\"case\":\"ferry/{}\",\"device\":\"cuda\",\"params\":{},\"layers\":{},"
                "\"bytes\":{:.0f},\"direct_bytes\":{},\"seconds\":{:.6f},\"updates\":{},\"pause_seconds\":{:.6f},"
+               "\"ranks_pause_seconds\":{:.6f},"
                "\"transfer_seconds\":{:.6f},\"process_seconds\":{:.6f},\"resume_seconds\":{:.6f},"
                "\"copy_gbps\":{:.1f},\"floor_seconds\":{:.6f},\"ratio_to_floor\":{:.3f}}}\n",
                scheme, weights->params, layers, moved_bytes, last.direct_bytes, seconds, reports.size(),
                median([](const auto& r) { return r.pause_seconds; }),
+               median([](const auto& r) { return r.ranks_pause_seconds; }),
                median([](const auto& r) { return r.transfer_seconds; }),
                median([](const auto& r) { return r.process_seconds; }),
                median([](const auto& r) { return r.resume_seconds; }), *bw / 1e9, floor, seconds / floor);

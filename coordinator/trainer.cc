@@ -239,6 +239,7 @@ class TrainerImpl final : public Trainer {
     rep.peak_staging_bytes = r.peak_staging_bytes();
     rep.seconds = since(t_start_);
     rep.pause_seconds = pause_seconds_;
+    rep.ranks_pause_seconds = r.pause_seconds();
     rep.plan_seconds = plan_seconds_;
     rep.transfer_seconds = transfer;
     rep.process_seconds = r.process_seconds();

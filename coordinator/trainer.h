@@ -53,7 +53,8 @@ struct UpdateReport {
   uint64_t registered = 0;
   uint64_t peak_staging_bytes = 0;
   double seconds = 0;  // start_weight_update to finish_weight_update returning
-  double pause_seconds = 0;
+  double pause_seconds = 0;        // start_weight_update until every rank paused, as the trainer sees it
+  double ranks_pause_seconds = 0;  // of that, from the coordinator's pause request to the last rank's answer
   double plan_seconds = 0;
   double transfer_seconds = 0;
   double process_seconds = 0;

@@ -55,7 +55,9 @@ class Connection {
  public:
   virtual ~Connection() = default;
   // Posts `size` bytes at `data` (inside a region registered with this transport) as one bucket.
-  // The bytes must stay untouched until the handle completes.
+  // The bytes must stay untouched until the handle completes. Device bytes must be written when
+  // post() is called (the work that wrote them finished, not merely queued): device transports
+  // copy them on their own streams.
   virtual Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) = 0;
   // Fails every pending operation with Aborted and closes the link.
   virtual void abort() = 0;

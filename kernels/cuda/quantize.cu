@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast_quant.cuh"
 #include "kernels/cuda/quantize_kernels.cuh"
 #include "kernels/internal.h"
 #include "kernels/scalar_ops.h"
@@ -118,11 +119,12 @@ __global__ void __launch_bounds__(kThreads) int4_kernel(const void* in, uint8_t*
     const uint16_t s16 = ops::int4_scale_f16(m);
     if (lane8 == 0) scale[g] = s16;
     const float s = f16_to_f32(s16);
+    const float rs = fast_recip(s);
     uint32_t lo = 0, hi = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) lo |= static_cast<uint32_t>(ops::quant_int4(v[j], s)) << (4 * j);
+    for (int j = 0; j < 8; ++j) lo |= static_cast<uint32_t>(quant_int_fast(v[j], s, rs, -8.0f, 7.0f) & 0xF) << (4 * j);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) hi |= static_cast<uint32_t>(ops::quant_int4(v[8 + j], s)) << (4 * j);
+    for (int j = 0; j < 8; ++j) hi |= static_cast<uint32_t>(quant_int_fast(v[8 + j], s, rs, -8.0f, 7.0f) & 0xF) << (4 * j);
     uint8_t* o = out + i / 2;
     if (vec_out) {
       __stcs(reinterpret_cast<uint2*>(o), make_uint2(lo, hi));

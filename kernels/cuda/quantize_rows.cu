@@ -16,6 +16,7 @@
 // Rows longer than 256 threads x 8 vectors, and unaligned rows, take the generic kernels in
 // quantize_generic.cu.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast_quant.cuh"
 #include "kernels/cuda/quantize_kernels.cuh"
 #include "kernels/internal.h"
 #include "kernels/scalar_ops.h"
@@ -62,12 +63,28 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(RowsParams p) {
       raw[j] = live && v < nv ? __ldcs(src + v) : make_uint4(0, 0, 0, 0);
     }
     float m = 0.0f;
+    bool slow_amax = true;
+    if constexpr (D == DType::kBF16) {  // integer max of magnitudes (fast_quant.cuh)
+      uint32_t acc = 0;
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      float f[E];
-      unpack<D>(raw[j], f);
+      for (int j = 0; j < kVecs; ++j) {
+        acc = absmax_bf16x2(acc, raw[j].x);
+        acc = absmax_bf16x2(acc, raw[j].y);
+        acc = absmax_bf16x2(acc, raw[j].z);
+        acc = absmax_bf16x2(acc, raw[j].w);
+      }
+      const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
+      slow_amax = m16 >= 0x7F80u;  // an inf or NaN among them
+      m = slow_amax ? 0.0f : __uint_as_float(m16 << 16);
+    }
+    if (slow_amax) {
 #pragma unroll
-      for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
+      for (int j = 0; j < kVecs; ++j) {
+        float f[E];
+        unpack<D>(raw[j], f);
+#pragma unroll
+        for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
+      }
     }
     m = warp_max(m);
     if ((threadIdx.x & 31) == 0) warp_amax[threadIdx.x >> 5] = m;
@@ -77,6 +94,7 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(RowsParams p) {
     __syncthreads();  // warp_amax is rewritten by the next row
     if (!live) continue;
     const float s = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m);
+    [[maybe_unused]] const float rs = fast_recip(s);  // int8
     if (lane == 0) p.scale[r] = s;
     uint8_t* dst = p.out + r * p.cols;
 #pragma unroll
@@ -87,7 +105,13 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(RowsParams p) {
       unpack<D>(raw[j], f);
       uint8_t b[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) b[e] = encode<kMode>(f[e], s);
+      for (int e = 0; e < E; ++e) {
+        if constexpr (kMode == kFp8Channel) {
+          b[e] = ops::quant_fp8(f[e], s);
+        } else {
+          b[e] = static_cast<uint8_t>(static_cast<int8_t>(quant_int_fast(f[e], s, rs, -127.0f, 127.0f)));
+        }
+      }
       store_codes<E>(dst + v * E, b);
     }
   }
@@ -118,12 +142,28 @@ __global__ void __launch_bounds__(kThreads) shard_amax_kernel(ShardParams p) {
       const int64_t i = v + j * kThreads;
       raw[j] = i < v1 ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
     }
+    bool slow_amax = true;
+    if constexpr (D == DType::kBF16) {  // integer max of magnitudes (fast_quant.cuh)
+      uint32_t acc = 0;
 #pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
-      float f[E];
-      unpack<D>(raw[j], f);
+      for (int j = 0; j < kUnroll; ++j) {
+        acc = absmax_bf16x2(acc, raw[j].x);
+        acc = absmax_bf16x2(acc, raw[j].y);
+        acc = absmax_bf16x2(acc, raw[j].z);
+        acc = absmax_bf16x2(acc, raw[j].w);
+      }
+      const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
+      slow_amax = m16 >= 0x7F80u;
+      if (!slow_amax) m = fmaxf(m, __uint_as_float(m16 << 16));
+    }
+    if (slow_amax) {
 #pragma unroll
-      for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
+      for (int j = 0; j < kUnroll; ++j) {
+        float f[E];
+        unpack<D>(raw[j], f);
+#pragma unroll
+        for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
+      }
     }
   }
   m = block_max(m);

@@ -34,14 +34,15 @@ TEST(Demo, ThreeVerifiedUpdatesWithNothingMoved) {
   ASSERT_EQ(r.rc, 0);
   int updates = 0;
   for (const auto& l : r.lines) {
-    // update v3: ok ranks=2 bytes=123456 seconds=0.0123 gbps=1.23 moved=0/42 verified
+    // update v3: ok ranks=2 bytes=123456 direct=0 seconds=0.0123 gbps=1.23 moved=0/42 verified
     unsigned v = 0, ranks = 0, moved = 1, registered = 0;
-    unsigned long long bytes = 0;
+    unsigned long long bytes = 0, direct = 1;
     double seconds = 0, gbps = 0;
     char tail[32] = {};
-    const int n = std::sscanf(l.c_str(), "update v%u: ok ranks=%u bytes=%llu seconds=%lf gbps=%lf moved=%u/%u %31s", &v,
-                              &ranks, &bytes, &seconds, &gbps, &moved, &registered, tail);
-    if (n != 8) continue;
+    const int n = std::sscanf(l.c_str(), "update v%u: ok ranks=%u bytes=%llu direct=%llu seconds=%lf gbps=%lf moved=%u/%u %31s",
+                              &v, &ranks, &bytes, &direct, &seconds, &gbps, &moved, &registered, tail);
+    if (n != 9) continue;
+    EXPECT_EQ(direct, 0u) << "host weights travel as bytes";
     ++updates;
     EXPECT_EQ(v, static_cast<unsigned>(updates));
     EXPECT_EQ(ranks, 2u);

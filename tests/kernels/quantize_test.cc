@@ -2,11 +2,13 @@
 // random and adversarial inputs; and CUDA bit for bit against the CPU when a device is present.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "core/float_convert.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/gpu_util.h"
 #include "tests/kernels/ref_quantize.h"
@@ -158,6 +160,60 @@ TEST_P(QuantizeTest, CudaMatchesCpu) {
       st = dequantize(c.scheme, dviews, shards, ddeq.view);
       ASSERT_TRUE(st.ok()) << st.to_string();
       EXPECT_TRUE(same_bytes(DType::kF32, to_host(ddeq.view), deq.bytes)) << "dequantize";
+    }
+  }
+}
+
+// The CUDA kernels' fast paths (an integer amax of bf16 magnitudes, and x * (1/s) in place of
+// x / s away from rounding midpoints) against the CPU, exhaustively: every finite bf16 of
+// magnitude up to A, under scales from several A (s = A / 448: powers of two, thirds, a huge and a
+// tiny scale where 1/s leaves the safe range), each row led by A, one row with inf and NaN.
+TEST(FastQuant, EveryBf16UnderSeveralScalesMatchesCpu) {
+  FERRY_SKIP_WITHOUT_GPU();
+  const int64_t cols = 8192;
+  for (float a : {448.0f, 1.0f, 3.0f, 613.0f, 1e-3f, 7.5e4f, 3e38f, 1e-37f}) {
+    const uint16_t ab = f32_to_bf16(a);
+    std::vector<uint16_t> vals;
+    for (uint32_t b = 0; b < 0x10000; ++b) {
+      const float v = bf16_to_f32(static_cast<uint16_t>(b));
+      if (v == v && std::fabs(v) <= bf16_to_f32(ab)) vals.push_back(static_cast<uint16_t>(b));
+    }
+    const int64_t per_row = cols - 1;
+    const int64_t rows = static_cast<int64_t>((vals.size() + per_row - 1) / per_row) + 1;
+    std::vector<uint16_t> data(static_cast<size_t>(rows * cols), 0);
+    for (int64_t r = 0; r < rows; ++r) data[static_cast<size_t>(r * cols)] = ab;
+    for (size_t i = 0; i < vals.size(); ++i) {
+      const int64_t r = static_cast<int64_t>(i) / per_row, c = 1 + static_cast<int64_t>(i) % per_row;
+      data[static_cast<size_t>(r * cols + c)] = vals[i];
+    }
+    // The last row: inf, -inf and NaN beside ordinary values (left out of amax, NaN codes 0x7F).
+    const int64_t last = (rows - 1) * cols;
+    data[static_cast<size_t>(last + 1)] = 0x7F80;
+    data[static_cast<size_t>(last + 2)] = 0xFF80;
+    data[static_cast<size_t>(last + 3)] = 0x7FC1;
+    data[static_cast<size_t>(last + 4)] = f32_to_bf16(a / 3.0f);
+    std::vector<uint8_t> bytes(data.size() * 2);
+    std::memcpy(bytes.data(), data.data(), bytes.size());
+    const Shape shape{rows, cols};
+    for (Scheme scheme : {Scheme::kFp8PerChannel, Scheme::kFp8PerTensor, Scheme::kFp8Block, Scheme::kInt8PerChannel,
+                          Scheme::kInt4Group}) {
+      SCOPED_TRACE(std::string(scheme_name(scheme)) + " A=" + std::to_string(a));
+      HostTensor in{DType::kBF16, shape, bytes, {}};
+      auto layout = storage_layout(scheme, shape, {}, DType::kBF16);
+      ASSERT_TRUE(layout.ok());
+      Outputs cpu = make_outputs(*layout);
+      ASSERT_TRUE(quantize(scheme, in.view(), {}, cpu.views).ok());
+      DeviceTensor din = to_device(bytes, DType::kBF16, shape, 0);
+      std::vector<DeviceTensor> douts;
+      std::vector<TensorView> dviews;
+      for (const auto& t : *layout) {
+        douts.push_back(to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0), t.dtype, t.shape));
+        dviews.push_back(douts.back().view);
+      }
+      ASSERT_TRUE(quantize(scheme, din.view, {}, dviews).ok());
+      for (size_t i = 0; i < dviews.size(); ++i) {
+        EXPECT_TRUE(same_bytes(dviews[i].dtype(), to_host(dviews[i]), cpu.tensors[i].bytes)) << (*layout)[i].suffix;
+      }
     }
   }
 }

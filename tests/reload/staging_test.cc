@@ -79,6 +79,7 @@ TEST(Staging, OutOfOrderInputIsAccounted) {
   auto w = tiny::Weights::random(cfg, rank->spec, 1);
   LoadOptions o;
   o.interleave_layers = true;
+  o.chunk_rows = 5;  // parts of shards: fp8_per_tensor must stage them in full precision
   auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, o);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_GT(r->out_of_order_layers, 0u);
@@ -95,11 +96,14 @@ TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   ASSERT_EQ(unsetenv("FERRY_MAX_STAGING_BYTES"), 0);
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
-  // In plan order the limit is enough.
-  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1).ok());
+  // In plan order the limit is enough. Pieces are parts of shards, staged in full precision.
+  LoadOptions plan_order;
+  plan_order.chunk_rows = 5;
+  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1, plan_order).ok());
   const auto v1 = testing::contents(rank->storage);
   LoadOptions o;
   o.interleave_layers = true;
+  o.chunk_rows = 5;
   auto r = load_checkpoint(*rank->engine, b->checkpoint(), 2, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();

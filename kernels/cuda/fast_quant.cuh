@@ -1,0 +1,47 @@
+// Fast paths of the quantize kernels, bit-identical to ops::finite_abs / quant_int (the
+// CUDA-vs-CPU tests compare every scheme bit for bit). Profiling on the H200 showed the row kernels
+// bound by instruction issue, not memory: the per-element float max with its finiteness test and
+// the correctly rounded division by the scale cost more issue slots than the bytes allow.
+//
+//  - amax: the magnitude of a bf16 is its bits & 0x7FFF, and non-negative floats order like their
+//    bits, so two elements take one AND and one 16x2 integer max. A non-finite element shows as bits
+//    >= 0x7F80; only then is the slow float path taken (it leaves them out, as finite_abs does).
+//  - division (int8, int4): q = x * r with r = 1/s rounded is within 2 ulps of x / s rounded. Codes
+//    differ only if the two straddle a rounding midpoint k + 1/2 (after the clamp, as quant_int
+//    does), so elements whose q lies that close to one take the exact division; anything else
+//    rounds to the same code from either value. (The same for fp8, with its midpoints and subnormal
+//    grid, measured no faster than the hardware division plus conversion and cost registers.)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/scalar_ops.h"
+
+namespace ferry::kernels::detail::cuda {
+
+// Running max of |bf16| bits over the two halves of each word.
+__device__ __forceinline__ uint32_t absmax_bf16x2(uint32_t acc, uint32_t word) {
+  return __vmaxu2(acc, word & 0x7FFF7FFFu);
+}
+
+// The reciprocal used by quant_int_fast, or 0 when the scale is outside the range where x * r is
+// within 2 ulps of x / s (then every element takes the exact division).
+__device__ __forceinline__ float fast_recip(float s) {
+  const float r = 1.0f / s;
+  const bool ok = s >= 1.0e-30f && s <= 1.0e30f && r >= 1.0e-30f && r <= 1.0e30f;
+  return ok ? r : 0.0f;
+}
+
+// ops::quant_int(x, s, lo, hi), given r = fast_recip(s).
+__device__ __forceinline__ int32_t quant_int_fast(float x, float s, float r, float lo, float hi) {
+  float v = x * r;
+  v = (v == v) ? v : 0.0f;
+  v = fminf(fmaxf(v, lo), hi);
+  const float n = (v + 12582912.0f) - 12582912.0f;
+  if (r == 0.0f || fabsf(fabsf(v - n) - 0.5f) <= fabsf(v) * 1.0e-6f) return ops::quant_int(x, s, lo, hi);
+  return static_cast<int32_t>(n);
+}
+
+}  // namespace ferry::kernels::detail::cuda
