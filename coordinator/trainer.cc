@@ -11,6 +11,7 @@
 
 #include "core/asio.h"
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "core/log.h"
 #include "core/region_copy.h"
@@ -35,6 +36,23 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kBucketSlack = 1 << 20;  // room for headers beyond FERRY_BUCKET_BYTES of payload
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// XXH3-64 over every tensor's name, dtype and shape, in order.
+uint64_t manifest_digest(const sharding::Manifest& manifest) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  for (const auto& t : manifest) {
+    XXH3_64bits_update(st, t.name.data(), t.name.size() + 1);
+    const auto d = static_cast<int64_t>(t.dtype);
+    XXH3_64bits_update(st, &d, sizeof d);
+    const int64_t rank = static_cast<int64_t>(t.shape.size());
+    XXH3_64bits_update(st, &rank, sizeof rank);
+    XXH3_64bits_update(st, t.shape.data(), t.shape.size() * sizeof(int64_t));
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h == 0 ? 1 : h;  // 0 means "no digest"
+}
 
 // One destination rank: its connection, a pool of bucket buffers, and the buckets in flight.
 struct Destination {
@@ -130,34 +148,57 @@ class TrainerImpl final : public Trainer {
   Status start_weight_update(uint64_t version, const sharding::Manifest& manifest, const UpdateOptions& o) override {
     if (in_update_) return Status::failed_precondition(fmt::format("update v{} is still open; finish it first", version_));
     t_start_ = Clock::now();
+    // The manifest travels only when it differs from the last one the coordinator accepted.
+    const uint64_t digest = manifest_digest(manifest);
+    const bool omit = digest == accepted_digest_;
     wire::Envelope env;
     auto* s = env.mutable_start_update();
     s->set_version(version);
     s->set_pause_mode(o.pause_mode);
     s->set_clear_cache(o.clear_cache);
     for (int r : o.replicas) s->add_replicas(r);
-    for (const auto& t : manifest) to_wire(t, s->add_manifest());
+    s->set_manifest_digest(digest);
+    s->set_manifest_omitted(omit);
+    if (!omit) {
+      for (const auto& t : manifest) to_wire(t, s->add_manifest());
+    }
     channel_->send(env);
     FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kStartReply, deadline(2), "start reply"));
     const auto& r = reply.start_reply();
-    FERRY_RETURN_IF_ERROR(from_wire(r.status()));
+    if (Status st = from_wire(r.status()); !st.ok()) {
+      accepted_digest_ = 0;  // resend the manifest next time
+      return st;
+    }
+    accepted_digest_ = digest;
     pause_seconds_ = since(t_start_);
     const auto t_plan = Clock::now();
-    ranks_.clear();
+    std::vector<int> members;
     endpoints_.clear();
     storage_devices_.clear();
     for (const auto& m : r.ranks()) {
-      FERRY_ASSIGN_OR_RETURN(auto spec, from_wire(m.spec()));
-      ranks_.push_back(std::move(spec));
+      // A member's spec comes once; it never changes (a rejoining rank is a new member).
+      if (m.has_spec()) {
+        FERRY_ASSIGN_OR_RETURN(auto spec, from_wire(m.spec()));
+        specs_[m.member_id()] = std::move(spec);
+      } else if (!specs_.contains(m.member_id())) {
+        return Status::internal(fmt::format("the coordinator sent no spec for member {}", m.member_id()));
+      }
+      members.push_back(m.member_id());
       endpoints_.emplace_back(m.endpoints().begin(), m.endpoints().end());
       storage_devices_.push_back(m.storage_device());
     }
-    manifest_ = manifest;
-    index_.clear();
-    for (size_t i = 0; i < manifest_.size(); ++i) index_[manifest_[i].name] = i;
-    auto plan = plans_.get(manifest_, ranks_, {sharding::SenderInfo{}});
-    if (!plan.ok()) return plan.status();
-    plan_ = *plan;
+    if (!plan_ || members != plan_members_ || digest != plan_digest_) {
+      ranks_.clear();
+      for (int id : members) ranks_.push_back(specs_.at(id));
+      manifest_ = manifest;
+      index_.clear();
+      for (size_t i = 0; i < manifest_.size(); ++i) index_[manifest_[i].name] = i;
+      auto plan = plans_.get(manifest_, ranks_, {sharding::SenderInfo{}});
+      if (!plan.ok()) return plan.status();
+      plan_ = *plan;
+      plan_members_ = members;
+      plan_digest_ = digest;
+    }
     plan_seconds_ = since(t_plan);
     FERRY_RETURN_IF_ERROR(connect_all());
     version_ = version;
@@ -505,6 +546,10 @@ class TrainerImpl final : public Trainer {
   std::vector<Destination> dests_;
   std::vector<bool> sent_;
   std::vector<std::string> storage_devices_;  // per destination
+  std::map<int, sharding::RankSpec> specs_;    // by member id, as the coordinator sent them once
+  uint64_t accepted_digest_ = 0;              // of the manifest the coordinator holds from us
+  std::vector<int> plan_members_;             // the members and manifest plan_ was made for
+  uint64_t plan_digest_ = 0;
   bool direct_ = false;                       // FERRY_DIRECT allows direct reads
   transport::IpcExporter exporter_;
   std::set<int> synced_devices_;  // devices synchronized in this update

@@ -77,10 +77,21 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
     return refuse(Status::failed_precondition(
         fmt::format("update v{} is {}; a second update cannot start", version_, phase())));
   }
-  auto manifest = manifest_from_wire(s.manifest());
-  if (!manifest.ok()) return refuse(manifest.status());
+  StartCache& cache = start_caches_[trainer.id];
+  if (s.manifest_omitted()) {
+    if (s.manifest_digest() == 0 || s.manifest_digest() != cache.digest) {
+      return refuse(Status::failed_precondition(
+          fmt::format("the start omits its manifest (digest {:016x}) but this coordinator holds {:016x}: resend it",
+                      s.manifest_digest(), cache.digest)));
+    }
+  } else {
+    auto manifest = manifest_from_wire(s.manifest());
+    if (!manifest.ok()) return refuse(manifest.status());
+    cache.manifest = std::move(*manifest);
+    cache.digest = s.manifest_digest();
+    cache.checked_for.clear();
+  }
   const std::set<int> wanted(s.replicas().begin(), s.replicas().end());
-  std::vector<sharding::RankSpec> specs;
   std::set<int> participants;
   for (auto& [id, m] : members_) {
     if (m.role != "rollout" || (!wanted.empty() && !wanted.count(m.spec.replica))) continue;
@@ -89,11 +100,19 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
                                                          s.version(), m.version, m.describe())));
     }
     participants.insert(id);
-    specs.push_back(m.spec);
   }
-  if (specs.empty()) return refuse(Status::failed_precondition("no rollout rank of the requested replicas has joined"));
-  // Every mismatch fails here, before any rank pauses and before one byte moves.
-  if (Status st = sharding::check_manifest(*manifest, specs); !st.ok()) return refuse(st);
+  if (participants.empty()) {
+    return refuse(Status::failed_precondition("no rollout rank of the requested replicas has joined"));
+  }
+  // Every mismatch fails here, before any rank pauses and before one byte moves. A member's spec
+  // never changes (a rejoining rank is a new member), so a manifest checked against these members
+  // (same digest) needs no second check.
+  if (cache.digest == 0 || participants != cache.checked_for) {
+    std::vector<sharding::RankSpec> specs;
+    for (int id : participants) specs.push_back(members_.at(id).spec);
+    if (Status st = sharding::check_manifest(cache.manifest, specs); !st.ok()) return refuse(st);
+    cache.checked_for = participants;
+  }
 
   participants_ = std::move(participants);
   trainer_ = trainer.id;
@@ -132,7 +151,7 @@ void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
     p.state = "transferring";
     auto* w = r->add_ranks();
     w->set_member_id(id);
-    to_wire(p.spec, w->mutable_spec());
+    if (start_caches_[trainer_].specs_sent.insert(id).second) to_wire(p.spec, w->mutable_spec());  // kept there
     for (const auto& e : p.endpoints) *w->add_endpoints() = e;
     w->set_storage_device(p.storage_device);
   }
@@ -238,6 +257,7 @@ void UpdateMachine::on_abort_ack(Member& m, const wire::AbortAck& a) {
 }
 
 void UpdateMachine::on_member_lost(const Member& m, const Status& why) {
+  start_caches_.erase(m.id);  // a trainer's manifest and specs go with it
   if (phase_ == Phase::kIdle || (m.id != trainer_ && !participants_.count(m.id))) return;
   fail(Status(why.code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
               fmt::format("{} was lost during {}: {}", m.describe(), phase(), why.message())));

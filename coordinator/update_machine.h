@@ -5,6 +5,7 @@
 #pragma once
 
 #include <deque>
+#include <map>
 #include <set>
 
 #include "core/asio.h"
@@ -58,6 +59,15 @@ class UpdateMachine {
   std::set<int> rolled_back_;  // of those, the ranks that restored their previous version
   std::chrono::steady_clock::time_point started_, phase_start_;
   wire::FinishReply report_;
+  // What the start path need not redo per update, per trainer: the last manifest it sent (by
+  // digest), the participants it was checked against, and the members whose specs it holds.
+  struct StartCache {
+    uint64_t digest = 0;
+    sharding::Manifest manifest;
+    std::set<int> checked_for;
+    std::set<int> specs_sent;
+  };
+  std::map<int, StartCache> start_caches_;  // by trainer member id
   std::deque<wire::UpdateRecord> history_;
   uint64_t updates_ok_ = 0, updates_failed_ = 0;
 };

@@ -231,21 +231,22 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
         fmt::format("{}: piece for input {}; its {} kernel takes {}", ps.name, input, p.kernel->name(), p.inputs.size()));
   }
   const auto& in = p.inputs[input];
-  const std::string in_name = p.inputs.size() == 1 ? ps.name : storage_name(ps.name, in.suffix);
+  // Built only for messages: this runs once per piece.
+  const auto in_name = [&] { return p.inputs.size() == 1 ? ps.name : storage_name(ps.name, in.suffix); };
   if (dtype != in.dtype) {
     return Status::invalid_argument(
-        fmt::format("{}: piece of dtype {} where {} is expected", in_name, dtype_name(dtype), dtype_name(in.dtype)));
+        fmt::format("{}: piece of dtype {} where {} is expected", in_name(), dtype_name(dtype), dtype_name(in.dtype)));
   }
   if (bytes != dtype_bytes(dtype, dst.numel())) {
-    return Status::invalid_argument(fmt::format("{}: piece {} of {} bytes where {} elements of {} take {}", in_name,
+    return Status::invalid_argument(fmt::format("{}: piece {} of {} bytes where {} elements of {} take {}", in_name(),
                                                 dst.to_string(), bytes, dst.numel(), dtype_name(dtype),
                                                 dtype_bytes(dtype, dst.numel())));
   }
   Layer& layer = layers_[p.layer];
-  if (layer.refused) return Status::failed_precondition(fmt::format("{}: layer {} was refused", in_name, layer.name));
+  if (layer.refused) return Status::failed_precondition(fmt::format("{}: layer {} was refused", in_name(), layer.name));
   if (layer.processed) {
     return Status::invalid_argument(
-        fmt::format("{}: piece {} arrives after layer {} was complete", in_name, dst.to_string(), layer.name));
+        fmt::format("{}: piece {} arrives after layer {} was complete", in_name(), dst.to_string(), layer.name));
   }
   FERRY_RETURN_IF_ERROR(p.coverage[input].add(dst));
   // Row pieces are processed where their bytes are: host rows into host storage (or its scratch),
@@ -269,7 +270,7 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
   } else if (hold == Hold::kScratch) {
     st = stage_piecewise(layer, p);
   } else if (!completes) {
-    st = account(layer, in_name + " (lent)", bytes);
+    st = account(layer, in_name() + " (lent)", bytes);
   }
   if (!st.ok()) {
     // The refused layer is not partially written: its storage is only written on completion.
@@ -288,8 +289,9 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
     TensorView rows(const_cast<void*>(data), dtype, dst.size);
     const auto t0 = std::chrono::steady_clock::now();
-    FERRY_RETURN_IF_ERROR(p.kernel->process_rows(rows, dst.offset[0], p.piecewise_views, options_.exec)
-                              .with_context(fmt::format("{} rows {}", ps.name, dst.to_string())));
+    if (Status st2 = p.kernel->process_rows(rows, dst.offset[0], p.piecewise_views, options_.exec); !st2.ok()) {
+      return st2.with_context(fmt::format("{} rows {}", ps.name, dst.to_string()));
+    }
     report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     p.rows_done.emplace_back(dst.offset[0], dst.offset[0] + dst.size[0]);
     ++report_.piecewise_pieces;
@@ -300,12 +302,12 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
       // through host memory, like any other staged piece.
       FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));
       FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), data, data_device, bytes));
-      Status unpacked = unpack_region(staged, dst, host.data(), bytes).with_context(in_name);
+      Status unpacked = unpack_region(staged, dst, host.data(), bytes);
       pool_.give(std::move(host));
-      FERRY_RETURN_IF_ERROR(unpacked);
+      if (!unpacked.ok()) return unpacked.with_context(in_name());
       ++report_.device_staged_pieces;
     } else {
-      FERRY_RETURN_IF_ERROR(unpack_region(staged, dst, data, bytes).with_context(in_name));
+      if (Status st2 = unpack_region(staged, dst, data, bytes); !st2.ok()) return st2.with_context(in_name());
     }
   }
   report_.bytes += bytes;
@@ -332,8 +334,9 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
   const bool scratch = !p.piecewise.empty();
   const std::vector<TensorView>& target = scratch ? p.piecewise_views : p.storage;
   for (const Param::Lent& l : p.lent) {
-    FERRY_RETURN_IF_ERROR(p.kernel->process_rows(l.rows, l.row0, target, options_.exec)
-                              .with_context(fmt::format("{} rows from {}", ps.name, l.row0)));
+    if (Status st = p.kernel->process_rows(l.rows, l.row0, target, options_.exec); !st.ok()) {
+      return st.with_context(fmt::format("{} rows from {}", ps.name, l.row0));
+    }
     p.rows_done.emplace_back(l.row0, l.row0 + l.rows.dim(0));
     if (!scratch) ++report_.direct_pieces;
   }

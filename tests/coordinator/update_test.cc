@@ -2,7 +2,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "coordinator/channel.h"
+#include "core/version.h"
 #include "tests/coordinator/cluster.h"
+#include "tests/coordinator/raw_socket.h"
 
 namespace ferry::testutil {
 namespace {
@@ -87,6 +90,57 @@ TEST_P(BadManifest, FailsAtStartAndWritesNothing) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_NE(c.rank(0).fingerprint(), f0);
   EXPECT_EQ(c.rank(1).worker->weight_version(), 2u);
+}
+
+// The manifest travels once: later starts carry its digest only, and the coordinator reuses what it
+// checked. A changed manifest is sent and checked again (refused here, naming the tensor), and the
+// unchanged one works after it.
+TEST(Update, RepeatedManifestTravelsOnceAndChangesAreStillChecked) {
+  Cluster c(2);
+  ASSERT_TRUE(c.start().ok());
+  for (uint64_t v = 1; v <= 3; ++v) {
+    Checkpoint ck(c.manifest(), v);
+    auto r = c.update(v, ck);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status().to_string();
+  }
+  sharding::Manifest changed = c.manifest();
+  changed.back().shape[0] += 64;
+  Status st = c.trainer().start_weight_update(4, changed);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_THAT(st.message(), HasSubstr(changed.back().name));
+  Checkpoint ck(c.manifest(), 4);
+  auto r = c.update(4, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(c.rank(0).worker->weight_version(), 4u);
+}
+
+// A start that omits a manifest the coordinator does not hold is refused, asking for it.
+TEST(Update, OmittedManifestTheCoordinatorLacksIsRefused) {
+  Cluster c(1);
+  ASSERT_TRUE(c.start().ok());
+  RawSocket s(c.trainer().coordinator_address());
+  ASSERT_TRUE(s.ok());
+  wire::Envelope challenge;
+  ASSERT_TRUE(s.read_frame(&challenge));
+  wire::Envelope hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_role("trainer");
+  ASSERT_TRUE(s.write(coordinator::encode_frame(hello)));
+  wire::Envelope welcome;
+  ASSERT_TRUE(s.read_frame(&welcome));
+  ASSERT_TRUE(welcome.has_welcome());
+  wire::Envelope start;
+  start.mutable_start_update()->set_version(9);
+  start.mutable_start_update()->set_manifest_digest(0x1234);
+  start.mutable_start_update()->set_manifest_omitted(true);
+  ASSERT_TRUE(s.write(coordinator::encode_frame(start)));
+  wire::Envelope reply;
+  do {
+    ASSERT_TRUE(s.read_frame(&reply));
+  } while (!reply.has_start_reply());
+  EXPECT_EQ(reply.start_reply().status().code(), static_cast<int>(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(reply.start_reply().status().message(), HasSubstr("resend"));
+  EXPECT_EQ(c.rank(0).pauses, 0);
 }
 
 std::string bad_manifest_name(const ::testing::TestParamInfo<int>& info) {
