@@ -7,6 +7,24 @@ namespace {
 
 Shape shape_of(const google::protobuf::RepeatedField<int64_t>& f) { return Shape(f.begin(), f.end()); }
 
+// Shapes and offsets from a peer: no negative entry, and a shape's element count fits in int64_t,
+// so that the checks that follow (sharding::check_manifest) can do their arithmetic without overflow.
+Result<Shape> dims_of(const google::protobuf::RepeatedField<int64_t>& f, bool extent, std::string_view name,
+                      std::string_view what) {
+  Shape s = shape_of(f);
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d < 0) {
+      return Status::invalid_argument(fmt::format("{}: {} {} has a negative entry", name, what, shape_to_string(s)));
+    }
+    if (extent && __builtin_mul_overflow(n, d, &n)) {
+      return Status::invalid_argument(
+          fmt::format("{}: {} {} has more elements than an int64 counts", name, what, shape_to_string(s)));
+    }
+  }
+  return s;
+}
+
 void put(const Shape& s, google::protobuf::RepeatedField<int64_t>* out) {
   out->Clear();
   for (int64_t d : s) out->Add(d);
@@ -35,7 +53,8 @@ void to_wire(const sharding::SourceTensor& t, wire::TensorMeta* out) {
 Result<sharding::SourceTensor> from_wire(const wire::TensorMeta& t) {
   auto dt = parse_dtype(t.dtype());
   if (!dt.ok()) return dt.status().with_context(t.name());
-  return sharding::SourceTensor{t.name(), *dt, shape_of(t.shape())};
+  FERRY_ASSIGN_OR_RETURN(Shape shape, dims_of(t.shape(), true, t.name(), "shape"));
+  return sharding::SourceTensor{t.name(), *dt, std::move(shape)};
 }
 
 void to_wire(const sharding::RankSpec& spec, wire::RankSpec* out) {
@@ -71,15 +90,18 @@ Result<sharding::RankSpec> from_wire(const wire::RankSpec& w) {
     sharding::ParamSpec p;
     p.name = wp.name();
     p.layer = wp.layer();
-    p.shape = shape_of(wp.shape());
+    FERRY_ASSIGN_OR_RETURN(p.shape, dims_of(wp.shape(), true, p.name, "shape"));
     auto dt = parse_dtype(wp.source_dtype());
     if (!dt.ok()) return dt.status().with_context(p.name);
     p.source_dtype = *dt;
     p.scheme = wp.scheme();
     p.shard_rows.assign(wp.shard_rows().begin(), wp.shard_rows().end());
     for (const auto& ws : wp.slices()) {
-      sharding::SourceSlice s{ws.source(), Region{shape_of(ws.src_offset()), shape_of(ws.src_size())},
-                              shape_of(ws.dst_offset())};
+      sharding::SourceSlice s;
+      s.source = ws.source();
+      FERRY_ASSIGN_OR_RETURN(s.src.offset, dims_of(ws.src_offset(), false, p.name, "slice offset"));
+      FERRY_ASSIGN_OR_RETURN(s.src.size, dims_of(ws.src_size(), true, p.name, "slice size"));
+      FERRY_ASSIGN_OR_RETURN(s.dst_offset, dims_of(ws.dst_offset(), false, p.name, "slice destination"));
       if (s.src.offset.size() != s.src.size.size()) {
         return Status::invalid_argument(fmt::format("{}: slice from {} has mismatched offset and size", p.name, s.source));
       }

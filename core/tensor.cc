@@ -71,7 +71,8 @@ bool Region::overlaps(const Region& other) const {
 bool Region::inside(const Shape& shape) const {
   if (shape.size() != size.size() || offset.size() != size.size()) return false;
   for (size_t i = 0; i < shape.size(); ++i) {
-    if (offset[i] < 0 || size[i] < 0 || offset[i] + size[i] > shape[i]) return false;
+    // Without forming offset + size, which need not fit in int64_t when the region came off the wire.
+    if (offset[i] < 0 || size[i] < 0 || size[i] > shape[i] || offset[i] > shape[i] - size[i]) return false;
   }
   return true;
 }
@@ -80,7 +81,10 @@ std::string Region::to_string() const {
   std::string out = "[";
   for (size_t i = 0; i < size.size(); ++i) {
     if (i) out += ", ";
-    out += fmt::format("{}:{}", offset[i], offset[i] + size[i]);
+    int64_t end = 0;
+    // A region off the wire may end past int64_t; it is printed as offset:offset+size then.
+    out += __builtin_add_overflow(offset[i], size[i], &end) ? fmt::format("{}:{}+{}", offset[i], offset[i], size[i])
+                                                            : fmt::format("{}:{}", offset[i], end);
   }
   return out + "]";
 }

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <limits>
+
 #include <gtest/gtest.h>
 
 namespace ferry {
@@ -55,6 +57,18 @@ TEST(Region, Inside) {
   EXPECT_FALSE(box({0}, {8}).inside(shape));
   EXPECT_FALSE(box({0, 0, 0}, {1, 1, 1}).inside(shape));
   EXPECT_FALSE(box({0}, {1, 1}).inside(shape));  // offset and size ranks differ
+}
+
+// Regions arrive from peers; a box far outside must not pass by overflowing offset + size.
+TEST(Region, InsideDoesNotOverflow) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_FALSE(box({kMax, 0}, {1, 1}).inside({8, 6}));
+  EXPECT_FALSE(box({1}, {kMax}).inside({kMax}));
+  EXPECT_FALSE(box({kMax}, {kMax}).inside({kMax}));
+  EXPECT_FALSE(box({0}, {1}).inside({-1}));
+  EXPECT_TRUE(box({0}, {kMax}).inside({kMax}));
+  EXPECT_TRUE(box({kMax - 1}, {1}).inside({kMax}));
+  EXPECT_EQ(box({kMax, 2}, {1, 3}).to_string(), "[9223372036854775807:9223372036854775807+1, 2:5]");
 }
 
 TEST(Region, WholeAndText) {
