@@ -15,6 +15,14 @@ if(FERRY_WERROR)
   list(APPEND FERRY_WARNING_FLAGS -Werror)
 endif()
 
+# Coverage for libFuzzer on every library, under ASan and UBSan; fuzz targets link -fsanitize=fuzzer.
+if(FERRY_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "FERRY_FUZZ=ON needs clang; scripts/fuzz.sh configures it")
+  endif()
+  set(FERRY_SANITIZE ON)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link>)
+endif()
 if(FERRY_SANITIZE)
   add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=address,undefined>
                       $<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>

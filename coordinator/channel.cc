@@ -11,15 +11,6 @@ namespace ferry::coordinator {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-std::string encode_frame(const wire::Envelope& env) {
-  std::string body;
-  env.SerializeToString(&body);
-  std::string frame(4, '\0');
-  const auto n = static_cast<uint32_t>(body.size());
-  for (int i = 0; i < 4; ++i) frame[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return frame + body;
-}
-
 Channel::Channel(tcp::socket socket, uint64_t max_frame_bytes) : socket_(std::move(socket)), max_frame_(max_frame_bytes) {
   boost::system::error_code ec;
   auto ep = socket_.remote_endpoint(ec);
@@ -40,13 +31,9 @@ void Channel::read_header() {
       return self->fail(ec == asio::error::eof ? Status::unavailable("peer closed the connection")
                                                : Status::unavailable("control read: " + ec.message()));
     }
-    uint32_t n = 0;
-    for (int i = 3; i >= 0; --i) n = (n << 8) | self->header_[i];
-    if (n > self->max_frame_) {
-      return self->fail(Status::resource_exhausted(
-          fmt::format("frame of {} bytes from {} exceeds FERRY_MAX_FRAME_BYTES={}", n, self->peer_, self->max_frame_)));
-    }
-    self->read_body(n);
+    auto n = frame_body_size(self->header_, self->max_frame_, self->peer_);
+    if (!n.ok()) return self->fail(n.status());
+    self->read_body(*n);
   });
 }
 
@@ -56,9 +43,7 @@ void Channel::read_body(uint32_t n) {
   asio::async_read(socket_, asio::buffer(body_), [self](boost::system::error_code ec, size_t) {
     if (ec) return self->fail(Status::unavailable("control read: " + ec.message()));
     wire::Envelope env;
-    if (!env.ParseFromString(self->body_) || env.body_case() == wire::Envelope::BODY_NOT_SET) {
-      return self->fail(Status::invalid_argument("malformed control frame from " + self->peer_));
-    }
+    if (Status st = parse_frame_body(self->body_, self->peer_, &env); !st.ok()) return self->fail(st);
     if (self->closed_) return;
     self->on_message_(self, env);
     if (!self->closed_) self->read_header();

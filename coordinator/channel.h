@@ -10,6 +10,7 @@
 #include "core/asio.h"
 
 #include "core/status.h"
+#include "coordinator/frame.h"
 #include "proto/ferry.pb.h"
 
 namespace ferry::coordinator {
@@ -46,9 +47,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::deque<std::string> out_;
   bool closed_ = false;
 };
-
-// Encodes one frame (exposed for tests and the fuzzer).
-std::string encode_frame(const wire::Envelope& env);
 
 // Connects to "host:port" within `timeout_ms`, on `io`.
 Result<boost::asio::ip::tcp::socket> connect_control(boost::asio::io_context& io, const std::string& address,

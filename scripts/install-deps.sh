@@ -12,6 +12,7 @@ packages=(
   libucx-dev ucx-utils
   libopenmpi-dev openmpi-bin
   pybind11-dev python3-dev python3-numpy python3-pytest
+  clang-14 libclang-rt-14-dev llvm-14
   iproute2
 )
 
