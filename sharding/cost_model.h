@@ -1,7 +1,10 @@
 // Predicted update time of a plan on a cluster: every bucket crosses the links between its sender's
-// GPU and its receiver's GPU (NVLink inside a node; PCIe and the NIC at both ends across nodes); a
-// link's time is its bytes over its bandwidth plus a fixed cost per bucket; the update takes as long
-// as the busiest link. docs/cost_model.md derives it and works the Kimi-K2 case.
+// GPU and its receiver's GPU (NVLink inside a node; PCIe and the NIC at both ends across nodes), or
+// between two processes of one host through the host transport; a link's time is its bytes over its
+// bandwidth plus a fixed cost per bucket. With the links alone the update takes as long as the
+// busiest link. Optional stages around the links (the sender packing buckets, the rank processing
+// them) and the control round trips of an update add the pipeline's fill and drain and a fixed
+// cost. docs/cost_model.md derives it, works the Kimi-K2 case and checks it against `ferry bench e2e`.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +16,15 @@
 
 namespace ferry::sharding {
 
-// Bandwidths are per GPU and per direction, in Gb/s (gigabits), as measured or as sold.
+// Where senders and rollout ranks run.
+enum class Placement : uint8_t {
+  kGpuNodes,  // trainer GPU s and rollout GPU first + d on nodes of gpus_per_node GPUs (below)
+  kOneHost,   // every sender and rank is a process on one host; a bucket crosses the host transport:
+              // host_tx of its sender and host_rx of its rank, each at host_gbps
+};
+
+// Bandwidths are per GPU (or per process, on one host) and per direction, in Gb/s (gigabits), as
+// measured or as sold.
 struct Topology {
   int gpus_per_node = 8;
   double nvlink_gbps = 3600;  // 450 GB/s per direction (H100/H200 NVLink 4)
@@ -23,12 +34,30 @@ struct Topology {
   // start on the first node after the trainers'.
   bool colocated = false;
   double seconds_per_bucket = 10e-6;  // posting and completing one bucket on a link
+  Placement placement = Placement::kGpuNodes;
+  double host_gbps = 0;  // kOneHost: the host transport between two processes
 };
+
+// Work around the links, each left out when zero. Rates in bytes per second, as measured.
+struct Stages {
+  // One sender copying its pieces into buckets, one after another in plan order.
+  double pack_bytes_per_second = 0;
+  // One rollout rank processing what it receives into storage.
+  double process_bytes_per_second = 0;
+  // One control round trip between the trainer's process and a rank's; an update makes
+  // kControlRoundTrips of them one after another (see docs/cost_model.md).
+  double round_trip_seconds = 0;
+};
+
+// start -> pause -> pause ack -> start reply; finish -> finalize -> finalized; resume -> resume ack
+// -> finish reply: trainer-coordinator twice, coordinator-ranks three times.
+inline constexpr int kControlRoundTrips = 5;
 
 struct CostOptions {
   // True: the sender quantizes before sending, so a quantized parameter crosses the wire at its
   // scheme's width (fp8: 8 bits) instead of the source dtype's.
   bool quantize_on_sender = false;
+  Stages stages = {};
 };
 
 struct LinkLoad {
@@ -50,6 +79,16 @@ struct CostReport {
   // Lower bound that no schedule beats: the busiest receiver's bytes over its fastest inbound path.
   double receiver_bound_seconds = 0;
   std::vector<LinkLoad> busiest;  // the busiest links, most loaded first (at most 5)
+  // predicted_seconds = control_seconds + pipeline_seconds.
+  double control_seconds = 0;   // kControlRoundTrips round trips
+  double pipeline_seconds = 0;  // the longest chain: fill + busy + drain of its resource
+  std::string critical;         // a link, "pack trainer 0", "process rollout rank 1" or the host
+  double fill_seconds = 0;      // until the first bucket reaches it
+  double busy_seconds = 0;      // its own work
+  double drain_seconds = 0;     // its last bucket's later stages
+  double pack_seconds = 0;      // the busiest sender's packing
+  double process_seconds = 0;   // the busiest rank's processing
+  double host_seconds = 0;      // one host: the sum of every stage's work (a bound on the pipeline)
 };
 
 // `num_senders` trainer GPUs send `plan` to ranks.size() rollout GPUs.

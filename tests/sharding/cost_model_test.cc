@@ -107,6 +107,100 @@ TEST(CostModel, BalancedBeatsBroadcastByTheSenderCount) {
   EXPECT_EQ(b->senders_used, 8);
 }
 
+// One host (a CPU machine): the trainer and two ranks are processes; 2 MiB in one bucket per rank.
+// Every stage is work for the same cores, so the pipeline is their sum; five control round trips.
+TEST(CostModel, OneHostAddsEveryStageAndTheRoundTrips) {
+  Tiny t = tiny(1024, 2, false);  // 1024 x 1024 bf16, column-split: 1 MiB per rank
+  auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{4 << 20});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->buckets.size(), 2u);
+  Topology topo;
+  topo.placement = Placement::kOneHost;
+  topo.host_gbps = 8;  // 1 GB/s
+  topo.seconds_per_bucket = 1e-4;
+  auto links = estimate_cost(*plan, t.ranks, 1, topo);
+  ASSERT_TRUE(links.ok());
+  const double mib = 1024.0 * 1024;
+  // Without stages: the busiest link, the trainer's host_tx: 2 MiB at 1 GB/s plus two buckets.
+  EXPECT_NEAR(links->predicted_seconds, 2 * mib / 1e9 + 2e-4, 1e-12);
+  EXPECT_EQ(links->busiest.front().link, "host_tx (trainer 0)");
+
+  CostOptions o;
+  o.stages.pack_bytes_per_second = 2e9;
+  o.stages.process_bytes_per_second = 1e9;
+  o.stages.round_trip_seconds = 1e-3;
+  auto c = estimate_cost(*plan, t.ranks, 1, topo, o);
+  ASSERT_TRUE(c.ok());
+  const double pack = 2 * mib / 2e9;             // 1.048576 ms: the trainer packs both buckets
+  const double wire = 2 * mib / 1e9 + 2 * 1e-4;  // 2.297152 ms: host_tx carries both
+  const double process = 2 * (mib / 1e9);        // 2.097152 ms: each rank its 1 MiB
+  EXPECT_NEAR(c->pack_seconds, pack, 1e-12);
+  EXPECT_NEAR(c->process_seconds, mib / 1e9, 1e-12);  // the busiest rank's
+  EXPECT_NEAR(c->host_seconds, pack + wire + process, 1e-12);  // 5.44288 ms
+  // The longest chain alone (host_tx: both buckets leave once everything is packed, the last is
+  // processed after it) is 4.394304 ms: shorter than the host's work, which is the pipeline.
+  EXPECT_NEAR(c->pipeline_seconds, pack + wire + process, 1e-12);
+  EXPECT_EQ(c->critical, "host (every stage, one at a time)");
+  EXPECT_NEAR(c->control_seconds, 5e-3, 1e-15);
+  EXPECT_NEAR(c->predicted_seconds, 5e-3 + 5.44288e-3, 1e-12);
+}
+
+// GPUs on two nodes, 4 buckets of 512 KiB over a 1 GB/s NIC: the busiest link's 2.097152 ms, plus
+// the fill before its first bucket (packed at 2 GB/s: 0.262144 ms) and the drain after its last
+// (processed at 4 GB/s: 0.131072 ms).
+TEST(CostModel, StagesAddFillAndDrainToTheBusiestLink) {
+  ModelDesc d;
+  for (int i = 0; i < 4; ++i) {
+    ParamRule r;
+    r.param = "model.layers." + std::to_string(i) + ".mlp.w.weight";
+    r.sources = {r.param};
+    r.shapes = {{256, 1024}};
+    r.layout = Layout::kColumn;
+    d.params.push_back(r);
+  }
+  const Manifest manifest = model_manifest(d);
+  auto ranks = model_rank_specs(d, 1, 1, 1, "none");
+  ASSERT_TRUE(ranks.ok());
+  auto plan = make_plan(manifest, *ranks, {SenderInfo{}}, PlanOptions{512 << 10});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->buckets.size(), 4u);
+  Topology topo;
+  topo.nic_gbps = 8;
+  topo.pcie_gbps = 16;
+  topo.seconds_per_bucket = 0;
+  auto bare = estimate_cost(*plan, *ranks, 1, topo);
+  ASSERT_TRUE(bare.ok());
+  EXPECT_NEAR(bare->predicted_seconds, 2.097152e-3, 1e-12);
+  EXPECT_EQ(bare->fill_seconds, 0.0);
+  EXPECT_EQ(bare->drain_seconds, 0.0);
+
+  CostOptions o;
+  o.stages.pack_bytes_per_second = 2e9;
+  o.stages.process_bytes_per_second = 4e9;
+  auto c = estimate_cost(*plan, *ranks, 1, topo, o);
+  ASSERT_TRUE(c.ok());
+  // The first bucket leaves when the sender reaches the second bucket's piece: 512 KiB packed.
+  EXPECT_NEAR(c->fill_seconds, 0.262144e-3, 1e-12);
+  EXPECT_NEAR(c->busy_seconds, 2.097152e-3, 1e-12);
+  EXPECT_NEAR(c->drain_seconds, 0.131072e-3, 1e-12);
+  EXPECT_NEAR(c->predicted_seconds, 2.490368e-3, 1e-12);
+  EXPECT_EQ(c->critical, "nic_tx gpu 0 (trainer 0)");
+  EXPECT_EQ(c->host_seconds, 0.0);  // no host term across GPU nodes
+  EXPECT_EQ(c->control_seconds, 0.0);
+}
+
+TEST(CostModel, RefusesNegativeStagesAndAHostWithoutBandwidth) {
+  Tiny t = tiny(1024, 1, false);
+  auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 22});
+  ASSERT_TRUE(plan.ok());
+  Topology host;
+  host.placement = Placement::kOneHost;
+  EXPECT_FALSE(estimate_cost(*plan, t.ranks, 1, host).ok());
+  CostOptions o;
+  o.stages.round_trip_seconds = -1;
+  EXPECT_FALSE(estimate_cost(*plan, t.ranks, 1, Topology{}, o).ok());
+}
+
 nlohmann::json run_plan_command(const std::vector<std::string>& args) {
   CLI::App app("ferry");
   std::ostringstream out;
