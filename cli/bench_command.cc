@@ -11,6 +11,9 @@
 #ifdef FERRY_HAVE_TRANSPORT_BENCH
 #include "bench/transport_bench.h"
 #endif
+#ifdef FERRY_HAVE_E2E_BENCH
+#include "bench/e2e_bench.h"
+#endif
 
 namespace ferry::cli {
 
@@ -68,6 +71,41 @@ void add_bench_command(CLI::App& app) {
     throw CLI::RuntimeError(1);
 #endif
   });
+
+#ifdef FERRY_HAVE_E2E_BENCH
+  auto* e2e = bench->add_subcommand("e2e", "whole updates across processes, beside the cost model's prediction");
+  static E2eOptions e2e_options;
+  e2e->add_flag("--json", e2e_options.json, "one JSON object per line");
+  e2e->add_option("--transport", e2e_options.transport, "tcp, shm, ucx, or all")
+      ->check(CLI::IsMember({"tcp", "shm", "ucx", "all"}))
+      ->capture_default_str();
+  e2e->add_option("--scheme", e2e_options.scheme, "quantization of the rollout's linear layers (online schemes)")
+      ->check(CLI::IsMember({"none", "fp8_per_tensor", "fp8_per_channel", "fp8_block", "int8_per_channel", "int4_group"}))
+      ->capture_default_str();
+  e2e->add_option("--updates", e2e_options.updates, "timed rounds (links, then an update) after a warm-up round")
+      ->capture_default_str();
+  e2e->add_option("--tp", e2e_options.tp, "rank processes of the replica")->capture_default_str();
+  e2e->add_option("--bucket-bytes", e2e_options.bucket_bytes, "bytes per bucket (default FERRY_BUCKET_BYTES)");
+  e2e->callback([] {
+    const int rc = run_e2e_bench(e2e_options);
+    if (rc) throw CLI::RuntimeError(rc);
+  });
+  // The bench's rank processes: this binary, re-run by `ferry bench e2e`.
+  auto* e2e_rank = bench->add_subcommand("e2e-rank", "")->group("");
+  static int rank_port = 0, rank_index = 0, rank_tp = 1;
+  static std::string rank_coordinator, rank_scheme, rank_transport;
+  e2e_rank->add_option("--probe-port", rank_port)->required();
+  e2e_rank->add_option("--coordinator", rank_coordinator)->required();
+  e2e_rank->add_option("--tp-rank", rank_index)->required();
+  e2e_rank->add_option("--tp", rank_tp)->required();
+  e2e_rank->add_option("--scheme", rank_scheme)->required();
+  e2e_rank->add_option("--transport", rank_transport)->required();
+  e2e_rank->callback([] {
+    const int rc =
+        run_e2e_rank(static_cast<uint16_t>(rank_port), rank_coordinator, rank_index, rank_tp, rank_scheme, rank_transport);
+    if (rc) throw CLI::RuntimeError(rc);
+  });
+#endif
 }
 
 }  // namespace ferry::cli

@@ -1,0 +1,254 @@
+#include "bench/e2e_bench.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench/e2e_links.h"
+#include "bench/e2e_probe.h"
+#include "core/settings.h"
+#include "coordinator/trainer.h"
+#include "examples/demo/llama_config.h"
+#include "sharding/cost_model.h"
+#include "sharding/llama.h"
+#include "sharding/planner.h"
+#include "transport/transport.h"
+
+extern char** environ;
+
+namespace ferry {
+namespace {
+
+using e2e::Clock;
+using namespace std::chrono_literals;
+
+// A rank process; killed if it has not exited by the time this goes away.
+class Child {
+ public:
+  Status spawn(const std::vector<std::string>& args) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+      return Status::unavailable(std::string("posix_spawn: ") + std::strerror(errno));
+    }
+    pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+    return ok_status();
+  }
+  // Exit status (128 + signal when killed); kills the process past `ms`.
+  int reap(int ms) {
+    if (pid_ <= 0) return 0;
+    if (pidfd_ >= 0) {
+      pollfd p{pidfd_, POLLIN, 0};
+      if (poll(&p, 1, ms) == 0) kill(pid_, SIGKILL);
+    }
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      reap(10'000);
+    }
+    if (pidfd_ >= 0) close(pidfd_);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int pidfd_ = -1;
+};
+
+struct Measured {
+  double seconds = 0, pause = 0, plan = 0, transfer = 0, process = 0, resume = 0, other = 0;
+  uint64_t bytes = 0;
+};
+
+struct Samples {
+  std::vector<double> s, pa, pl, tr, pr, re, ot;
+};
+
+Status one_update(coordinator::Trainer& trainer, const sharding::Manifest& manifest, uint64_t version, Samples* out,
+                  Measured* m) {
+  e2e::Weights w(manifest, version);
+  coordinator::MapSource source(w.by_name);
+  FERRY_RETURN_IF_ERROR(trainer.start_weight_update(version, manifest));
+  FERRY_RETURN_IF_ERROR(trainer.update_weights(source));
+  FERRY_ASSIGN_OR_RETURN(auto r, trainer.finish_weight_update());
+  if (r.moved != 0) return Status::internal(fmt::format("update v{} moved {} registered tensors", version, r.moved));
+  if (out == nullptr) return ok_status();
+  m->bytes = r.bytes;
+  out->s.push_back(r.seconds);
+  out->pa.push_back(r.pause_seconds);
+  out->pl.push_back(r.plan_seconds);
+  out->tr.push_back(r.transfer_seconds);
+  out->pr.push_back(r.process_seconds);
+  out->re.push_back(r.resume_seconds);
+  out->ot.push_back(r.seconds - r.pause_seconds - r.plan_seconds - r.transfer_seconds - r.resume_seconds);
+  return ok_status();
+}
+
+void print(const E2eOptions& o, const std::string& transport, const sharding::Plan& plan, const Measured& m,
+           const sharding::CostReport& c, const e2e::Links& l) {
+  const std::string name = transport + "/" + o.scheme;
+  const double ratio = m.seconds > 0 ? c.predicted_seconds / m.seconds : 0;
+  if (o.json) {
+    fmt::print(
+        "{{\"bench\":\"e2e\",\"case\":\"{}\",\"device\":\"cpu\",\"tp\":{},\"updates\":{},\"bytes\":{},\"buckets\":{},"
+        "\"seconds\":{:.9f},\"predicted_seconds\":{:.9f},\"ratio\":{:.3f},"
+        "\"measured\":{{\"pause\":{:.9f},\"plan\":{:.9f},\"transfer\":{:.9f},\"process\":{:.9f},\"resume\":{:.9f},"
+        "\"other\":{:.9f}}},"
+        "\"predicted\":{{\"control\":{:.9f},\"pipeline\":{:.9f},\"critical\":\"{}\",\"fill\":{:.9f},\"busy\":{:.9f},"
+        "\"drain\":{:.9f},\"pack\":{:.9f},\"process\":{:.9f},\"host\":{:.9f}}},"
+        "\"links\":{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},"
+        "\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},\"process_gbps\":{:.3f}}}}}\n",
+        name, o.tp, o.updates, m.bytes, plan.buckets.size(), m.seconds, c.predicted_seconds, ratio, m.pause, m.plan,
+        m.transfer, m.process, m.resume, m.other, c.control_seconds, c.pipeline_seconds, c.critical, c.fill_seconds,
+        c.busy_seconds, c.drain_seconds, c.pack_seconds, c.process_seconds, c.host_seconds, l.round_trip_seconds,
+        l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
+        l.process_bytes_per_second / 1e9);
+  } else {
+    fmt::print("e2e {:<22} tp {} {:>9} B {:>3} buckets  measured {:.6f} s  predicted {:.6f} s  ratio {:.2f}\n", name,
+               o.tp, m.bytes, plan.buckets.size(), m.seconds, c.predicted_seconds, ratio);
+    fmt::print("    measured:  pause {:.6f} plan {:.6f} transfer {:.6f} resume {:.6f} other {:.6f} (process {:.6f})\n",
+               m.pause, m.plan, m.transfer, m.resume, m.other, m.process);
+    fmt::print("    predicted: control {:.6f} + pipeline {:.6f} [{}: fill {:.6f} busy {:.6f} drain {:.6f}]"
+               " (pack {:.6f}, process {:.6f}, host {:.6f})\n",
+               c.control_seconds, c.pipeline_seconds, c.critical, c.fill_seconds, c.busy_seconds, c.drain_seconds,
+               c.pack_seconds, c.process_seconds, c.host_seconds);
+    fmt::print("    links:     round trip {:.6f} s, {} {:.2f} GB/s + {:.6f} s per bucket,"
+               " pack {:.2f} GB/s, process {:.2f} GB/s per rank\n",
+               l.round_trip_seconds, transport, l.host_bytes_per_second / 1e9,
+               l.seconds_per_bucket, l.pack_bytes_per_second / 1e9, l.process_bytes_per_second / 1e9);
+  }
+  std::fflush(stdout);
+}
+
+Status run_case(const E2eOptions& o, const std::string& transport) {
+  setenv("FERRY_TRANSPORT", transport.c_str(), 1);  // the trainer and the ranks (inherited) use only it
+  FERRY_RETURN_IF_ERROR(validate_settings());
+  const demo::Model model;
+  const sharding::LlamaConfig cfg = demo::llama_config(model);
+  const sharding::Manifest manifest = sharding::llama_manifest(cfg);
+  std::vector<sharding::RankSpec> specs;
+  for (int r = 0; r < o.tp; ++r) {
+    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg, r, o.tp, o.scheme));
+    specs.push_back(std::move(spec));
+  }
+  FERRY_RETURN_IF_ERROR(sharding::check_manifest(manifest, specs));  // a scheme the demo model cannot take fails here
+  FERRY_ASSIGN_OR_RETURN(uint64_t bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  FERRY_ASSIGN_OR_RETURN(int64_t in_flight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
+  FERRY_ASSIGN_OR_RETURN(int64_t timeout_ms, setting_int("FERRY_TIMEOUT_MS"));
+  // The plan the trainer makes: the same manifest, ranks, one sender holding everything, bucket size.
+  FERRY_ASSIGN_OR_RETURN(sharding::Plan plan,
+                         sharding::make_plan(manifest, specs, {sharding::SenderInfo{}}, sharding::PlanOptions{bucket_bytes}));
+
+  FERRY_ASSIGN_OR_RETURN(auto trainer, coordinator::Trainer::create({}));
+  e2e::ProbeListener listener;
+  FERRY_RETURN_IF_ERROR(listener.open());
+  std::vector<Child> children(static_cast<size_t>(o.tp));
+  for (int r = 0; r < o.tp; ++r) {
+    FERRY_RETURN_IF_ERROR(children[static_cast<size_t>(r)].spawn(
+        {"ferry", "bench", "e2e-rank", "--probe-port", std::to_string(listener.port()), "--coordinator",
+         trainer->coordinator_address(), "--tp-rank", std::to_string(r), "--tp", std::to_string(o.tp), "--scheme",
+         o.scheme, "--transport", transport}));
+  }
+  std::vector<e2e::ProbeSocket> ranks(static_cast<size_t>(o.tp));
+  for (int i = 0; i < o.tp; ++i) {
+    FERRY_ASSIGN_OR_RETURN(auto s, listener.accept(Clock::now() + std::chrono::milliseconds(timeout_ms)));
+    FERRY_ASSIGN_OR_RETURN(std::string hello, s.recv(Clock::now() + std::chrono::milliseconds(timeout_ms)));
+    std::string_view rest;
+    if (e2e::command_of(hello, &rest) != "hello") return Status::internal("bench rank did not say hello");
+    const int r = std::atoi(std::string(rest).c_str());
+    if (r < 0 || r >= o.tp || ranks[static_cast<size_t>(r)].ok()) return Status::internal("bench rank with a bad index");
+    ranks[static_cast<size_t>(r)] = std::move(s);
+  }
+  FERRY_RETURN_IF_ERROR(trainer->wait_for_ranks(o.tp, timeout_ms));
+
+  // Rounds of link measurements, each followed by one update; the first round warms up.
+  FERRY_ASSIGN_OR_RETURN(auto probe,
+                         e2e::LinkProbe::open(ranks, transport, plan, specs, manifest, static_cast<int>(in_flight)));
+  Samples samples;
+  Measured m;
+  for (int v = 1; v <= o.updates + 1; ++v) {
+    FERRY_RETURN_IF_ERROR(probe->round(v > 1));
+    FERRY_RETURN_IF_ERROR(one_update(*trainer, manifest, static_cast<uint64_t>(v), v > 1 ? &samples : nullptr, &m));
+  }
+  const e2e::Links links = probe->links();
+  probe.reset();
+  for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r.send("done"));
+  m.seconds = e2e::median(samples.s);
+  m.pause = e2e::median(samples.pa);
+  m.plan = e2e::median(samples.pl);
+  m.transfer = e2e::median(samples.tr);
+  m.process = e2e::median(samples.pr);
+  m.resume = e2e::median(samples.re);
+  m.other = e2e::median(samples.ot);
+
+  sharding::Topology topo;
+  topo.placement = sharding::Placement::kOneHost;
+  topo.host_gbps = links.host_bytes_per_second * 8 / 1e9;
+  topo.seconds_per_bucket = links.seconds_per_bucket;
+  sharding::CostOptions co;
+  co.stages.pack_bytes_per_second = links.pack_bytes_per_second;
+  co.stages.process_bytes_per_second = links.process_bytes_per_second;
+  co.stages.round_trip_seconds = links.round_trip_seconds;
+  FERRY_ASSIGN_OR_RETURN(auto cost, sharding::estimate_cost(plan, specs, 1, topo, co));
+  print(o, transport, plan, m, cost, links);
+
+  trainer.reset();  // closes the coordinator: the ranks leave and exit
+  for (auto& c : children) {
+    if (const int rc = c.reap(static_cast<int>(timeout_ms)); rc != 0) {
+      return Status::internal(fmt::format("a bench rank exited with {}", rc));
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+int run_e2e_bench(const E2eOptions& o) {
+  if (o.updates < 1 || o.tp < 1) {
+    fmt::print(stderr, "bench e2e: --updates and --tp must be positive\n");
+    return 1;
+  }
+  if (o.scheme == "gptq_int4") {
+    fmt::print(stderr, "bench e2e: the trainer sends full-precision weights; gptq_int4 takes a pre-quantized checkpoint\n");
+    return 1;
+  }
+  if (!o.bucket_bytes.empty()) setenv("FERRY_BUCKET_BYTES", o.bucket_bytes.c_str(), 1);
+  std::vector<std::string> names;
+  if (o.transport == "all") {
+    for (const char* t : {"tcp", "shm", "ucx"}) {
+      for (const auto& f : transport::transport_factories()) {
+        if (f.name == t) names.emplace_back(t);
+      }
+    }
+  } else {
+    names.push_back(o.transport);
+  }
+  for (const auto& t : names) {
+    Status st = run_case(o, t);
+    if (!st.ok()) {
+      fmt::print(stderr, "bench e2e {}: {}\n", t, st.to_string());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace ferry

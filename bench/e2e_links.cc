@@ -1,0 +1,335 @@
+#include "bench/e2e_links.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/asio.h"
+#include "core/buffer.h"
+#include "core/region_copy.h"
+#include "coordinator/bucket.h"
+#include "coordinator/channel.h"
+#include "coordinator/mailbox.h"
+#include "transport/transport.h"
+
+namespace ferry::e2e {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Status expect_reply(ProbeSocket& s, std::string_view want, std::string* rest = nullptr) {
+  FERRY_ASSIGN_OR_RETURN(std::string frame, s.recv(Clock::now() + 120s));
+  std::string_view r;
+  if (command_of(frame, &r) != want) {
+    return Status::internal(fmt::format("bench rank answered '{}' where '{}' was expected", frame.substr(0, 80), want));
+  }
+  if (rest) *rest = std::string(r);
+  return ok_status();
+}
+
+constexpr int kSmallBuckets = 64;  // per rank, of 4 KiB: the fixed cost of a bucket
+constexpr auto kRoundTripGap = std::chrono::milliseconds(5);
+
+class Probe final : public LinkProbe {
+ public:
+  Probe(std::vector<ProbeSocket>& ranks, const sharding::Plan& plan, const std::vector<sharding::RankSpec>& specs,
+        const sharding::Manifest& manifest, int in_flight)
+      : ranks_(ranks), plan_(plan), specs_(specs), manifest_(manifest),
+        slots_(static_cast<size_t>(std::max(1, in_flight))), work_(asio::make_work_guard(io_)), acceptor_(io_) {}
+
+  ~Probe() override {
+    conns_.clear();
+    if (tx_) tx_->shutdown();
+    for (auto& c : channels_) c->close(Status::unavailable("probe done"));
+    asio::post(io_, [this] {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+    });
+    work_.reset();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status open(const std::string& transport) {
+    FERRY_RETURN_IF_ERROR(open_control());
+    FERRY_ASSIGN_OR_RETURN(tx_, transport::create_transport(transport));
+    for (auto& r : ranks_) {
+      FERRY_RETURN_IF_ERROR(r.send("listen"));
+      std::string blob;
+      FERRY_RETURN_IF_ERROR(expect_reply(r, "blob", &blob));
+      FERRY_ASSIGN_OR_RETURN(auto c, tx_->connect(blob, Clock::now() + 30s));
+      conns_.push_back(std::move(c));
+    }
+    sizes_.assign(ranks_.size(), {});
+    size_t largest = 4096;
+    for (const auto& b : plan_.buckets) {
+      if (b.dst < 0 || static_cast<size_t>(b.dst) >= ranks_.size()) return Status::internal("plan bucket outside the replica");
+      sizes_[static_cast<size_t>(b.dst)].push_back(b.bytes);
+      largest = std::max<size_t>(largest, b.bytes);
+      plan_bytes_ += b.bytes;
+    }
+    // A pool of buffers per rank, as the trainer keeps.
+    for (size_t i = 0; i < ranks_.size() * slots_; ++i) {
+      FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(largest));
+      std::memset(b.data(), static_cast<int>(i + 1), b.size());
+      FERRY_ASSIGN_OR_RETURN(auto reg, tx_->register_memory(b.data(), b.size(), Device::cpu()));
+      bufs_.push_back(std::move(b));
+      regions_.push_back(std::move(reg));
+    }
+    // Bucket builders for packing, sized as the trainer sizes them.
+    uint64_t max_row = 0;
+    for (const auto& p : plan_.pieces) max_row = std::max<uint64_t>(max_row, p.bytes / std::max<int64_t>(1, p.src.size[0]));
+    for (size_t d = 0; d < ranks_.size(); ++d) {
+      const size_t want =
+          std::max<uint64_t>(std::min<uint64_t>(plan_.bucket_bytes, plan_.bytes_per_dst[d]), max_row) + (1u << 20);
+      builders_.push_back(std::make_unique<coordinator::BucketBuilder>(want));
+      if (!builders_.back()->ok()) return Status::resource_exhausted("bucket buffer for the packing probe");
+    }
+    return ok_status();
+  }
+
+  Status round(bool keep) override {
+    FERRY_RETURN_IF_ERROR(round_trips(keep));
+    FERRY_RETURN_IF_ERROR(processing(keep));
+    FERRY_RETURN_IF_ERROR(transport(keep));
+    return packing(keep);
+  }
+
+  Links links() const override {
+    Links l;
+    l.round_trip_seconds = median(rtt_);
+    l.pack_bytes_per_second = static_cast<double>(plan_.total_bytes) / median(pack_);
+    double slowest = 0;
+    for (const auto& [r, t] : process_) {
+      const double rate = static_cast<double>(process_bytes_.at(r)) / median(t);
+      slowest = slowest == 0 ? rate : std::min(slowest, rate);
+    }
+    l.process_bytes_per_second = slowest;
+    // A link's time is bytes / rate + buckets * fixed: two runs, two unknowns.
+    const double small_buckets = static_cast<double>(kSmallBuckets * ranks_.size());
+    const double small_bytes = small_buckets * 4096;
+    const double big_bytes = static_cast<double>(plan_bytes_);
+    const double big_buckets = static_cast<double>(plan_.buckets.size());
+    const double t_small = median(small_), t_big = median(big_);
+    const double per_byte =
+        (t_big - t_small * big_buckets / small_buckets) / (big_bytes - small_bytes * big_buckets / small_buckets);
+    const double fixed = (t_small - small_bytes * per_byte) / small_buckets;
+    if (per_byte > 0 && fixed >= 0) {
+      l.host_bytes_per_second = 1.0 / per_byte;
+      l.seconds_per_bucket = fixed;
+    } else {  // noise swamped one of them: keep the bytes
+      l.host_bytes_per_second = big_bytes / t_big;
+    }
+    return l;
+  }
+
+ private:
+  // A control channel per rank, over ferry's Channel: the rank answers on its own I/O thread; here
+  // a waiting thread takes the answer from a mailbox, as the trainer takes the coordinator's.
+  Status open_control() {
+    boost::system::error_code ec;
+    acceptor_.open(tcp::v4(), ec);
+    if (!ec) acceptor_.bind(tcp::endpoint(asio::ip::address_v4::loopback(), 0), ec);
+    if (!ec) acceptor_.listen(64, ec);
+    if (ec) return Status::unavailable("control probe listen: " + ec.message());
+    const uint16_t port = acceptor_.local_endpoint().port();
+    thread_ = std::thread([this] { io_.run(); });
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      auto accepted = std::make_shared<std::promise<Result<tcp::socket>>>();
+      auto fut = accepted->get_future();
+      acceptor_.async_accept([accepted](boost::system::error_code e, tcp::socket s) {
+        if (e) return accepted->set_value(Status::unavailable("control probe accept: " + e.message()));
+        accepted->set_value(std::move(s));
+      });
+      FERRY_RETURN_IF_ERROR(ranks_[r].send(fmt::format("control {}", port)));
+      if (fut.wait_for(30s) != std::future_status::ready) {
+        return Status::deadline_exceeded("bench rank did not open its control channel");
+      }
+      FERRY_ASSIGN_OR_RETURN(tcp::socket socket, fut.get());
+      auto ch = std::make_shared<coordinator::Channel>(std::move(socket), 1u << 20);
+      coordinator::Mailbox* box = &boxes_.emplace_back();
+      ch->start([box](const std::shared_ptr<coordinator::Channel>&, wire::Envelope& e) { box->push(std::move(e)); },
+                [box](const std::shared_ptr<coordinator::Channel>&, const Status& why) { box->close(why); });
+      channels_.push_back(std::move(ch));
+      FERRY_RETURN_IF_ERROR(expect_reply(ranks_[r], "ok"));
+    }
+    return ok_status();
+  }
+
+  Status round_trips(bool keep) {
+    for (int i = 0; i < 10; ++i) {
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        wire::Envelope ping;
+        ping.mutable_pause()->set_version(++pings_);
+        const auto t0 = Clock::now();
+        channels_[r]->send(ping);
+        FERRY_RETURN_IF_ERROR(boxes_[r].wait(wire::Envelope::kPauseAck, Clock::now() + 10s, "pause ack").status());
+        if (keep) rtt_.push_back(since(t0));
+        // An update's round trips come one at a time, between stretches of other work or of
+        // idleness that let the processes' CPUs go idle; so do these.
+        std::this_thread::sleep_for(kRoundTripGap);
+      }
+    }
+    return ok_status();
+  }
+
+  // Each rank alone, with the host to itself.
+  Status processing(bool keep) {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      FERRY_RETURN_IF_ERROR(ranks_[r].send("process 3"));
+      std::string rest;
+      FERRY_RETURN_IF_ERROR(expect_reply(ranks_[r], "processed", &rest));
+      unsigned long long bytes = 0;
+      double seconds = 0;
+      if (std::sscanf(rest.c_str(), "%llu %lf", &bytes, &seconds) != 2 || seconds <= 0) {
+        return Status::internal("bench rank sent a malformed processing result: " + rest);
+      }
+      process_bytes_[r] = bytes;
+      if (keep) process_[r].push_back(seconds);
+    }
+    return ok_status();
+  }
+
+  // Posts `rounds` rounds of `per_rank` buckets to every rank, round-robin over the ranks, at most
+  // `slots_` in flight per rank; returns the seconds until every rank has received all of them.
+  Result<double> post_all(const std::vector<std::vector<size_t>>& per_rank, uint64_t rounds) {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      FERRY_RETURN_IF_ERROR(ranks_[r].send(fmt::format("expect {}", per_rank[r].size() * rounds)));
+      FERRY_RETURN_IF_ERROR(expect_reply(ranks_[r], "ok"));
+    }
+    std::vector<std::deque<std::unique_ptr<transport::TransferHandle>>> pending(ranks_.size());
+    std::vector<size_t> next(ranks_.size(), 0);
+    size_t most = 0;
+    for (const auto& v : per_rank) most = std::max(most, v.size());
+    const auto deadline = Clock::now() + 300s;
+    const auto t0 = Clock::now();
+    for (uint64_t round = 0; round < rounds; ++round) {
+      for (size_t k = 0; k < most; ++k) {
+        for (size_t r = 0; r < ranks_.size(); ++r) {
+          if (k >= per_rank[r].size()) continue;
+          if (pending[r].size() == slots_) {
+            FERRY_RETURN_IF_ERROR(pending[r].front()->wait(deadline));
+            pending[r].pop_front();
+          }
+          const size_t slot = r * slots_ + (next[r]++ % slots_);
+          FERRY_ASSIGN_OR_RETURN(auto h, conns_[r]->post(*regions_[slot], 0, per_rank[r][k]));
+          pending[r].push_back(std::move(h));
+        }
+      }
+    }
+    for (auto& p : pending) {
+      for (auto& h : p) FERRY_RETURN_IF_ERROR(h->wait(deadline));
+    }
+    for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(expect_reply(r, "received"));
+    return since(t0);
+  }
+
+  Status transport(bool keep) {
+    const std::vector<std::vector<size_t>> small(ranks_.size(), std::vector<size_t>(kSmallBuckets, 4096));
+    FERRY_ASSIGN_OR_RETURN(double ts, post_all(small, 1));
+    // An update's worth: the plan's buckets once.
+    FERRY_ASSIGN_OR_RETURN(double tb, post_all(sizes_, 1));
+    if (keep) {
+      small_.push_back(ts);
+      big_.push_back(tb);
+    }
+    return ok_status();
+  }
+
+  // A new version's weights packed into the warm bucket buffers, as the trainer does every update.
+  Status packing(bool keep) {
+    for (int i = 0; i < 3; ++i) {
+      const Weights w(manifest_, 1000 + (++packs_));
+      const auto t0 = Clock::now();
+      for (auto& b : builders_) b->reset(1, 0, 0);
+      for (int src : plan_.source_order) {
+        for (int pi : plan_.by_source[static_cast<size_t>(src)]) {
+          const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(pi)];
+          const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
+          coordinator::BucketBuilder& b = *builders_[static_cast<size_t>(pc.dst)];
+          if (b.payload_room() < pc.bytes) {
+            FERRY_RETURN_IF_ERROR(b.seal(false).status());
+            b.reset(1, 0, 0);
+          }
+          const Region dst = sharding::slice_dst_region(param.slices[static_cast<size_t>(pc.slice)], param);
+          uint8_t* where = b.add_piece(static_cast<uint32_t>(pc.param), dst, manifest_[static_cast<size_t>(src)].dtype, pc.bytes);
+          FERRY_RETURN_IF_ERROR(pack_region(w.views[static_cast<size_t>(src)], pc.src, where, pc.bytes));
+        }
+      }
+      for (auto& b : builders_) FERRY_RETURN_IF_ERROR(b->seal(false).status());
+      if (keep) pack_.push_back(since(t0));
+    }
+    return ok_status();
+  }
+
+  std::vector<ProbeSocket>& ranks_;
+  const sharding::Plan& plan_;
+  const std::vector<sharding::RankSpec>& specs_;
+  const sharding::Manifest& manifest_;
+  const size_t slots_;
+
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+  std::vector<std::shared_ptr<coordinator::Channel>> channels_;
+  std::deque<coordinator::Mailbox> boxes_;
+  uint64_t pings_ = 0;
+
+  std::unique_ptr<transport::Transport> tx_;
+  std::vector<std::unique_ptr<transport::Connection>> conns_;
+  std::vector<Buffer> bufs_;
+  std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
+  std::vector<std::vector<size_t>> sizes_;  // per rank, the plan's bucket sizes in plan order
+  uint64_t plan_bytes_ = 0;
+
+  std::vector<std::unique_ptr<coordinator::BucketBuilder>> builders_;
+  uint64_t packs_ = 0;
+
+  std::vector<double> rtt_, pack_, small_, big_;
+  std::map<size_t, std::vector<double>> process_;
+  std::map<size_t, uint64_t> process_bytes_;
+};
+
+}  // namespace
+
+uint16_t next_bf16(uint64_t& x) {
+  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+  // Sign, exponent 119..122, mantissa bits from the state.
+  return static_cast<uint16_t>(((x >> 63) << 15) | ((119 + (x >> 20) % 4) << 7) | (x & 0x7f));
+}
+
+Weights::Weights(const sharding::Manifest& m, uint64_t version) {
+  uint64_t x = 0x9e3779b97f4a7c15ull * (version + 1);
+  for (const auto& t : m) {
+    auto& v = data.emplace_back(static_cast<size_t>(shape_numel(t.shape)));
+    for (auto& e : v) e = next_bf16(x);
+    views.emplace_back(v.data(), DType::kBF16, t.shape);
+    by_name.emplace(t.name, views.back());
+  }
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Result<std::unique_ptr<LinkProbe>> LinkProbe::open(std::vector<ProbeSocket>& ranks, const std::string& transport,
+                                                   const sharding::Plan& plan,
+                                                   const std::vector<sharding::RankSpec>& specs,
+                                                   const sharding::Manifest& manifest, int in_flight) {
+  auto p = std::make_unique<Probe>(ranks, plan, specs, manifest, in_flight);
+  FERRY_RETURN_IF_ERROR(p->open(transport));
+  return std::unique_ptr<LinkProbe>(std::move(p));
+}
+
+}  // namespace ferry::e2e

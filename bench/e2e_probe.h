@@ -1,0 +1,62 @@
+// The command link between `ferry bench e2e` and the rank processes it starts: one loopback TCP
+// connection per rank, carrying frames of (u32 length, bytes) whose first word names the command.
+// It only orders the bench's phases (measure links, then join the coordinator); the update itself
+// runs over ferry's control plane and the transport under test.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace ferry::e2e {
+
+using Clock = std::chrono::steady_clock;
+
+class ProbeSocket {
+ public:
+  ProbeSocket() = default;
+  explicit ProbeSocket(int fd) : fd_(fd) {}
+  ~ProbeSocket();
+  ProbeSocket(ProbeSocket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  ProbeSocket& operator=(ProbeSocket&& o) noexcept;
+  ProbeSocket(const ProbeSocket&) = delete;
+  ProbeSocket& operator=(const ProbeSocket&) = delete;
+
+  // Connects to 127.0.0.1:port (the bench listens before it starts the ranks: a loopback connect
+  // succeeds or fails at once).
+  static Result<ProbeSocket> connect(uint16_t port);
+
+  Status send(std::string_view frame);
+  // The next frame; DeadlineExceeded past `deadline`, Unavailable when the peer closed.
+  Result<std::string> recv(Clock::time_point deadline);
+  bool ok() const { return fd_ >= 0; }
+
+ private:
+  Status read_all(void* out, size_t n, Clock::time_point deadline);
+  int fd_ = -1;
+};
+
+// A listening socket on 127.0.0.1, any port.
+class ProbeListener {
+ public:
+  ProbeListener() = default;
+  ~ProbeListener();
+  ProbeListener(const ProbeListener&) = delete;
+  ProbeListener& operator=(const ProbeListener&) = delete;
+
+  Status open();
+  uint16_t port() const { return port_; }
+  Result<ProbeSocket> accept(Clock::time_point deadline);
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+// "word rest" -> word; rest into `*rest` when given.
+std::string_view command_of(std::string_view frame, std::string_view* rest = nullptr);
+
+}  // namespace ferry::e2e

@@ -1,0 +1,213 @@
+// A rollout rank process of `ferry bench e2e` (`ferry bench e2e-rank`, started by the bench): a
+// RolloutWorker that serves the bench's updates, and between them answers the bench's link probes
+// from this process: control round trips over ferry's control channel, this rank's processing of
+// its own pieces through a reload engine of its own, and buckets received over the transport under
+// test. It exits when the coordinator goes away.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench/e2e_bench.h"
+#include "bench/e2e_links.h"
+#include "bench/e2e_probe.h"
+#include "core/asio.h"
+#include "core/log.h"
+#include "coordinator/channel.h"
+#include "coordinator/rollout_worker.h"
+#include "examples/demo/llama_config.h"
+#include "reload/engine.h"
+#include "reload/model_storage.h"
+#include "sharding/llama.h"
+#include "transport/transport.h"
+
+namespace ferry {
+namespace {
+
+using e2e::Clock;
+using namespace std::chrono_literals;
+
+// Answers the bench's control messages on this process's own I/O thread, as a rank answers the
+// coordinator: a Pause with a PauseAck.
+class ControlEcho {
+ public:
+  ControlEcho() : work_(boost::asio::make_work_guard(io_)) {}
+  ~ControlEcho() {
+    if (channel_) channel_->close(Status::unavailable("probe done"));
+    work_.reset();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status start(uint16_t port) {
+    thread_ = std::thread([this] { io_.run(); });
+    FERRY_ASSIGN_OR_RETURN(auto socket, coordinator::connect_control(io_, fmt::format("127.0.0.1:{}", port), 10'000));
+    channel_ = std::make_shared<coordinator::Channel>(std::move(socket), 1u << 20);
+    channel_->start(
+        [](const std::shared_ptr<coordinator::Channel>& ch, wire::Envelope& e) {
+          if (!e.has_pause()) return;
+          wire::Envelope out;
+          out.mutable_pause_ack()->set_version(e.pause().version());
+          ch->send(out);
+        },
+        [](const std::shared_ptr<coordinator::Channel>&, const Status&) {});
+    return ok_status();
+  }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::thread thread_;
+  std::shared_ptr<coordinator::Channel> channel_;
+};
+
+// This rank's pieces as a bucket delivers them (one per slice, bf16, new values before every run,
+// as every update brings), processed through a reload engine of its own over storage of its own;
+// median seconds of `runs` whole updates (begin, every piece, finalize).
+Result<std::pair<uint64_t, double>> process_probe(const sharding::RankSpec& spec, int runs) {
+  FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
+  FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, storage));
+  struct Piece {
+    uint32_t param;
+    Region dst;
+    std::vector<uint16_t> data;
+  };
+  std::vector<Piece> pieces;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < spec.params.size(); ++i) {
+    const auto& p = spec.params[i];
+    if (p.source_dtype != DType::kBF16) return Status::invalid_argument("bench e2e sends bf16 weights only");
+    for (const auto& s : p.slices) {
+      pieces.push_back({i, sharding::slice_dst_region(s, p), std::vector<uint16_t>(static_cast<size_t>(s.src.numel()))});
+      bytes += pieces.back().data.size() * 2;
+    }
+  }
+  uint64_t x = 0x2545f4914f6cdd1dull * static_cast<uint64_t>(spec.tp_rank + 1);
+  std::vector<double> t;
+  for (int r = 0; r <= runs; ++r) {  // the first run warms the engine's pools and the pages
+    for (auto& pc : pieces) {
+      for (auto& e : pc.data) e = e2e::next_bf16(x);
+    }
+    const auto t0 = Clock::now();
+    FERRY_RETURN_IF_ERROR(engine->begin(static_cast<uint64_t>(r + 1)));
+    for (const auto& pc : pieces) {
+      FERRY_RETURN_IF_ERROR(engine->apply_piece(pc.param, pc.dst, DType::kBF16, pc.data.data(), pc.data.size() * 2));
+    }
+    FERRY_RETURN_IF_ERROR(engine->finalize().status());
+    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return std::make_pair(bytes, t[t.size() / 2]);
+}
+
+// Counts buckets arriving over the transport; tells the bench when the expected number arrived.
+class TransportSink {
+ public:
+  explicit TransportSink(e2e::ProbeSocket& probe, std::mutex& send_mu) : probe_(probe), send_mu_(send_mu) {}
+  ~TransportSink() {
+    if (transport_) transport_->shutdown();
+  }
+
+  Result<std::string> listen(const std::string& name) {
+    FERRY_ASSIGN_OR_RETURN(transport_, transport::create_transport(name));
+    return transport_->listen(
+        [this](const uint8_t*, size_t) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (++received_ == expected_) {
+            std::lock_guard<std::mutex> send_lock(send_mu_);
+            (void)probe_.send("received");
+          }
+          return ok_status();
+        },
+        [](const Status&) {});
+  }
+  void expect(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    received_ = 0;
+    expected_ = n;
+  }
+  void close() {
+    if (transport_) transport_->shutdown();
+    transport_.reset();
+  }
+
+ private:
+  e2e::ProbeSocket& probe_;
+  std::mutex& send_mu_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::mutex mu_;
+  int64_t received_ = 0;
+  int64_t expected_ = -1;
+};
+
+Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int tp, const std::string& scheme,
+             const std::string& transport) {
+  set_log_identity(fmt::format("bench rank {}", rank));
+  const demo::Model m;
+  FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(demo::llama_config(m), rank, tp, scheme));
+  FERRY_ASSIGN_OR_RETURN(auto probe, e2e::ProbeSocket::connect(probe_port));
+  std::mutex send_mu;
+  auto reply = [&](const std::string& s) {
+    std::lock_guard<std::mutex> lock(send_mu);
+    return probe.send(s);
+  };
+  // The rank itself: joins the coordinator and serves updates on its own threads, between which
+  // the bench measures the links.
+  FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
+  coordinator::RolloutOptions o;
+  o.coordinator = coordinator;
+  o.spec = spec;
+  o.storage = &storage;
+  FERRY_ASSIGN_OR_RETURN(auto worker, coordinator::RolloutWorker::create(std::move(o)));
+  FERRY_RETURN_IF_ERROR(reply(fmt::format("hello {}", rank)));
+
+  std::unique_ptr<ControlEcho> echo;
+  TransportSink sink(probe, send_mu);
+  for (bool done = false; !done;) {
+    // Generous: the bench may spend a while on the other ranks' probes and on the updates.
+    FERRY_ASSIGN_OR_RETURN(std::string frame, probe.recv(Clock::now() + 600s));
+    std::string_view rest;
+    const std::string_view cmd = e2e::command_of(frame, &rest);
+    if (cmd == "control") {
+      echo = std::make_unique<ControlEcho>();
+      FERRY_RETURN_IF_ERROR(echo->start(static_cast<uint16_t>(std::stoi(std::string(rest)))));
+      FERRY_RETURN_IF_ERROR(reply("ok"));
+    } else if (cmd == "process") {
+      FERRY_ASSIGN_OR_RETURN(auto r, process_probe(spec, std::stoi(std::string(rest))));
+      FERRY_RETURN_IF_ERROR(reply(fmt::format("processed {} {:.9f}", r.first, r.second)));
+    } else if (cmd == "listen") {
+      FERRY_ASSIGN_OR_RETURN(std::string blob, sink.listen(transport));
+      FERRY_RETURN_IF_ERROR(reply("blob " + blob));
+    } else if (cmd == "expect") {
+      sink.expect(std::stoll(std::string(rest)));
+      FERRY_RETURN_IF_ERROR(reply("ok"));
+    } else if (cmd == "done") {
+      done = true;
+    } else {
+      return Status::invalid_argument(fmt::format("bench rank: unexpected probe command '{}'", cmd));
+    }
+  }
+  echo.reset();
+  sink.close();
+  // Serve until the bench's trainer (and its coordinator) goes away.
+  while (!worker->wait_closed(60'000).ok()) {
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+int run_e2e_rank(uint16_t probe_port, const std::string& coordinator, int rank, int tp, const std::string& scheme,
+                 const std::string& transport) {
+  Status st = serve(probe_port, coordinator, rank, tp, scheme, transport);
+  if (!st.ok()) {
+    fmt::print(stderr, "bench e2e rank {}: {}\n", rank, st.to_string());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace ferry
