@@ -440,7 +440,17 @@ class TrainerImpl final : public Trainer {
       FERRY_RETURN_IF_ERROR(transport::ipc_device_synchronize(tensor.device().index));
       synced_devices_.insert(tensor.device().index);
     }
-    FERRY_ASSIGN_OR_RETURN(transport::SharedRef ref, exporter_.locate(tensor.data(), tensor.nbytes()));
+    auto located = exporter_.locate(tensor.data(), tensor.nbytes());
+    if (!located.ok()) {
+      // Memory without a legacy IPC handle (stream-ordered pools, expandable segments): as bytes.
+      if (!warned_export_) {
+        FERRY_LOG_WARN("direct reads unavailable for some weights, which travel as bytes instead: {}",
+                       located.status().message());
+        warned_export_ = true;
+      }
+      return false;
+    }
+    const transport::SharedRef ref = *located;
     FERRY_ASSIGN_OR_RETURN(BucketBuilder * b, open_bucket(d));
     if (b->payload_room() < 1024) {
       FERRY_RETURN_IF_ERROR(flush(d));
@@ -553,6 +563,7 @@ class TrainerImpl final : public Trainer {
   bool direct_ = false;                       // FERRY_DIRECT allows direct reads
   transport::IpcExporter exporter_;
   std::set<int> synced_devices_;  // devices synchronized in this update
+  bool warned_export_ = false;
   bool in_update_ = false;
   uint64_t version_ = 0;
   uint64_t bytes_ = 0;

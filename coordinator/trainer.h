@@ -12,9 +12,9 @@
 // them is exported once by CUDA IPC (one handle per allocation, not per tensor or update), the
 // first send() of an update waits for the work this process queued on the device, and the rank
 // quantizes straight from the trainer's memory into its storage (2 bytes read and 1 written per
-// bf16 parameter in fp8). Weights must come from cudaMalloc (PyTorch's caching allocator does;
-// stream-ordered pools and expandable segments cannot be exported: set FERRY_DIRECT=off there).
-// Other device pieces are copied to host and sent as bytes.
+// bf16 parameter in fp8). Weights from cudaMalloc can be read so (PyTorch's caching allocator's
+// are); memory without a legacy IPC handle (stream-ordered pools, expandable segments) is sent as
+// bytes, with a warning. Other device pieces are copied to host and sent as bytes.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,8 @@
     PYTHONPATH=build/python python3 examples/python/gpu_trainer.py &
     PYTHONPATH=build/python python3 examples/python/gpu_rollout.py --coordinator <address>
 
-Both processes on one node: ferry picks cuda_ipc and reads the trainer's tensors in place.
+Both processes on one node, the rollout's storage on the GPU: the rollout reads the trainer's tensors
+in place (their allocations exported once by CUDA IPC) and quantizes them straight into its storage.
 """
 
 import argparse
