@@ -7,6 +7,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -21,7 +22,9 @@
 namespace ferry::transport::ucx {
 
 constexpr unsigned kDataId = 1;
-constexpr unsigned kByeId = 2;  // a sender's last message before a clean close
+// A sender's last message before a clean close. It carries the reply endpoint (as data does), which
+// is how the receiver tells which sender is done; the receiver then reports OK and closes its end.
+constexpr unsigned kByeId = 2;
 
 inline Status ucs_error(std::string_view what, ucs_status_t st) {
   return Status::unavailable(fmt::format("ucx {}: {}", what, ucs_status_string(st)));
@@ -95,6 +98,36 @@ class Engine {
   ucp_worker_h worker() const { return worker_; }
   bool cuda_capable() const { return cuda_capable_; }
 
+  // Closes `ep` on the progress thread without waiting: a flushing close (what was sent before
+  // reaches the peer first) unless `force`. `then` runs on the progress thread with the close's
+  // status once it is done, at once if it finishes here. Never progresses the worker itself, so it
+  // may be called from inside a UCX callback.
+  void close_ep(ucp_ep_h ep, bool force, std::function<void(ucs_status_t)> then = {}) {
+    struct Ctx {
+      Engine* engine;
+      std::function<void(ucs_status_t)> then;
+    };
+    auto* ctx = new Ctx{this, std::move(then)};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;  // 0: UCP_EP_CLOSE_MODE_FLUSH
+    p.cb.send = [](void* req, ucs_status_t st, void* ud) {
+      auto* c = static_cast<Ctx*>(ud);
+      --c->engine->closing_;
+      if (c->then) c->then(st);
+      delete c;
+      ucp_request_free(req);
+    };
+    p.user_data = ctx;
+    ++closing_;
+    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
+    if (!UCS_PTR_IS_PTR(req)) {
+      --closing_;
+      if (ctx->then) ctx->then(UCS_PTR_STATUS(req));
+      delete ctx;
+    }
+  }
+
  private:
   void loop() {
     while (!stop_) {
@@ -118,7 +151,10 @@ class Engine {
       while (read(efd_, &v, sizeof v) > 0) {
       }
     }
-    // Flush what is left so no request outlives the worker.
+    // Finish the endpoint closes still under way (each holds what its callback needs), then flush
+    // what is left so no request outlives the worker.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (closing_ > 0 && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
     for (int i = 0; i < 1000 && ucp_worker_progress(worker_) != 0; ++i) {
     }
   }
@@ -129,21 +165,10 @@ class Engine {
   int efd_ = -1;
   bool cuda_capable_ = false;
   bool stop_ = false;  // progress thread only
+  int closing_ = 0;    // endpoint closes under way; progress thread only
   std::mutex mu_;
   std::deque<std::function<void()>> commands_;
   std::thread thread_;
 };
-
-inline void close_ep(ucp_worker_h worker, ucp_ep_h ep, bool force) {
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
-  if (UCS_PTR_IS_PTR(req)) {
-    // Progressed by the loop; released when done (or when the worker goes).
-    for (int i = 0; i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker);
-    ucp_request_free(req);
-  }
-}
 
 }  // namespace ferry::transport::ucx

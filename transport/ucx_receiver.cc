@@ -68,9 +68,17 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (listener_) ucp_listener_destroy(std::exchange(listener_, nullptr));
     for (auto& [ep, in] : inbound_) {
       in->closed = true;
-      close_ep(engine_->worker(), ep, true);
+      engine_->close_ep(ep, true);
     }
     inbound_.clear();
+    // The handlers point at this receiver, which may go once stopped.
+    ucp_am_handler_param_t h{};
+    h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    h.cb = nullptr;
+    for (unsigned id : {kDataId, kByeId}) {
+      h.id = id;
+      (void)ucp_worker_set_am_recv_handler(engine_->worker(), &h);
+    }
     self_.reset();
   }
 
@@ -94,16 +102,20 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     auto* self = static_cast<Receiver*>(arg);
     auto it = self->inbound_.find(ep);
     if (it == self->inbound_.end()) return;
+    // A sender that said goodbye was closed here when the goodbye arrived with nothing still
+    // arriving; one still found here failed before its last buckets came in.
     auto in = it->second;
-    self->close(*in, in->bye ? ok_status() : ucs_error("sender endpoint failed", st));
+    self->close(*in, ucs_error(in->bye ? "sender endpoint failed with buckets still arriving" : "sender endpoint failed", st));
   }
 
   void close(Inbound& in, Status why) {
     if (in.closed) return;
     in.closed = true;
     in.queue.clear();
-    inbound_.erase(in.ep);
-    close_ep(engine_->worker(), in.ep, true);
+    const ucp_ep_h ep = in.ep;
+    inbound_.erase(ep);  // `in` may go with it
+    // After a goodbye nothing more is to come: the sender's flushing close completes with this one.
+    engine_->close_ep(ep, true);
     if (on_closed_) on_closed_(why);
   }
 
@@ -115,7 +127,11 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
   static ucs_status_t on_bye(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
-    if (auto in = self->find(param)) in->bye = true;
+    auto in = self->find(param);
+    if (!in || in->closed) return UCS_OK;
+    in->bye = true;
+    // Every bucket came before the goodbye; rendezvous ones still arriving close it in arrived().
+    if (in->queue.empty()) self->close(*in, ok_status());
     return UCS_OK;
   }
 
@@ -174,6 +190,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       in->queue.pop_front();
       deliver(*in, front->bytes.data(), front->bytes.size());
     }
+    if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status());
   }
 
   void deliver(Inbound& in, const uint8_t* data, size_t size) {

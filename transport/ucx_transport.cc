@@ -90,25 +90,54 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
     engine_->run([self] { self->fail(Status::aborted("ucx connection aborted"), true); });
   }
 
-  // A clean close: a bye message, then a flushing close.
+  // A clean close: a goodbye, then a flushing close of the endpoint, waited for until `deadline`.
+  // The receiver reports OK when the goodbye arrives and closes its end, which completes ours.
+  // With buckets still in flight, or after a failure, the endpoint is closed at once instead.
   void close_cleanly(Deadline deadline) {
     auto self = shared_from_this();
-    Status st = engine_->call(
-        [self](std::shared_ptr<CompletionState> done) {
-          if (self->ep_ != nullptr && self->failure_.ok() && self->pending_.empty()) {
-            ucp_request_param_t p{};
-            ucs_status_ptr_t r = ucp_am_send_nbx(self->ep_, kByeId, nullptr, 0, nullptr, 0, &p);
-            if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
-          }
-          self->fail(Status::aborted("ucx connection closed"), self->failure_.ok() ? !self->pending_.empty() : true);
-          done->complete(ok_status());
-        },
-        deadline);
-    st.ignore_error();  // the engine outlives us and closes the endpoint either way
+    Status st = engine_->call([self](std::shared_ptr<CompletionState> done) { self->say_goodbye(std::move(done)); },
+                              deadline);
+    st.ignore_error();  // past the deadline the close goes on: the engine finishes it before it stops
   }
 
  private:
   friend struct SendContext;
+
+  void say_goodbye(std::shared_ptr<CompletionState> done) {
+    if (ep_ == nullptr || !failure_.ok() || !pending_.empty()) {
+      fail(Status::aborted("ucx connection closed"), true);
+      return done->complete(ok_status());
+    }
+    failure_ = Status::aborted("ucx connection closed");  // nothing is sent after the goodbye
+    struct Ctx {
+      std::shared_ptr<UcxConnection> conn;
+      std::shared_ptr<CompletionState> done;
+    };
+    auto* ctx = new Ctx{shared_from_this(), done};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;  // names this endpoint to the receiver, as every bucket does
+    p.cb.send = [](void* req, ucs_status_t st, void* ud) {
+      auto* c = static_cast<Ctx*>(ud);
+      c->conn->close_after_goodbye(st, std::move(c->done));
+      delete c;
+      ucp_request_free(req);
+    };
+    p.user_data = ctx;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep_, kByeId, nullptr, 0, nullptr, 0, &p);
+    if (!UCS_PTR_IS_PTR(r)) {
+      close_after_goodbye(UCS_PTR_STATUS(r), std::move(ctx->done));
+      delete ctx;
+    }
+  }
+
+  void close_after_goodbye(ucs_status_t sent, std::shared_ptr<CompletionState> done) {
+    if (ep_ == nullptr) return done->complete(ok_status());  // the receiver's close came first
+    auto self = shared_from_this();  // the endpoint's error handler points here until it is closed
+    engine_->close_ep(std::exchange(ep_, nullptr), sent != UCS_OK,
+                      [self, done](ucs_status_t) { done->complete(ok_status()); });
+    keepalive_.reset();
+  }
 
   static void on_error(void* arg, ucp_ep_h, ucs_status_t st) {
     static_cast<UcxConnection*>(arg)->fail(ucs_error("peer failed", st), true);
@@ -120,8 +149,8 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
     pending_.clear();
     if (flush_state_) flush_state_->complete(failure_);
     if (ep_ != nullptr) {
-      ucp_ep_h ep = std::exchange(ep_, nullptr);
-      close_ep(engine_->worker(), ep, force);
+      // The close holds this connection: the endpoint's error handler points here until it is done.
+      engine_->close_ep(std::exchange(ep_, nullptr), force, [self = shared_from_this()](ucs_status_t) {});
     }
     keepalive_.reset();  // may drop the last reference: nothing may follow
   }
