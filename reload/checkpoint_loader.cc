@@ -1,13 +1,12 @@
 #include "reload/checkpoint_loader.h"
 
-#include "reload/processing.h"
-
 #include <algorithm>
 #include <random>
 
 #include <fmt/format.h>
 
 #include "core/region_copy.h"
+#include "reload/processing.h"
 
 namespace ferry::reload {
 namespace {

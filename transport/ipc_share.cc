@@ -180,12 +180,6 @@ Result<const uint8_t*> IpcImporter::resolve(uint64_t nonce, uint64_t id, uint64_
   return static_cast<const uint8_t*>(m.ptr) + offset;
 }
 
-size_t IpcImporter::mapped() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  size_t n = 0;
-  for (const auto& [k, m] : maps_) n += m->ptr != nullptr;
-  return n;
-}
 
 #else  // no CUDA
 
@@ -215,7 +209,6 @@ Status IpcImporter::announce(const SharedAllocation&) {
 Result<const uint8_t*> IpcImporter::resolve(uint64_t, uint64_t, uint64_t, uint64_t) {
   return Status::unavailable("direct device reads: ferry was built without CUDA");
 }
-size_t IpcImporter::mapped() const { return 0; }
 
 #endif
 

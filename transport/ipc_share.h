@@ -82,12 +82,11 @@ class IpcImporter {
   Status announce(const SharedAllocation& a);
   // Device address of [offset, offset + bytes) in allocation `id` of the exporter `nonce`.
   Result<const uint8_t*> resolve(uint64_t nonce, uint64_t id, uint64_t offset, uint64_t bytes);
-  size_t mapped() const;
 
  private:
   struct Mapping;
   int device_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Mapping>> maps_;  // (nonce, id)
 };
 

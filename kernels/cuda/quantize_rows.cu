@@ -33,13 +33,32 @@ struct RowsParams {
   int tpr;  // threads per row: 32, 64, 128 or 256
 };
 
-template <int kMode>
-__device__ __forceinline__ uint8_t encode(float x, float s) {
-  if constexpr (kMode == kInt8Channel) {
-    return static_cast<uint8_t>(ops::quant_int8(x, s));
-  } else {
-    return ops::quant_fp8(x, s);
+// max |x| over the finite elements of `raw` (bf16: an integer max of magnitudes, fast_quant.cuh,
+// falling back to floats only when an inf or NaN is among them).
+template <DType D, int N>
+__device__ __forceinline__ float vec_amax(const uint4 (&raw)[N]) {
+  constexpr int E = kPerVec<D>;
+  if constexpr (D == DType::kBF16) {
+    uint32_t acc = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      acc = absmax_bf16x2(acc, raw[j].x);
+      acc = absmax_bf16x2(acc, raw[j].y);
+      acc = absmax_bf16x2(acc, raw[j].z);
+      acc = absmax_bf16x2(acc, raw[j].w);
+    }
+    const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
+    if (m16 < 0x7F80u) return __uint_as_float(m16 << 16);
   }
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    float f[E];
+    unpack<D>(raw[j], f);
+#pragma unroll
+    for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
+  }
+  return m;
 }
 
 template <DType D, int kMode, int kVecs>
@@ -62,31 +81,7 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(RowsParams p) {
       const int64_t v = static_cast<int64_t>(j) * p.tpr + lane;
       raw[j] = live && v < nv ? __ldcs(src + v) : make_uint4(0, 0, 0, 0);
     }
-    float m = 0.0f;
-    bool slow_amax = true;
-    if constexpr (D == DType::kBF16) {  // integer max of magnitudes (fast_quant.cuh)
-      uint32_t acc = 0;
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        acc = absmax_bf16x2(acc, raw[j].x);
-        acc = absmax_bf16x2(acc, raw[j].y);
-        acc = absmax_bf16x2(acc, raw[j].z);
-        acc = absmax_bf16x2(acc, raw[j].w);
-      }
-      const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
-      slow_amax = m16 >= 0x7F80u;  // an inf or NaN among them
-      m = slow_amax ? 0.0f : __uint_as_float(m16 << 16);
-    }
-    if (slow_amax) {
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        float f[E];
-        unpack<D>(raw[j], f);
-#pragma unroll
-        for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
-      }
-    }
-    m = warp_max(m);
+    float m = warp_max(vec_amax<D>(raw));
     if ((threadIdx.x & 31) == 0) warp_amax[threadIdx.x >> 5] = m;
     __syncthreads();
     const int w0 = g * (p.tpr >> 5);
@@ -142,29 +137,7 @@ __global__ void __launch_bounds__(kThreads) shard_amax_kernel(ShardParams p) {
       const int64_t i = v + j * kThreads;
       raw[j] = i < v1 ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
     }
-    bool slow_amax = true;
-    if constexpr (D == DType::kBF16) {  // integer max of magnitudes (fast_quant.cuh)
-      uint32_t acc = 0;
-#pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
-        acc = absmax_bf16x2(acc, raw[j].x);
-        acc = absmax_bf16x2(acc, raw[j].y);
-        acc = absmax_bf16x2(acc, raw[j].z);
-        acc = absmax_bf16x2(acc, raw[j].w);
-      }
-      const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
-      slow_amax = m16 >= 0x7F80u;
-      if (!slow_amax) m = fmaxf(m, __uint_as_float(m16 << 16));
-    }
-    if (slow_amax) {
-#pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
-        float f[E];
-        unpack<D>(raw[j], f);
-#pragma unroll
-        for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
-      }
-    }
+    m = fmaxf(m, vec_amax<D>(raw));
   }
   m = block_max(m);
   // Non-negative floats order like their bits, so the integer max is the float max.
