@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/transport_device.h"
 #include "core/buffer.h"
 #include "transport/transport.h"
 
@@ -32,18 +34,18 @@ using namespace std::chrono_literals;
 
 double gbps_of(size_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 
-void print(bool json, const std::string& name, size_t bytes, double seconds, const std::string& baseline,
-           double base_gbps) {
+void print(bool json, const std::string& name, const std::string& device, size_t bytes, double seconds,
+           const std::string& baseline, double base_gbps) {
   const double gbps = gbps_of(bytes, seconds);
   const double ratio = base_gbps > 0 ? gbps / base_gbps : 0;
   if (json) {
     fmt::print(
-        "{{\"bench\":\"transport\",\"case\":\"{}\",\"device\":\"cpu\",\"bytes\":{},\"seconds\":{:.9f},\"gbps\":{:.3f},"
+        "{{\"bench\":\"transport\",\"case\":\"{}\",\"device\":\"{}\",\"bytes\":{},\"seconds\":{:.9f},\"gbps\":{:.3f},"
         "\"baseline\":\"{}\",\"baseline_gbps\":{:.3f},\"ratio\":{:.3f}}}\n",
-        name, bytes, seconds, gbps, baseline, base_gbps, ratio);
+        name, device, bytes, seconds, gbps, baseline, base_gbps, ratio);
   } else {
-    fmt::print("transport {:<8} cpu {:>12} B {:>10.6f} s {:>8.2f} GB/s  {:<12} {:>8.2f} GB/s  ratio {:.2f}\n", name,
-               bytes, seconds, gbps, baseline, base_gbps, ratio);
+    fmt::print("transport {:<8} {:<4} {:>12} B {:>10.6f} s {:>8.2f} GB/s  {:<12} {:>8.2f} GB/s  ratio {:.2f}\n", name,
+               device, bytes, seconds, gbps, baseline, base_gbps, ratio);
   }
   std::fflush(stdout);
 }
@@ -182,8 +184,12 @@ double memcpy_seconds(size_t bytes, int iters) {
   return std::chrono::duration<double>(Clock::now() - t0).count() / iters;
 }
 
-Result<double> transport_seconds(const std::string& name, size_t bytes, int iters) {
+using bench::Placement;
+
+Result<double> transport_seconds(const std::string& name, size_t bytes, int iters, const Placement& at) {
+  if (at.device) FERRY_RETURN_IF_ERROR(bench::set_device(at.rx));
   FERRY_ASSIGN_OR_RETURN(auto rx, transport::create_transport(name));
+  if (at.device) FERRY_RETURN_IF_ERROR(bench::set_device(at.tx));
   FERRY_ASSIGN_OR_RETURN(auto tx, transport::create_transport(name));
   std::mutex mu;
   std::condition_variable cv;
@@ -202,9 +208,11 @@ Result<double> transport_seconds(const std::string& name, size_t bytes, int iter
   std::vector<Buffer> bufs;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions;
   for (int k = 0; k < kInFlight; ++k) {
-    FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(std::max<size_t>(bytes, 1)));
-    std::memset(b.data(), k + 1, b.size());
-    FERRY_ASSIGN_OR_RETURN(auto r, tx->register_memory(b.data(), b.size(), Device::cpu()));
+    const Device dev = at.device ? Device::cuda(at.tx) : Device::cpu();
+    FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(std::max<size_t>(bytes, 1), dev));
+    if (at.device) FERRY_RETURN_IF_ERROR(bench::fill_device(b.data(), b.size(), k + 1, at.tx));
+    else std::memset(b.data(), k + 1, b.size());
+    FERRY_ASSIGN_OR_RETURN(auto r, tx->register_memory(b.data(), b.size(), dev));
     bufs.push_back(std::move(b));
     regions.push_back(std::move(r));
   }
@@ -249,17 +257,42 @@ int run_transport_bench(const std::string& transport, size_t bytes, int iters, b
   }
   // Buckets of this size must fit the receiver's bound and the shm slots: size them for the run.
   if (std::getenv("FERRY_BUCKET_BYTES") == nullptr) setenv("FERRY_BUCKET_BYTES", std::to_string(bytes).c_str(), 1);
-  auto seconds = transport_seconds(transport, bytes, iters);
+  auto placed = bench::place(transport);
+  if (!placed.ok()) {
+    fmt::print(stderr, "bench transport {}: {}\n", transport, placed.status().to_string());
+    return 1;
+  }
+  const Placement at = *placed;
+  if (at.device) {
+    fmt::print(stderr, "bench transport {}: sender on cuda:{}, receiver on cuda:{}\n", transport, at.tx, at.rx);
+  }
+  auto seconds = transport_seconds(transport, bytes, iters, at);
   if (!seconds.ok()) {
     fmt::print(stderr, "bench transport {}: {}\n", transport, seconds.status().to_string());
     return 1;
   }
-  print(json, transport, bytes, *seconds, "memcpy", gbps_of(bytes, memcpy_seconds(bytes, iters)));
+  if (at.device) {
+    auto baseline = [&](const char* name, Result<double> s) {
+      if (s.ok()) {
+        print(json, transport, "cuda", bytes, *seconds, name, gbps_of(bytes, *s));
+      } else {
+        fmt::print(stderr, "bench transport {}: baseline {} left out: {}\n", transport, name, s.status().to_string());
+      }
+    };
+    baseline("device_copy", bench::device_copy_seconds(bytes, iters, at.tx, at.rx));
+    baseline("nccl", bench::nccl_sendrecv_seconds(bytes, iters, at.tx, at.rx));
+    return 0;
+  }
+  print(json, transport, "cpu", bytes, *seconds, "memcpy", gbps_of(bytes, memcpy_seconds(bytes, iters)));
   std::string tls;
   if (transport == "tcp") tls = "tcp";
   if (transport == "shm") tls = "sm,self";
-  if (const double g = ucx_perftest_gbps(tls, bytes, iters); g > 0) print(json, transport, bytes, *seconds, "ucx_perftest", g);
-  if (const double g = mpi_gbps(transport, bytes, iters); g > 0) print(json, transport, bytes, *seconds, "mpi", g);
+  if (const double g = ucx_perftest_gbps(tls, bytes, iters); g > 0) {
+    print(json, transport, "cpu", bytes, *seconds, "ucx_perftest", g);
+  }
+  if (const double g = mpi_gbps(transport, bytes, iters); g > 0) {
+    print(json, transport, "cpu", bytes, *seconds, "mpi", g);
+  }
   return 0;
 }
 
