@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "core/device_copy.h"
+
 namespace ferry::coordinator {
 namespace {
 
@@ -25,8 +27,15 @@ uint32_t get_u32(const uint8_t* p) {
 
 uint64_t payload_checksum(const uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
 
-BucketBuilder::BucketBuilder(size_t capacity) {
-  auto b = Buffer::allocate(capacity);
+Result<uint64_t> payload_checksum(const uint8_t* data, size_t size, Device device) {
+  if (device.is_cpu()) return payload_checksum(data, size);
+  FERRY_ASSIGN_OR_RETURN(Buffer host, Buffer::allocate(size));
+  FERRY_RETURN_IF_ERROR(copy_now(device.index, host.data(), data, size));
+  return payload_checksum(host.data_as<uint8_t>(), size);
+}
+
+BucketBuilder::BucketBuilder(size_t capacity, Device device) : device_(device) {
+  auto b = Buffer::allocate(capacity, device);
   if (b.ok()) buffer_ = std::move(*b);
 }
 
@@ -80,26 +89,41 @@ void BucketBuilder::add_allocation(const wire::IpcAllocation& a) {
 
 Result<size_t> BucketBuilder::seal(bool checksum) {
   header_.set_payload_bytes(payload_);
-  header_.set_checksum(checksum ? payload_checksum(data(), payload_) : 0);
+  uint64_t sum = 0;
+  if (checksum) {
+    FERRY_ASSIGN_OR_RETURN(sum, payload_checksum(data(), payload_, device_));
+  }
+  header_.set_checksum(sum);
   const size_t hlen = header_.ByteSizeLong();
-  if (payload_ + hlen + kBucketTrailerBytes > buffer_.size()) {
-    return Status::internal(fmt::format("bucket header of {} bytes does not fit", hlen));
+  const size_t size = payload_ + hlen + kBucketTrailerBytes;
+  if (size > buffer_.size()) return Status::internal(fmt::format("bucket header of {} bytes does not fit", hlen));
+  // On a device the header and trailer are written on the host, then copied behind the payload.
+  tail_.resize(device_.is_cpu() ? 0 : hlen + kBucketTrailerBytes);
+  uint8_t* tail = device_.is_cpu() ? data() + payload_ : tail_.data();
+  if (!header_.SerializeToArray(tail, static_cast<int>(hlen))) return Status::internal("bucket header failed to serialize");
+  put_u32(tail + hlen, static_cast<uint32_t>(hlen));
+  put_u32(tail + hlen + 4, kBucketMagic);
+  if (!device_.is_cpu()) {
+    // Also lands the payload copies queued on this thread's stream before the bucket is posted.
+    FERRY_RETURN_IF_ERROR(copy_now(device_.index, data() + payload_, tail_.data(), tail_.size()));
   }
-  if (!header_.SerializeToArray(data() + payload_, static_cast<int>(hlen))) {
-    return Status::internal("bucket header failed to serialize");
-  }
-  put_u32(data() + payload_ + hlen, static_cast<uint32_t>(hlen));
-  put_u32(data() + payload_ + hlen + 4, kBucketMagic);
-  return payload_ + hlen + kBucketTrailerBytes;
+  return size;
 }
 
-Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* header) {
+Result<size_t> bucket_tail_bytes(const uint8_t* trailer, size_t size) {
   if (size < kBucketTrailerBytes) return Status::data_loss(fmt::format("bucket of {} bytes has no trailer", size));
-  if (get_u32(data + size - 4) != kBucketMagic) return Status::data_loss("bucket trailer has a bad magic number");
-  const size_t hlen = get_u32(data + size - 8);
+  if (get_u32(trailer + 4) != kBucketMagic) return Status::data_loss("bucket trailer has a bad magic number");
+  const size_t hlen = get_u32(trailer);
   if (hlen > size - kBucketTrailerBytes) return Status::data_loss(fmt::format("bucket header length {} exceeds the bucket", hlen));
-  const size_t payload = size - kBucketTrailerBytes - hlen;
-  if (!header->ParseFromArray(data + payload, static_cast<int>(hlen))) return Status::data_loss("bucket header does not parse");
+  return hlen + kBucketTrailerBytes;
+}
+
+Status decode_bucket_header(const uint8_t* tail, size_t tail_bytes, size_t size, wire::BucketHeader* header) {
+  FERRY_ASSIGN_OR_RETURN(const size_t want, bucket_tail_bytes(tail + tail_bytes - kBucketTrailerBytes, size));
+  if (tail_bytes != want) return Status::internal(fmt::format("bucket tail of {} bytes, header and trailer take {}", tail_bytes, want));
+  const size_t hlen = want - kBucketTrailerBytes;
+  const size_t payload = size - want;
+  if (!header->ParseFromArray(tail, static_cast<int>(hlen))) return Status::data_loss("bucket header does not parse");
   if (header->payload_bytes() != payload) {
     return Status::data_loss(fmt::format("bucket says {} payload bytes, carries {}", header->payload_bytes(), payload));
   }
@@ -118,12 +142,24 @@ Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* heade
       return Status::data_loss(fmt::format("piece for parameter #{} at {}+{} lies outside a {}-byte payload", p.param(),
                                            p.offset(), p.bytes(), payload));
     }
-    if (p.dst_offset_size() != p.size_size()) return Status::data_loss("piece region has mismatched rank");
-  }
-  if (header->checksum() != 0 && payload_checksum(data, payload) != header->checksum()) {
-    return Status::data_loss(fmt::format("bucket {} from sender {} failed its XXH3-64 checksum", header->seq(), header->sender()));
   }
   return ok_status();
+}
+
+Status check_payload(const wire::BucketHeader& header, const uint8_t* payload, Device device) {
+  if (header.checksum() == 0) return ok_status();
+  FERRY_ASSIGN_OR_RETURN(uint64_t sum, payload_checksum(payload, header.payload_bytes(), device));
+  if (sum != header.checksum()) {
+    return Status::data_loss(fmt::format("bucket {} from sender {} failed its XXH3-64 checksum", header.seq(), header.sender()));
+  }
+  return ok_status();
+}
+
+Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* header) {
+  if (size < kBucketTrailerBytes) return Status::data_loss(fmt::format("bucket of {} bytes has no trailer", size));
+  FERRY_ASSIGN_OR_RETURN(const size_t tail, bucket_tail_bytes(data + size - kBucketTrailerBytes, size));
+  FERRY_RETURN_IF_ERROR(decode_bucket_header(data + size - tail, tail, size, header));
+  return check_payload(*header, data, Device::cpu());
 }
 
 }  // namespace ferry::coordinator

@@ -17,8 +17,10 @@ inline constexpr size_t kBucketTrailerBytes = 8;
 
 class BucketBuilder {
  public:
-  // `capacity` bytes of host memory hold payload, header and trailer.
-  explicit BucketBuilder(size_t capacity);
+  // `capacity` bytes of memory on `device` hold payload, header and trailer. In device memory the
+  // caller queues the payload's copies on this thread's copy stream (core/device_copy.h) and
+  // seal() lands them along with the header and trailer.
+  explicit BucketBuilder(size_t capacity, Device device = Device::cpu());
 
   void reset(uint64_t version, int sender, uint64_t seq);
   // Bytes of payload that still fit along with one more piece header.
@@ -39,10 +41,13 @@ class BucketBuilder {
   Result<size_t> seal(bool checksum);
   uint8_t* data() const { return buffer_.data_as<uint8_t>(); }
   size_t capacity() const { return buffer_.size(); }
+  Device device() const { return device_; }
   bool ok() const { return buffer_.data() != nullptr || buffer_.size() == 0; }
 
  private:
+  Device device_;
   Buffer buffer_;
+  std::vector<uint8_t> tail_;  // header and trailer of a device bucket, on the host
   wire::BucketHeader header_;
   size_t payload_ = 0;
   size_t header_estimate_ = 0;
@@ -51,6 +56,16 @@ class BucketBuilder {
 // Checks the trailer, header and every piece's bounds (and the checksum when present).
 Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* header);
 
+// For a bucket the receiver cannot read directly (device memory), in steps: from its last
+// kBucketTrailerBytes, how many bytes at its end hold header and trailer; then the header from
+// exactly those bytes (`tail`), every piece's bounds checked against a bucket of `size` bytes;
+// then the payload's checksum, when the header carries one.
+Result<size_t> bucket_tail_bytes(const uint8_t* trailer, size_t size);
+Status decode_bucket_header(const uint8_t* tail, size_t tail_bytes, size_t size, wire::BucketHeader* header);
+Status check_payload(const wire::BucketHeader& header, const uint8_t* payload, Device device);
+
 uint64_t payload_checksum(const uint8_t* data, size_t size);
+// XXH3-64 of bytes in memory of `device` (copied to the host first when on a device).
+Result<uint64_t> payload_checksum(const uint8_t* data, size_t size, Device device);
 
 }  // namespace ferry::coordinator

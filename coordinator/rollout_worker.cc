@@ -12,6 +12,7 @@
 #include "core/settings.h"
 #include "coordinator/bucket.h"
 #include "coordinator/channel.h"
+#include "coordinator/device_bucket.h"
 #include "coordinator/mailbox.h"
 #include "coordinator/listen_transports.h"
 #include "coordinator/member.h"
@@ -60,7 +61,10 @@ class RolloutWorkerImpl final : public RolloutWorker {
     // sender connects with the first, in priority order, that reaches this rank.
     FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports());
     for (auto& t : transports) {
-      auto blob = t->listen([this](const uint8_t* d, size_t n) { return on_bucket(d, n); },
+      // nccl and cuda_ipc hand the callback buckets in device memory of their device.
+      const transport::Capabilities caps = t->capabilities();
+      const Device where = caps.host_memory || caps.device < 0 ? Device::cpu() : Device::cuda(caps.device);
+      auto blob = t->listen([this, where](const uint8_t* d, size_t n) { return on_bucket(d, n, where); },
                             [](const Status& why) {
                               if (!why.ok()) FERRY_LOG_WARN("data connection closed: {}", why.message());
                             });
@@ -262,9 +266,9 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   // Runs on the transport's thread.
-  Status on_bucket(const uint8_t* data, size_t size) {
+  Status on_bucket(const uint8_t* data, size_t size, Device where) {
     wire::BucketHeader header;
-    Status st = decode_bucket(data, size, &header);
+    Status st = where.is_cpu() ? decode_bucket(data, size, &header) : decode_device_bucket(data, size, where, &header);
     if (st.ok() && verify_ && header.checksum() == 0) {
       st = Status::data_loss(fmt::format("bucket {} carries no checksum while FERRY_VERIFY=1", header.seq()));
     }
@@ -282,6 +286,20 @@ class RolloutWorkerImpl final : public RolloutWorker {
     for (int i = 0; st.ok() && i < header.allocations_size(); ++i) {
       st = announce(header.allocations(i));
     }
+    // A device bucket's payload is valid only during this call: it is kept in a pooled buffer on the
+    // storage's device (its pieces are then lent to the engine, read in place by the kernels), or
+    // on the host when the storage is elsewhere.
+    std::shared_ptr<const Buffer> kept;
+    Device payload_device = Device::cpu();
+    if (st.ok() && where.is_cuda() && header.payload_bytes() > 0) {
+      payload_device = device_ == where ? where : Device::cpu();
+      auto k = payloads_.keep(data, header.payload_bytes(), where, payload_device);
+      st = k.status();
+      if (k.ok()) {
+        kept = std::move(*k);
+        data = static_cast<const uint8_t*>(kept->data());
+      }
+    }
     for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
       const auto& p = header.pieces(i);
       auto dt = parse_dtype(p.dtype());
@@ -290,8 +308,13 @@ class RolloutWorkerImpl final : public RolloutWorker {
         break;
       }
       Region dst{Shape(p.dst_offset().begin(), p.dst_offset().end()), Shape(p.size().begin(), p.size().end())};
-      st = p.ref_alloc() != 0 ? apply_direct(header.sender_nonce(), p, dst, *dt)
-                              : engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());
+      if (p.ref_alloc() != 0) {
+        st = apply_direct(header.sender_nonce(), p, dst, *dt);
+      } else if (payload_device.is_cuda()) {
+        st = engine_->lend_piece(p.param(), 0, dst, *dt, kept, data + p.offset(), p.bytes(), payload_device);
+      } else {
+        st = engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());
+      }
     }
     if (!st.ok() && bucket_error_.ok()) bucket_error_ = st;
     ++received_;
@@ -354,6 +377,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   std::unique_ptr<reload::ReloadEngine> engine_;
   Device device_ = Device::cpu();                      // of the storage
   std::unique_ptr<transport::IpcImporter> importer_;  // device storage: colocated senders' memory
+  PayloadPool payloads_;                              // device buckets' payloads, kept for the engine
   uint64_t update_version_ = 0;
   int64_t received_ = 0;
   int64_t expected_ = -1;

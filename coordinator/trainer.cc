@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "core/device_copy.h"
 #include "core/log.h"
 #include "core/region_copy.h"
 #include "core/settings.h"
@@ -67,6 +68,7 @@ struct Destination {
   uint64_t buckets = 0;
   uint64_t seq = 0;
   bool direct = false;               // reads this trainer's device tensors in place
+  Device bucket_device = Device::cpu();  // where the buckets are (a device transport's device)
   std::set<uint64_t> announced;      // shared allocations this connection was told of
 };
 
@@ -358,15 +360,21 @@ class TrainerImpl final : public Trainer {
       d.direct = direct_ && d.transport->name() == "shm" && storage_devices_[i].starts_with("cuda");
       d.buckets = 0;
       d.open = -1;
+      // Transports that move device memory only (nccl, cuda_ipc) send buckets built on their device.
+      const transport::Capabilities caps = d.transport->capabilities();
+      const Device where = caps.host_memory || caps.device < 0 ? Device::cpu() : Device::cuda(caps.device);
       const size_t want = std::max<uint64_t>(std::min<uint64_t>(bucket_bytes_, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
-      if (d.pool.empty() || d.pool.front()->capacity() < want) {
+      if (d.pool.empty() || d.pool.front()->capacity() < want || d.bucket_device != where) {
+        d.bucket_device = where;
         d.pool.clear();
         d.regions.clear();
         d.free.clear();
         for (size_t k = 0; k < in_flight_; ++k) {
-          auto b = std::make_unique<BucketBuilder>(want);
-          if (b->capacity() < want) return Status::resource_exhausted(fmt::format("bucket buffer of {} bytes", want));
-          FERRY_ASSIGN_OR_RETURN(auto region, d.transport->register_memory(b->data(), b->capacity(), Device::cpu()));
+          auto b = std::make_unique<BucketBuilder>(want, where);
+          if (b->capacity() < want) {
+            return Status::resource_exhausted(fmt::format("bucket buffer of {} bytes on {}", want, where.to_string()));
+          }
+          FERRY_ASSIGN_OR_RETURN(auto region, d.transport->register_memory(b->data(), b->capacity(), where));
           d.regions.push_back(std::move(region));
           d.pool.push_back(std::move(b));
           d.free.push_back(k);
@@ -430,16 +438,20 @@ class TrainerImpl final : public Trainer {
                  frac * 100, static_cast<double>(bytes_) / 1e9, total / 1e9, done ? "\n" : "");
   }
 
+  // The trainer's last writes to its weights on `device` land before any rank or copy reads them.
+  Status sync_source(Device device) {
+    if (device.is_cpu() || synced_devices_.contains(device.index)) return ok_status();
+    FERRY_RETURN_IF_ERROR(transport::ipc_device_synchronize(device.index));
+    synced_devices_.insert(device.index);
+    return ok_status();
+  }
+
   // A direct piece: the rank reads the rows of `piece` from this trainer's device tensor in place.
   // False when the rows are not contiguous runs (the piece then travels as bytes).
   Result<bool> send_direct(Destination& d, const sharding::Piece& piece, const Region& dst, const TensorView& tensor) {
     const auto runs = row_runs(tensor.shape(), tensor.dtype(), piece.src);
     if (!runs) return false;
-    if (!synced_devices_.contains(tensor.device().index)) {
-      // The trainer's last writes to its weights land before any rank reads them.
-      FERRY_RETURN_IF_ERROR(transport::ipc_device_synchronize(tensor.device().index));
-      synced_devices_.insert(tensor.device().index);
-    }
+    FERRY_RETURN_IF_ERROR(sync_source(tensor.device()));
     auto located = exporter_.locate(tensor.data(), tensor.nbytes());
     if (!located.ok()) {
       // Memory without a legacy IPC handle (stream-ordered pools, expandable segments): as bytes.
@@ -477,6 +489,23 @@ class TrainerImpl final : public Trainer {
     return true;
   }
 
+  // Packs `bytes` of `src` (rows [row, row + n) of the piece) at `where` in a bucket on `bucket`:
+  // on the host from `host_view`; on a device straight from `tensor` when its rows are `runs`, else
+  // packed on the host and copied. Device copies land when the bucket is sealed.
+  static Status pack_piece(Device bucket, const std::optional<std::pair<uint64_t, uint64_t>>& runs,
+                           const TensorView& tensor, const TensorView& host_view, const Region& src, int64_t row,
+                           int64_t n, size_t row_bytes, uint8_t* where, size_t bytes) {
+    if (bucket.is_cpu()) return pack_region(host_view, src, where, bytes);
+    if (runs) {
+      const auto* from = static_cast<const uint8_t*>(tensor.data()) + runs->first + static_cast<uint64_t>(row) * runs->second;
+      if (runs->second == row_bytes) return copy_async(bucket.index, where, from, bytes);
+      return copy_rows_async(bucket.index, where, row_bytes, from, runs->second, row_bytes, static_cast<size_t>(n));
+    }
+    FERRY_ASSIGN_OR_RETURN(Buffer packed, Buffer::allocate(bytes));
+    FERRY_RETURN_IF_ERROR(pack_region(host_view, src, packed.data(), bytes));
+    return copy_now(bucket.index, where, packed.data(), bytes);
+  }
+
   Status send_one(const std::string& name, const TensorView& tensor_in) {
     auto it = index_.find(name);
     if (it == index_.end()) return Status::invalid_argument("send(" + name + "): not in this update's manifest");
@@ -496,7 +525,10 @@ class TrainerImpl final : public Trainer {
         if (!sent.ok()) return sent.status().with_context(name);
         if (*sent) continue;
       }
-      if (!tensor.device().is_cpu()) {
+      // Into a device bucket, rows that are contiguous runs are copied straight from the tensor.
+      const auto runs = d.bucket_device.is_cuda() ? row_runs(tensor_in.shape(), tensor_in.dtype(), piece.src) : std::nullopt;
+      if (runs) FERRY_RETURN_IF_ERROR(sync_source(tensor_in.device()).with_context(name));
+      if (!runs && !tensor.device().is_cpu()) {
         FERRY_ASSIGN_OR_RETURN(host, Buffer::allocate(tensor_in.nbytes()));
         FERRY_RETURN_IF_ERROR(
             reload::copy_bytes(host.data(), Device::cpu(), tensor_in.data(), tensor_in.device(), tensor_in.nbytes())
@@ -524,7 +556,8 @@ class TrainerImpl final : public Trainer {
         }
         const size_t bytes = static_cast<size_t>(n) * row_bytes;
         uint8_t* where = b->add_piece(static_cast<uint32_t>(piece.param), dst, meta.dtype, bytes);
-        FERRY_RETURN_IF_ERROR(pack_region(tensor, src, where, bytes).with_context(name));
+        FERRY_RETURN_IF_ERROR(pack_piece(d.bucket_device, runs, tensor_in, tensor, src, row, n, row_bytes, where, bytes)
+                                  .with_context(name));
         bytes_ += bytes;
         row += n;
       }

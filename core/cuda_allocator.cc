@@ -1,4 +1,5 @@
-// Device and pinned allocators over the CUDA runtime (built only when CUDA is found).
+// Device and pinned allocators, and the private copy streams of core/device_copy.h, over the CUDA
+// runtime (built only when CUDA is found).
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -10,6 +11,7 @@
 
 #include "core/buffer.h"
 #include "core/cuda_check.h"
+#include "core/device_copy.h"
 #include "core/log.h"
 
 namespace ferry {
@@ -85,6 +87,86 @@ Result<Allocator*> pinned_allocator() {
   if (!cuda_device_available()) return Status::unavailable("pinned memory needs a CUDA device");
   static PinnedAllocator allocator;
   return static_cast<Allocator*>(&allocator);
+}
+
+}  // namespace ferry
+
+// core/device_copy.h
+namespace ferry {
+namespace {
+
+struct CopyStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+};
+
+// This thread's copy stream per device, created on first use and destroyed with the thread.
+struct CopyStreams {
+  std::array<CopyStream, kMaxDevices> per_device{};
+  ~CopyStreams() {
+    for (size_t i = 0; i < per_device.size(); ++i) {
+      if (per_device[i].stream == nullptr) continue;
+      cudaSetDevice(static_cast<int>(i));
+      cudaStreamDestroy(per_device[i].stream);
+      cudaEventDestroy(per_device[i].event);
+    }
+  }
+};
+
+Result<CopyStream> copy_stream(int device) {
+  if (device < 0 || device >= kMaxDevices) return Status::invalid_argument(fmt::format("device copy on cuda:{}", device));
+  thread_local CopyStreams streams;
+  CopyStream& s = streams.per_device[static_cast<size_t>(device)];
+  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  if (s.stream == nullptr) {
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  }
+  return s;
+}
+
+}  // namespace
+
+Status set_current_device(Device device) {
+  if (device.is_cuda()) FERRY_CUDA_CHECK(cudaSetDevice(device.index));
+  return ok_status();
+}
+
+Status copy_rows_async(int device, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                       size_t rows) {
+  if (rows == 0 || row_bytes == 0) return ok_status();
+  FERRY_ASSIGN_OR_RETURN(CopyStream s, copy_stream(device));
+  if (rows == 1) {
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, row_bytes, cudaMemcpyDefault, s.stream));
+  } else {
+    FERRY_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDefault, s.stream));
+  }
+  return ok_status();
+}
+
+Status wait_copies(int device) {
+  FERRY_ASSIGN_OR_RETURN(CopyStream s, copy_stream(device));
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  return ok_status();
+}
+
+Status copy_now(int device, void* dst, const void* src, size_t bytes) {
+  FERRY_RETURN_IF_ERROR(copy_async(device, dst, src, bytes));
+  return wait_copies(device);
+}
+
+Status order_copies_before_default(int device) {
+  FERRY_ASSIGN_OR_RETURN(CopyStream s, copy_stream(device));
+  FERRY_CUDA_CHECK(cudaEventRecord(s.event, s.stream));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, s.event, 0));
+  return ok_status();
+}
+
+Status order_default_before_copies(int device) {
+  FERRY_ASSIGN_OR_RETURN(CopyStream s, copy_stream(device));
+  FERRY_CUDA_CHECK(cudaEventRecord(s.event, cudaStreamLegacy));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.event, 0));
+  return ok_status();
 }
 
 }  // namespace ferry

@@ -9,6 +9,15 @@ std::string Device::to_string() const {
   return is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", index);
 }
 
+Result<Device> parse_device(std::string_view text) {
+  if (text == "cpu") return Device::cpu();
+  if (text.starts_with("cuda:") && text.size() > 5 && text.size() < 9 &&
+      text.find_first_not_of("0123456789", 5) == std::string_view::npos) {
+    return Device::cuda(std::stoi(std::string(text.substr(5))));
+  }
+  return Status::invalid_argument(fmt::format("device \"{}\": expected cpu or cuda:N", text));
+}
+
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

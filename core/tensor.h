@@ -24,6 +24,9 @@ struct Device {
   std::string to_string() const;
 };
 
+// "cpu" or "cuda:N" (what Device::to_string() writes); InvalidArgument naming `text` otherwise.
+Result<Device> parse_device(std::string_view text);
+
 using Shape = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& shape);

@@ -58,7 +58,25 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
   const int64_t gpn = topo.gpus_per_node;
   // One host: senders are processes 0..S-1 and ranks S..S+R-1.
   const int64_t first_rollout = one_host ? num_senders : topo.colocated ? 0 : (num_senders + gpn - 1) / gpn * gpn;
-  const int64_t gpus = std::max<int64_t>(num_senders, first_rollout + static_cast<int64_t>(ranks.size()));
+  const bool placed = !one_host && !topo.rank_gpus.empty();
+  if (placed && topo.rank_gpus.size() != ranks.size()) {
+    return Status::invalid_argument(fmt::format("cost model: {} rank GPUs given for {} ranks", topo.rank_gpus.size(), ranks.size()));
+  }
+  auto gpu_of_rank = [&](int64_t d) { return placed ? topo.rank_gpus[static_cast<size_t>(d)] : first_rollout + d; };
+  int64_t gpus = std::max<int64_t>(num_senders, first_rollout + static_cast<int64_t>(ranks.size()));
+  for (int64_t g : topo.rank_gpus) {
+    if (placed && (g < 0 || g >= (int64_t{1} << 20))) return Status::invalid_argument(fmt::format("cost model: rank GPU {}", g));
+    if (placed) gpus = std::max(gpus, g + 1);
+  }
+  // Who uses GPU (or process) g, for the names of its links.
+  auto role_of = [&](int64_t g) {
+    std::string ranks_here;
+    for (int64_t d = 0; d < static_cast<int64_t>(ranks.size()); ++d) {
+      if (gpu_of_rank(d) == g) ranks_here += (ranks_here.empty() ? "" : ",") + std::to_string(d);
+    }
+    if (ranks_here.empty()) return fmt::format("trainer {}", g);
+    return fmt::format("rollout rank{} {}", ranks_here.find(',') == std::string::npos ? "" : "s", ranks_here);
+  };
   std::vector<std::array<Use, kLinks>> use(static_cast<size_t>(gpus));
 
   // Wire bytes of each piece: the source's, or the scheme's width when the sender quantizes.
@@ -87,7 +105,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     rep.bytes_moved += bytes;
     sent[static_cast<size_t>(b.sender)] += bytes;
     received[static_cast<size_t>(b.dst)] += bytes;
-    const int64_t from = b.sender, to = first_rollout + b.dst;
+    const int64_t from = b.sender, to = gpu_of_rank(b.dst);
     auto add = [&](int64_t gpu, Link l) {
       Use& u = use[static_cast<size_t>(gpu)][l];
       u.bytes += bytes;
@@ -123,9 +141,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
       const Use& u = use[static_cast<size_t>(g)][l];
       if (u.buckets == 0) continue;
       const double s = static_cast<double>(u.bytes) * 8.0 / (gbps(l) * 1e9) + static_cast<double>(u.buckets) * topo.seconds_per_bucket;
-      const std::string role = g >= first_rollout && g - first_rollout < static_cast<int64_t>(ranks.size())
-                                   ? fmt::format("rollout rank {}", g - first_rollout)
-                                   : fmt::format("trainer {}", g);
+      const std::string role = role_of(g);
       const std::string name = one_host ? fmt::format("{} ({})", kLinkNames[static_cast<size_t>(l)], role)
                                         : fmt::format("{} gpu {} ({})", kLinkNames[static_cast<size_t>(l)], g, role);
       loads.push_back({name, u.bytes, u.buckets, s});
@@ -212,8 +228,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     const Use& u = use[static_cast<size_t>(g)][key.second];
     c.busy = static_cast<double>(u.bytes) * 8.0 / (gbps(key.second) * 1e9) +
              static_cast<double>(u.buckets) * topo.seconds_per_bucket;
-    const std::string role =
-        g >= first_rollout ? fmt::format("rollout rank {}", g - first_rollout) : fmt::format("trainer {}", g);
+    const std::string role = role_of(g);
     consider(c, one_host ? fmt::format("{} ({})", kLinkNames[static_cast<size_t>(key.second)], role)
                          : fmt::format("{} gpu {} ({})", kLinkNames[static_cast<size_t>(key.second)], g, role));
   }
@@ -257,7 +272,8 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
   // Apart, every byte enters a rollout GPU through its NIC and PCIe; colocated, NVLink may carry it;
   // on one host, the host transport.
   const double nic_path = std::min(topo.nic_gbps, topo.pcie_gbps);
-  const double best_in = one_host ? topo.host_gbps : topo.colocated ? std::max(nic_path, topo.nvlink_gbps) : nic_path;
+  const double best_in =
+      one_host ? topo.host_gbps : topo.colocated || placed ? std::max(nic_path, topo.nvlink_gbps) : nic_path;
   rep.receiver_bound_seconds = static_cast<double>(rep.max_receiver_bytes) * 8.0 / (best_in * 1e9);
   return rep;
 }

@@ -36,6 +36,9 @@ struct Topology {
   double seconds_per_bucket = 10e-6;  // posting and completing one bucket on a link
   Placement placement = Placement::kGpuNodes;
   double host_gbps = 0;  // kOneHost: the host transport between two processes
+  // kGpuNodes: when not empty, the GPU (index over the cluster, gpus_per_node to a node) of each
+  // rollout rank, instead of the placement `colocated` gives. Ranks may share a GPU (and its links).
+  std::vector<int64_t> rank_gpus;
 };
 
 // Work around the links, each left out when zero. Rates in bytes per second, as measured.

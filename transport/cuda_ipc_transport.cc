@@ -362,7 +362,7 @@ class IpcTransport final : public Transport {
   explicit IpcTransport(int device) : device_(device) {}
   ~IpcTransport() override { shutdown(); }
   std::string_view name() const override { return "cuda_ipc"; }
-  Capabilities capabilities() const override { return {true, false, false, true}; }
+  Capabilities capabilities() const override { return {true, false, false, true, device_}; }
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
     if (!device.is_cuda()) return Status::invalid_argument("cuda_ipc moves device memory only; got " + device.to_string());

@@ -318,7 +318,7 @@ class NcclTransport final : public Transport {
   explicit NcclTransport(int device) : device_(device) {}
   ~NcclTransport() override { shutdown(); }
   std::string_view name() const override { return "nccl"; }
-  Capabilities capabilities() const override { return {true, true, false, true}; }
+  Capabilities capabilities() const override { return {true, true, false, true, device_}; }
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
     if (!device.is_cuda() || device.index != device_) {

@@ -190,7 +190,7 @@ class ShmTransport final : public Transport {
  public:
   ~ShmTransport() override { shutdown(); }
   std::string_view name() const override { return "shm"; }
-  Capabilities capabilities() const override { return {true, false, true, false}; }
+  Capabilities capabilities() const override { return {true, false, true, false, -1}; }
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
     if (!device.is_cpu()) return Status::invalid_argument("shm moves host memory only; got " + device.to_string());

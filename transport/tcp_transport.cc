@@ -183,7 +183,7 @@ class TcpTransport final : public Transport {
   }
 
   std::string_view name() const override { return "tcp"; }
-  Capabilities capabilities() const override { return {true, true, true, false}; }
+  Capabilities capabilities() const override { return {true, true, true, false, -1}; }
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
     if (!device.is_cpu()) return Status::invalid_argument("tcp moves host memory only; got " + device.to_string());

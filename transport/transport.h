@@ -28,6 +28,7 @@ struct Capabilities {
   bool remote = false;  // reaches peers on other nodes
   bool host_memory = true;
   bool device_memory = false;
+  int device = -1;  // device_memory: the CUDA device this instance moves (current when it was created)
 };
 
 // Registered memory: a region the transport may move from or into without further setup.

@@ -267,7 +267,7 @@ class UcxTransport final : public Transport {
     engine_->stop();
   }
   std::string_view name() const override { return "ucx"; }
-  Capabilities capabilities() const override { return {true, true, true, false}; }
+  Capabilities capabilities() const override { return {true, true, true, false, -1}; }
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
     if (device.is_cpu() || engine_->cuda_capable()) {

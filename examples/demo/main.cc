@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "core/device_copy.h"
 #include "core/log.h"
 #include "core/safetensors.h"
 #include "core/settings.h"
@@ -46,6 +47,8 @@ int run_rollout(const std::string& coordinator, int rank, int tp, const std::str
   const demo::Model m;
   auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), rank, tp, "fp8_per_tensor");
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
+  // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
+  if (auto st = ferry::set_current_device(device); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
   auto storage = ferry::reload::ModelStorage::allocate(*spec, device);
   if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;
   ferry::coordinator::RolloutOptions o;
@@ -133,7 +136,7 @@ Check verify(const demo::Model& m, const demo::Checkpoint& ck, const std::string
   return c;
 }
 
-int run_trainer(int updates, int tp, std::string dir, ferry::Device device) {
+int run_trainer(int updates, int tp, std::string dir, ferry::Device device, ferry::Device rank_device) {
   ferry::set_log_identity("trainer");
   const bool keep = !dir.empty();
   if (!keep) {
@@ -141,12 +144,13 @@ int run_trainer(int updates, int tp, std::string dir, ferry::Device device) {
     if (!mkdtemp(tmpl)) return std::cerr << "mkdtemp failed\n", 1;
     dir = tmpl;
   }
+  if (auto st = ferry::set_current_device(device); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
   auto trainer = ferry::coordinator::Trainer::create({});
   if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 1;
   std::vector<Child> children;
   for (int r = 0; r < tp; ++r) {
     auto c = spawn({"ferry-demo", "--role", "rollout", "--coordinator", (*trainer)->coordinator_address(), "--tp-rank",
-                    std::to_string(r), "--tp", std::to_string(tp), "--dump-dir", dir, "--device", device.to_string()});
+                    std::to_string(r), "--tp", std::to_string(tp), "--dump-dir", dir, "--device", rank_device.to_string()});
     if (!c.ok()) return std::cerr << c.status().to_string() << "\n", 1;
     children.push_back(*c);
   }
@@ -223,19 +227,19 @@ int main(int argc, char** argv) {
   app.add_option("--dump-dir", dump_dir, "write every rank's registered tensors to DIR/vN/rankR.safetensors");
   app.add_option("--coordinator", coordinator, "rollout role: coordinator address");
   app.add_option("--tp-rank", tp_rank, "rollout role: this rank");
-  std::string device_name = "cpu";
+  std::string device_name = "cpu", rank_device_name;
   app.add_option("--device", device_name,
                  "where the trainer's weights and the ranks' storage live: cpu, or cuda:N (colocated on one GPU node: "
                  "the ranks read the trainer's tensors in place)");
+  app.add_option("--rank-device", rank_device_name,
+                 "where the ranks' storage lives, when not on --device (cuda:N: another GPU, reached over nccl with "
+                 "FERRY_TRANSPORT=nccl)");
   CLI11_PARSE(app, argc, argv);
   if (auto st = ferry::validate_settings(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
-  std::optional<ferry::Device> device;
-  if (device_name == "cpu") device = ferry::Device::cpu();
-  if (device_name.starts_with("cuda:") && device_name.size() > 5 &&
-      device_name.find_first_not_of("0123456789", 5) == std::string::npos) {
-    device = ferry::Device::cuda(std::stoi(device_name.substr(5)));
-  }
-  if (!device) return std::cerr << "--device " << device_name << ": expected cpu or cuda:N\n", 2;
+  auto device = ferry::parse_device(device_name);
+  if (!device.ok()) return std::cerr << "--device: " << device.status().message() << "\n", 2;
+  auto rank_device = rank_device_name.empty() ? device : ferry::parse_device(rank_device_name);
+  if (!rank_device.ok()) return std::cerr << "--rank-device: " << rank_device.status().message() << "\n", 2;
   if (role == "rollout") return run_rollout(coordinator, tp_rank, tp, dump_dir, *device);
-  return run_trainer(updates, tp, dump_dir, *device);
+  return run_trainer(updates, tp, dump_dir, *device, *rank_device);
 }

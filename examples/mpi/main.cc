@@ -2,31 +2,46 @@
 // MPI bootstraps the job (it hands every rank the coordinator's address); ferry moves the weights.
 //
 //   mpirun -np 3 ferry-mpi-example --tp 2 --updates 3
+//   mpirun -np 3 -x FERRY_TRANSPORT=nccl ferry-mpi-example --tp 2 --gpus 2   # trainer on GPU 0, ranks on GPU 1
 #define OMPI_SKIP_MPICXX 1  // the C API only
 #include <mpi.h>
 
 #include <cstring>
+#include <map>
+#include <vector>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "core/device_copy.h"
 #include "core/log.h"
 #include "coordinator/rollout_worker.h"
 #include "coordinator/trainer.h"
 #include "examples/demo/llama_config.h"
 #include "examples/demo/reference.h"
 #include "reload/model_storage.h"
+#include "reload/processing.h"
 #include "sharding/llama.h"
 
 namespace {
 
 constexpr int kAddressBytes = 256;
 
+// With --gpus N the trainer's weights live on cuda:0 and rollout rank r's storage on
+// cuda:(1 + r % (N - 1)) (cuda:0 when N is 1); otherwise everything is in host memory.
+ferry::Device trainer_device(int gpus) { return gpus > 0 ? ferry::Device::cuda(0) : ferry::Device::cpu(); }
+ferry::Device rank_device(int gpus, int tp_rank) {
+  if (gpus <= 0) return ferry::Device::cpu();
+  return ferry::Device::cuda(gpus == 1 ? 0 : 1 + tp_rank % (gpus - 1));
+}
+
 // Trainer rank 0: embeds the coordinator, runs the updates. Returns the number of failures.
-int run_trainer(int ranks, int updates) {
+int run_trainer(int ranks, int updates, ferry::Device device) {
   const demo::Model m;
-  auto trainer = ferry::coordinator::Trainer::create({});
+  ferry::Status placed = ferry::set_current_device(device);
+  auto trainer = placed.ok() ? ferry::coordinator::Trainer::create({})
+                             : ferry::Result<std::unique_ptr<ferry::coordinator::Trainer>>(placed);
   char address[kAddressBytes] = {};
   if (trainer.ok()) std::snprintf(address, sizeof address, "%s", (*trainer)->coordinator_address().c_str());
   MPI_Bcast(address, kAddressBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
@@ -34,14 +49,28 @@ int run_trainer(int ranks, int updates) {
   if (auto st = (*trainer)->wait_for_ranks(ranks, 30'000); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
   const auto manifest = ferry::sharding::llama_manifest(demo::llama_config(m));
   int failures = 0;
+  std::map<std::string, ferry::Buffer> on_device;  // a GPU trainer's weights, rewritten each step
   for (int v = 1; v <= updates; ++v) {
     const demo::Checkpoint ck = demo::make_checkpoint(m, static_cast<uint64_t>(v));
     std::map<std::string, ferry::TensorView> views;
+    ferry::Status st;
     for (const auto& [name, t] : ck) {
-      views.emplace(name, ferry::TensorView(const_cast<uint16_t*>(t.bf16.data()), ferry::DType::kBF16, t.shape));
+      ferry::TensorView host(const_cast<uint16_t*>(t.bf16.data()), ferry::DType::kBF16, t.shape);
+      if (device.is_cpu() || !st.ok()) {
+        views.emplace(name, host);
+        continue;
+      }
+      auto& b = on_device[name];
+      if (b.data() == nullptr) {
+        auto nb = ferry::Buffer::allocate(host.nbytes(), device);
+        if (!nb.ok()) return std::cerr << nb.status().to_string() << "\n", failures + 1;
+        b = std::move(*nb);
+      }
+      st = ferry::reload::copy_bytes(b.data(), device, host.data(), ferry::Device::cpu(), host.nbytes());
+      views.emplace(name, ferry::TensorView(b.data(), ferry::DType::kBF16, t.shape, device));
     }
     ferry::coordinator::MapSource source(views);
-    ferry::Status st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest);
+    if (st.ok()) st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest);
     if (st.ok()) st = (*trainer)->update_weights(source);
     auto report = st.ok() ? (*trainer)->finish_weight_update() : ferry::Result<ferry::coordinator::UpdateReport>(st);
     if (!report.ok()) {
@@ -49,15 +78,16 @@ int run_trainer(int ranks, int updates) {
       ++failures;
       continue;
     }
-    std::cout << fmt::format("update v{}: ok ranks={} bytes={} seconds={:.4f} moved={}/{}", v, report->ranks,
-                             report->bytes, report->seconds, report->moved, report->registered)
+    std::cout << fmt::format("update v{}: ok ranks={} bytes={} seconds={:.4f} transfer={:.4f} gbps={:.2f} moved={}/{}", v,
+                             report->ranks, report->bytes, report->seconds, report->transfer_seconds, report->gbps(),
+                             report->moved, report->registered)
               << std::endl;
   }
   return failures;
 }
 
 // A rollout rank: serves updates and checks its storage against the reference after each one.
-int run_rollout(int tp_rank, int tp, int* mismatches) {
+int run_rollout(int tp_rank, int tp, ferry::Device device, int* mismatches) {
   ferry::set_log_identity(fmt::format("rank {}", tp_rank));
   char address[kAddressBytes] = {};
   MPI_Bcast(address, kAddressBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
@@ -65,7 +95,9 @@ int run_rollout(int tp_rank, int tp, int* mismatches) {
   const demo::Model m;
   auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), tp_rank, tp, "fp8_per_tensor");
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
-  auto storage = ferry::reload::ModelStorage::allocate(*spec, ferry::Device::cpu());
+  // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
+  if (auto st = ferry::set_current_device(device); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
+  auto storage = ferry::reload::ModelStorage::allocate(*spec, device);
   if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;
   ferry::coordinator::RolloutOptions o;
   o.coordinator = address;
@@ -75,7 +107,12 @@ int run_rollout(int tp_rank, int tp, int* mismatches) {
     const auto expected = demo::expected_storage(m, demo::make_checkpoint(m, version), tp_rank, tp);
     for (const auto& [name, bytes] : expected) {
       auto t = storage->get(name);
-      if (!t.ok() || t->nbytes() != bytes.size() || std::memcmp(t->data(), bytes.data(), bytes.size()) != 0) {
+      std::vector<uint8_t> held;  // the storage's bytes, read back from the device
+      if (t.ok() && t->nbytes() == bytes.size()) {
+        held.resize(bytes.size());
+        FERRY_RETURN_IF_ERROR(ferry::reload::copy_bytes(held.data(), ferry::Device::cpu(), t->data(), t->device(), held.size()));
+      }
+      if (!t.ok() || t->nbytes() != bytes.size() || std::memcmp(held.data(), bytes.data(), bytes.size()) != 0) {
         ++*mismatches;
         std::cerr << fmt::format("rank {}: {} differs from the reference at v{}\n", tp_rank, name, version);
       }
@@ -97,10 +134,14 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   CLI::App app{"ferry-mpi-example: a trainer and TP replicas launched by mpirun"};
-  int trainers = 1, tp = 2, updates = 3;
+  int trainers = 1, tp = 2, updates = 3, gpus = 0;
   app.add_option("--trainers", trainers, "ranks that train (the first one embeds the coordinator)")->check(CLI::IsMember({1}));
   app.add_option("--tp", tp, "tensor-parallel size of each replica")->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--updates", updates, "number of updates")->check(CLI::Range(1, 100));
+  app.add_option("--gpus", gpus,
+                 "GPUs of this node to use (0: host memory): the trainer's weights on cuda:0, rank r's storage on "
+                 "cuda:(1 + r % (N-1)); with FERRY_TRANSPORT=nccl the weights move over NCCL")
+      ->check(CLI::Range(0, 64));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -121,10 +162,10 @@ int main(int argc, char** argv) {
   }
   int failures = 0, mismatches = 0;
   if (rank == 0) {
-    failures = run_trainer(rollout_ranks, updates);
+    failures = run_trainer(rollout_ranks, updates, trainer_device(gpus));
     MPI_Barrier(MPI_COMM_WORLD);
   } else {
-    failures = run_rollout(rank - trainers, tp, &mismatches);
+    failures = run_rollout(rank - trainers, tp, rank_device(gpus, rank - trainers), &mismatches);
   }
   int bad = failures + mismatches, total = 0;
   MPI_Reduce(&bad, &total, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);

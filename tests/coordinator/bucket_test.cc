@@ -6,6 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "coordinator/device_bucket.h"
+#include "core/buffer.h"
+#include "core/device_copy.h"
+
 namespace ferry::coordinator {
 namespace {
 
@@ -134,6 +138,90 @@ TEST(Bucket, MalformedDirectPieceIsDataLoss) {
     EXPECT_EQ(st.code(), StatusCode::kDataLoss) << bytes << " " << stride << " " << rows;
     EXPECT_THAT(st.message(), HasSubstr("parameter #6"));
   }
+}
+
+}  // namespace
+}  // namespace ferry::coordinator
+
+namespace ferry::coordinator {
+namespace {
+
+// The stepwise decode (trailer, then exactly the header's bytes) agrees with decode_bucket and
+// refuses a tail of the wrong length.
+TEST(Bucket, StepwiseDecodeReadsOnlyTheTail) {
+  Built b = build(true);
+  const size_t size = b.bytes.size();
+  auto tail = bucket_tail_bytes(b.bytes.data() + size - kBucketTrailerBytes, size);
+  ASSERT_TRUE(tail.ok()) << tail.status().to_string();
+  ASSERT_GT(*tail, kBucketTrailerBytes);
+  ASSERT_EQ(size - *tail, 48u);  // the payload: 32 + 16 bytes
+  std::vector<uint8_t> copy(b.bytes.end() - static_cast<std::ptrdiff_t>(*tail), b.bytes.end());
+  wire::BucketHeader h;
+  ASSERT_TRUE(decode_bucket_header(copy.data(), copy.size(), size, &h).ok());
+  EXPECT_EQ(h.pieces_size(), 2);
+  EXPECT_EQ(h.payload_bytes(), 48u);
+  EXPECT_TRUE(check_payload(h, b.bytes.data(), Device::cpu()).ok());
+  b.bytes[40] ^= 1;
+  EXPECT_EQ(check_payload(h, b.bytes.data(), Device::cpu()).code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(decode_bucket_header(copy.data() + 1, copy.size() - 1, size, &h).ok());
+  uint8_t bad[kBucketTrailerBytes] = {0xff, 0xff, 0, 0, 0x46, 0x52, 0x59, 0x42};  // header longer than the bucket
+  EXPECT_EQ(bucket_tail_bytes(bad, 64).status().code(), StatusCode::kDataLoss);
+}
+
+// A bucket built in device memory (payload copied there by the caller, header and trailer by
+// seal()) decodes from the device, its checksum computed from the device bytes; a flipped payload
+// byte on the device fails it; PayloadPool keeps a payload and reuses a returned buffer.
+TEST(Bucket, DeviceBucketRoundTrip) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const Device dev = Device::cuda(0);
+  BucketBuilder b(1 << 20, dev);
+  ASSERT_TRUE(b.ok());
+  b.reset(9, 0, 4);
+  std::vector<uint8_t> rows(3 * 64);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<uint8_t>(i * 7 + 1);
+  // Two rows of 40 bytes out of rows 64 bytes apart, then a contiguous piece.
+  uint8_t* p = b.add_piece(1, Region{{0, 0}, {2, 20}}, DType::kBF16, 80);
+  ASSERT_TRUE(copy_rows_async(0, p, 40, rows.data() + 8, 64, 40, 2).ok());
+  p = b.add_piece(2, Region{{0}, {16}}, DType::kF32, 64);
+  ASSERT_TRUE(copy_async(0, p, rows.data() + 128, 64).ok());
+  auto n = b.seal(true);
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  wire::BucketHeader h;
+  Status st = decode_device_bucket(b.data(), *n, dev, &h);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(h.version(), 9u);
+  ASSERT_EQ(h.pieces_size(), 2);
+  EXPECT_EQ(h.pieces(1).offset(), 80u);
+  std::vector<uint8_t> back(144);
+  ASSERT_TRUE(copy_now(0, back.data(), b.data(), back.size()).ok());
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(back[i], rows[8 + i]) << i;
+    EXPECT_EQ(back[40 + i], rows[72 + i]) << i;
+  }
+  EXPECT_EQ(std::memcmp(back.data() + 80, rows.data() + 128, 64), 0);
+
+  PayloadPool pool;
+  const void* first = nullptr;
+  {
+    auto kept = pool.keep(b.data(), 144, dev, dev);
+    ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+    first = (*kept)->data();
+    std::vector<uint8_t> again(144);
+    ASSERT_TRUE(copy_now(0, again.data(), (*kept)->data(), again.size()).ok());
+    EXPECT_EQ(again, back);
+  }
+  EXPECT_EQ(pool.idle(), 1u);
+  auto reused = pool.keep(b.data(), 100, dev, dev);
+  ASSERT_TRUE(reused.ok());
+  EXPECT_EQ((*reused)->data(), first);
+  auto on_host = pool.keep(b.data(), 144, dev, Device::cpu());
+  ASSERT_TRUE(on_host.ok());
+  EXPECT_EQ(std::memcmp((*on_host)->data(), back.data(), 144), 0);
+
+  uint8_t flip = back[5] ^ 0x10;
+  ASSERT_TRUE(copy_now(0, b.data() + 5, &flip, 1).ok());
+  st = decode_device_bucket(b.data(), *n, dev, &h);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
 }
 
 }  // namespace

@@ -82,6 +82,36 @@ TEST(CostModel, InsideOneNodeUsesNvlink) {
   EXPECT_NE(nv->busiest.front().link.find("nvlink"), std::string::npos);
 }
 
+// Ranks placed by hand: a TP-2 replica whose two ranks share GPU 1, fed by trainer GPU 0 over
+// NVLink. GPU 1's receiving link carries both ranks' bytes, so it (or the sender's, carrying the
+// same bytes) bounds the update; a GPU list of the wrong length is refused.
+TEST(CostModel, RanksPlacedOnOneGpuShareItsLinks) {
+  Tiny t = tiny(1024, 2, false);  // each rank gets 512 rows: 1 MiB
+  auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 22});
+  ASSERT_TRUE(plan.ok());
+  Topology topo;
+  topo.gpus_per_node = 2;
+  topo.nvlink_gbps = 800;
+  topo.seconds_per_bucket = 1e-4;
+  topo.rank_gpus = {1, 1};
+  auto cost = estimate_cost(*plan, t.ranks, 1, topo);
+  ASSERT_TRUE(cost.ok()) << cost.status().to_string();
+  const double bytes = 1024.0 * 1024 * 2;
+  EXPECT_EQ(cost->max_link_bytes, static_cast<uint64_t>(bytes));
+  EXPECT_EQ(cost->buckets, 2u);
+  EXPECT_NEAR(cost->predicted_seconds, bytes * 8 / 800e9 + 2 * 1e-4, 1e-12);
+  bool rx_named = false;
+  for (const auto& l : cost->busiest) rx_named = rx_named || l.link == "nvlink_rx gpu 1 (rollout ranks 0,1)";
+  EXPECT_TRUE(rx_named) << cost->busiest.front().link;
+  // Apart, on GPUs 1 and 2 (GPU 2 on the next node), each rank's link carries half.
+  topo.rank_gpus = {1, 2};
+  auto apart = estimate_cost(*plan, t.ranks, 1, topo);
+  ASSERT_TRUE(apart.ok());
+  EXPECT_NE(apart->busiest.front().link.find("trainer 0"), std::string::npos) << apart->busiest.front().link;
+  topo.rank_gpus = {1};
+  EXPECT_EQ(estimate_cost(*plan, t.ranks, 1, topo).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CostModel, QuantizingOnTheSenderHalvesFp8Bytes) {
   Tiny t = tiny(1024, 2, true);
   auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 22});

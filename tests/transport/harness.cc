@@ -16,6 +16,8 @@
 #include <fstream>
 #include <thread>
 
+#include "core/device_copy.h"
+
 #if defined(FERRY_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 #endif
@@ -131,11 +133,10 @@ uint64_t Source::write(size_t offset, size_t size, uint64_t sender, uint64_t seq
   const uint64_t h = hash_bytes(dst, size);
 #if defined(FERRY_HAVE_CUDA)
   if (device_ && size > 0) {
-    // From pageable memory cudaMemcpy may return before its DMA lands; the sending transport copies
-    // on its own stream, so the payload must be on the device before post() (as for any caller).
-    cudaError_t e = cudaMemcpy(buffer_.data_as<uint8_t>() + offset, host.data(), size, cudaMemcpyDefault);
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) ADD_FAILURE() << "source: copy to the device failed: " << cudaGetErrorString(e);
+    // The payload must be on the device before post() (as for any caller); the copy waits for itself
+    // only, not for the device (whose transfers may be stalled on purpose, by a shut inbox gate).
+    Status st = copy_now(buffer_.device().index, buffer_.data_as<uint8_t>() + offset, host.data(), size);
+    if (!st.ok()) ADD_FAILURE() << "source: copy to the device failed: " << st.to_string();
   }
 #endif
   return h;

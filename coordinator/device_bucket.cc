@@ -1,0 +1,65 @@
+#include "coordinator/device_bucket.h"
+
+#include <fmt/format.h>
+
+#include "coordinator/bucket.h"
+#include "core/device_copy.h"
+
+namespace ferry::coordinator {
+namespace {
+
+constexpr size_t kMaxIdle = 8;  // buffers kept for reuse; more are freed
+
+}  // namespace
+
+Status decode_device_bucket(const uint8_t* data, size_t size, Device device, wire::BucketHeader* header) {
+  if (!device.is_cuda()) return Status::internal("decode_device_bucket: " + device.to_string() + " is not a device");
+  if (size < kBucketTrailerBytes) return Status::data_loss(fmt::format("bucket of {} bytes has no trailer", size));
+  uint8_t trailer[kBucketTrailerBytes];
+  FERRY_RETURN_IF_ERROR(copy_now(device.index, trailer, data + size - kBucketTrailerBytes, kBucketTrailerBytes));
+  FERRY_ASSIGN_OR_RETURN(const size_t tail_bytes, bucket_tail_bytes(trailer, size));
+  std::vector<uint8_t> tail(tail_bytes);
+  FERRY_RETURN_IF_ERROR(copy_now(device.index, tail.data(), data + size - tail_bytes, tail_bytes));
+  FERRY_RETURN_IF_ERROR(decode_bucket_header(tail.data(), tail_bytes, size, header));
+  return check_payload(*header, data, device);
+}
+
+PayloadPool::PayloadPool() : state_(std::make_shared<State>()) {}
+
+size_t PayloadPool::idle() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->free.size();
+}
+
+Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, size_t bytes, Device from, Device to) {
+  Buffer buf;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (auto it = state_->free.begin(); it != state_->free.end(); ++it) {
+      if (it->device() == to && it->size() >= bytes) {
+        buf = std::move(*it);
+        state_->free.erase(it);
+        break;
+      }
+    }
+  }
+  if (buf.data() == nullptr) {
+    FERRY_ASSIGN_OR_RETURN(buf, Buffer::allocate(std::max<size_t>(bytes, 1), to));
+  }
+  // The copy lands before the sender may reuse its buffer (when this returns). A reused device
+  // buffer may still be read by kernels queued on the legacy default stream (the engine processes
+  // lent pieces there), so the copy waits for them.
+  const int stream_device = to.is_cuda() ? to.index : from.index;
+  if (to.is_cuda()) FERRY_RETURN_IF_ERROR(order_default_before_copies(to.index));
+  FERRY_RETURN_IF_ERROR(copy_now(stream_device, buf.data(), data, bytes));
+  std::weak_ptr<State> pool = state_;
+  return std::shared_ptr<const Buffer>(new Buffer(std::move(buf)), [pool](const Buffer* b) {
+    std::unique_ptr<Buffer> owned(const_cast<Buffer*>(b));
+    if (auto s = pool.lock()) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (s->free.size() < kMaxIdle) s->free.push_back(std::move(*owned));
+    }
+  });
+}
+
+}  // namespace ferry::coordinator
