@@ -5,7 +5,15 @@
 // --updates after warm-up is printed beside the floor measured in the same run: the update's bytes
 // read plus bytes written over the device-to-device copy bandwidth.
 //
+// With --rank-device on another GPU the replica (--tp ranks, all on that GPU) is fed over the
+// transport FERRY_TRANSPORT names (nccl, cuda_ipc): the update is then printed beside the link's
+// floor (the bf16 bytes over a plain NCCL send/receive, or a peer copy, measured in the same run)
+// and beside the cost model's prediction for the same plan from links and stages measured in the
+// same run (link bandwidth and per-bucket cost, packing at device-copy speed, the ranks' processing
+// rate and the control round trip from the warm-up updates).
+//
 //   ferry-bench-colocated [--scheme fp8_per_channel] [--layers 32] [--updates 10] [--device cuda:0] [--json]
+//   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1 --tp 2 --json
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -23,14 +31,18 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "bench/transport_device.h"
 #include "core/buffer.h"
+#include "core/device_copy.h"
 #include "core/float_convert.h"
 #include "core/log.h"
 #include "core/settings.h"
 #include "coordinator/rollout_worker.h"
 #include "coordinator/trainer.h"
 #include "reload/model_storage.h"
+#include "sharding/cost_model.h"
 #include "sharding/llama.h"
+#include "sharding/planner.h"
 
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -54,10 +66,12 @@ ferry::sharding::LlamaConfig llama3_8b(int layers) {
   return c;
 }
 
-int run_rank(const std::string& coordinator, const std::string& scheme, int layers, int device) {
-  ferry::set_log_identity("rollout");
-  auto spec = ferry::sharding::llama_rank_spec(llama3_8b(layers), 0, 1, scheme);
+int run_rank(const std::string& coordinator, const std::string& scheme, int layers, int tp_rank, int tp, int device) {
+  ferry::set_log_identity(fmt::format("rank {}", tp_rank));
+  auto spec = ferry::sharding::llama_rank_spec(llama3_8b(layers), tp_rank, tp, scheme);
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
+  // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
+  if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
   auto storage = ferry::reload::ModelStorage::allocate(*spec, ferry::Device::cuda(device));
   if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;
   ferry::coordinator::RolloutOptions o;
@@ -156,43 +170,91 @@ Status change_weights(Weights& w, uint64_t step) {
 
 #endif
 
-int run_trainer(const std::string& scheme, int layers, int updates, int device, bool json) {
+#if FERRY_HAVE_CUDA
+// Links and stages of a cross-GPU update, measured in this run, for the cost model.
+struct Measured {
+  double link_bytes_per_second = 0;  // plain NCCL send/receive (or a peer copy) of one bucket
+  double seconds_per_bucket = 0;     // the same for 4 KiB: the fixed cost of one bucket
+  std::string link_baseline;
+};
+
+ferry::Result<Measured> measure_link(const std::string& transport, int from, int to, uint64_t bucket) {
+  Measured m;
+  const bool nccl = transport == "nccl";
+  m.link_baseline = nccl ? "nccl" : "device_copy";
+  auto timed = [&](size_t bytes, int iters) {
+    return nccl ? ferry::bench::nccl_sendrecv_seconds(bytes, iters, from, to)
+                : ferry::bench::device_copy_seconds(bytes, iters, from, to);
+  };
+  FERRY_ASSIGN_OR_RETURN(double big, timed(bucket, 20));
+  FERRY_ASSIGN_OR_RETURN(double small, timed(4096, 50));
+  m.link_bytes_per_second = static_cast<double>(bucket) / big;
+  m.seconds_per_bucket = small;
+  return m;
+}
+#endif
+
+int run_trainer(const std::string& scheme, int layers, int updates, int device, int rank_device, int tp, bool json) {
 #if !FERRY_HAVE_CUDA
-  (void)scheme, (void)layers, (void)updates, (void)device, (void)json;
+  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_device, (void)tp, (void)json;
   std::cerr << "ferry-bench-colocated needs a CUDA build\n";
   return 1;
 #else
   ferry::set_log_identity("trainer");
+  const bool apart = rank_device != device;
+  auto transport_or = ferry::setting_string("FERRY_TRANSPORT");
+  const std::string transport = transport_or.ok() ? *transport_or : "auto";
+  if (apart && transport != "nccl" && transport != "cuda_ipc") {
+    return std::cerr << "--rank-device on another GPU: set FERRY_TRANSPORT=nccl or cuda_ipc\n", 2;
+  }
   const auto cfg = llama3_8b(layers);
   const auto manifest = ferry::sharding::llama_manifest(cfg);
-  auto spec = ferry::sharding::llama_rank_spec(cfg, 0, 1, scheme);
-  if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
+  std::vector<ferry::sharding::RankSpec> specs;
   uint64_t storage_bytes = 0;
-  for (const auto& p : spec->params) {
-    auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16);
-    if (!layout.ok()) return std::cerr << layout.status().to_string() << "\n", 1;
-    for (const auto& t : *layout) storage_bytes += ferry::dtype_bytes(t.dtype, ferry::shape_numel(t.shape));
+  for (int r = 0; r < tp; ++r) {
+    auto spec = ferry::sharding::llama_rank_spec(cfg, r, tp, scheme);
+    if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
+    for (const auto& p : spec->params) {
+      auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16);
+      if (!layout.ok()) return std::cerr << layout.status().to_string() << "\n", 1;
+      for (const auto& t : *layout) storage_bytes += ferry::dtype_bytes(t.dtype, ferry::shape_numel(t.shape));
+    }
+    specs.push_back(std::move(*spec));
   }
   auto bw = copy_bandwidth(device);
   if (!bw.ok()) return std::cerr << bw.status().to_string() << "\n", 1;
+  auto bucket_or = ferry::setting_bytes("FERRY_BUCKET_BYTES");
+  const uint64_t bucket = bucket_or.ok() ? *bucket_or : uint64_t{64} << 20;
+  Measured link;
+  if (apart) {
+    auto m = measure_link(transport, device, rank_device, bucket);
+    if (!m.ok()) return std::cerr << "link: " << m.status().to_string() << "\n", 1;
+    link = *m;
+  }
+  if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
   auto weights = allocate_weights(manifest, ferry::Device::cuda(device));
   if (!weights.ok()) return std::cerr << weights.status().to_string() << "\n", 1;
 
   auto trainer = ferry::coordinator::Trainer::create({});
   if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 1;
-  std::vector<std::string> args = {"ferry-bench-colocated", "--role", "rollout", "--coordinator",
-                                   (*trainer)->coordinator_address(), "--scheme", scheme, "--layers",
-                                   std::to_string(layers), "--device", fmt::format("cuda:{}", device)};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
-    return std::cerr << "posix_spawn failed\n", 1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < tp; ++r) {
+    std::vector<std::string> args = {"ferry-bench-colocated", "--role", "rollout", "--coordinator",
+                                     (*trainer)->coordinator_address(), "--scheme", scheme, "--layers",
+                                     std::to_string(layers), "--device", fmt::format("cuda:{}", rank_device), "--tp",
+                                     std::to_string(tp), "--tp-rank", std::to_string(r)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+      return std::cerr << "posix_spawn failed\n", 1;
+    }
+    pids.push_back(pid);
   }
   const int64_t timeout = ferry::setting_int("FERRY_TIMEOUT_MS").value();
-  Status st = (*trainer)->wait_for_ranks(1, timeout);
-  std::vector<ferry::coordinator::UpdateReport> reports;
+  Status st = (*trainer)->wait_for_ranks(tp, timeout);
+  std::vector<ferry::coordinator::UpdateReport> reports, warm;
   const int warmup = 2;
   for (int v = 1; v <= warmup + updates && st.ok(); ++v) {
     st = change_weights(*weights, static_cast<uint64_t>(v));
@@ -207,41 +269,69 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
       break;
     }
     if (r->moved != 0) st = Status::internal(fmt::format("update v{}: census moved {}/{}", v, r->moved, r->registered));
-    if (v > warmup) reports.push_back(*r);
+    (v > warmup ? reports : warm).push_back(*r);
     std::cerr << fmt::format("update v{}: {:.2f} ms (transfer {:.2f}, process {:.2f}) direct {}/{} bytes\n", v,
                              r->seconds * 1e3, r->transfer_seconds * 1e3, r->process_seconds * 1e3, r->direct_bytes,
                              r->bytes);
   }
   trainer->reset();
-  int status = 0;
-  waitpid(pid, &status, 0);
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+  }
   if (!st.ok()) return std::cerr << "ferry-bench-colocated: " << st.to_string() << "\n", 1;
-  auto median = [&](auto field) {
+  auto median = [](const std::vector<ferry::coordinator::UpdateReport>& rs, auto field) {
     std::vector<double> v;
-    for (const auto& r : reports) v.push_back(field(r));
+    for (const auto& r : rs) v.push_back(field(r));
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double seconds = median([](const auto& r) { return r.seconds; });
+  auto med = [&](auto field) { return median(reports, field); };
+  const double seconds = med([](const auto& r) { return r.seconds; });
   const double moved_bytes = 2.0 * static_cast<double>(weights->params) + static_cast<double>(storage_bytes);
-  const double floor = moved_bytes / *bw;
   const auto& last = reports.back();
+  std::string extra;
+  double floor = moved_bytes / *bw;
+  if (apart) {
+    // The link's floor: the update's bytes over the plain link. The cost model's prediction for
+    // the same plan, from the links measured above and the stages of the warm-up updates.
+    floor = static_cast<double>(last.bytes) / link.link_bytes_per_second;
+    auto plan = ferry::sharding::make_plan(manifest, specs, {ferry::sharding::SenderInfo{}},
+                                           ferry::sharding::PlanOptions{bucket});
+    if (!plan.ok()) return std::cerr << plan.status().to_string() << "\n", 1;
+    ferry::sharding::Topology topo;
+    topo.gpus_per_node = std::max(ferry::bench::cuda_device_count(), rank_device + 1);
+    topo.nvlink_gbps = link.link_bytes_per_second * 8 / 1e9;
+    topo.seconds_per_bucket = link.seconds_per_bucket;
+    topo.rank_gpus.assign(static_cast<size_t>(tp), rank_device);
+    ferry::sharding::CostOptions co;
+    co.stages.pack_bytes_per_second = *bw / 2;  // a copy reads and writes each byte
+    const double proc = median(warm, [](const auto& r) { return r.process_seconds; });
+    co.stages.process_bytes_per_second = proc > 0 ? static_cast<double>(last.bytes) / tp / proc : 0;
+    co.stages.round_trip_seconds = median(warm, [](const auto& r) { return r.pause_seconds; }) / 2;  // pause: 2 round trips
+    auto cost = ferry::sharding::estimate_cost(*plan, specs, 1, topo, co);
+    if (!cost.ok()) return std::cerr << cost.status().to_string() << "\n", 1;
+    extra = fmt::format(",\"transport\":\"{}\",\"tp\":{},\"rank_device\":\"cuda:{}\",\"link_baseline\":\"{}\","
+                        "\"link_gbps\":{:.1f},\"seconds_per_bucket\":{:.6f},\"predicted_seconds\":{:.6f},"
+                        "\"measured_over_predicted\":{:.3f},\"critical\":\"{}\"",
+                        transport, tp, rank_device, link.link_baseline, link.link_bytes_per_second / 1e9,
+                        link.seconds_per_bucket, cost->predicted_seconds, seconds / cost->predicted_seconds,
+                        cost->critical);
+  }
+  const std::string name = apart ? fmt::format("ferry-{}-tp{}/{}", transport, tp, scheme) : fmt::format("ferry/{}", scheme);
   if (json) {
-    fmt::print("{{\"bench\":\"colocated\",\"case\":\"ferry/{}\",\"device\":\"cuda\",\"params\":{},\"layers\":{},"
+    fmt::print("{{\"bench\":\"colocated\",\"case\":\"{}\",\"device\":\"cuda\",\"params\":{},\"layers\":{},"
                "\"bytes\":{:.0f},\"direct_bytes\":{},\"seconds\":{:.6f},\"updates\":{},\"pause_seconds\":{:.6f},"
                "\"ranks_pause_seconds\":{:.6f},"
                "\"transfer_seconds\":{:.6f},\"process_seconds\":{:.6f},\"resume_seconds\":{:.6f},"
-               "\"copy_gbps\":{:.1f},\"floor_seconds\":{:.6f},\"ratio_to_floor\":{:.3f}}}\n",
-               scheme, weights->params, layers, moved_bytes, last.direct_bytes, seconds, reports.size(),
-               median([](const auto& r) { return r.pause_seconds; }),
-               median([](const auto& r) { return r.ranks_pause_seconds; }),
-               median([](const auto& r) { return r.transfer_seconds; }),
-               median([](const auto& r) { return r.process_seconds; }),
-               median([](const auto& r) { return r.resume_seconds; }), *bw / 1e9, floor, seconds / floor);
+               "\"copy_gbps\":{:.1f},\"floor_seconds\":{:.6f},\"ratio_to_floor\":{:.3f}{}}}\n",
+               name, weights->params, layers, moved_bytes, last.direct_bytes, seconds, reports.size(),
+               med([](const auto& r) { return r.pause_seconds; }), med([](const auto& r) { return r.ranks_pause_seconds; }),
+               med([](const auto& r) { return r.transfer_seconds; }), med([](const auto& r) { return r.process_seconds; }),
+               med([](const auto& r) { return r.resume_seconds; }), *bw / 1e9, floor, seconds / floor, extra);
   } else {
-    fmt::print("colocated {} {} params: {:.2f} ms per update (median of {}), floor {:.2f} ms at {:.0f} GB/s copy, "
-               "ratio {:.2f}\n",
-               scheme, weights->params, seconds * 1e3, reports.size(), floor * 1e3, *bw / 1e9, seconds / floor);
+    fmt::print("{} {} params: {:.2f} ms per update (median of {}), floor {:.2f} ms, ratio {:.2f}\n", name,
+               weights->params, seconds * 1e3, reports.size(), floor * 1e3, seconds / floor);
   }
   return 0;
 #endif
@@ -252,22 +342,26 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
 int main(int argc, char** argv) {
   CLI::App app{"ferry-bench-colocated: a colocated update of a Llama-3-8B shaped model beside its memory floor"};
   std::string role = "trainer", coordinator, scheme = "fp8_per_channel", device_name = "cuda:0";
-  int layers = 32, updates = 10;
+  std::string rank_device_name;
+  int layers = 32, updates = 10, tp = 1, tp_rank = 0;
   bool json = false;
   app.add_option("--role", role, "trainer (default) or rollout")->check(CLI::IsMember({"trainer", "rollout"}));
   app.add_option("--coordinator", coordinator, "rollout role: coordinator address");
   app.add_option("--scheme", scheme, "the rollout's linear-layer scheme");
   app.add_option("--layers", layers, "decoder layers (32 for Llama-3-8B)")->check(CLI::Range(1, 128));
   app.add_option("--updates", updates, "timed updates after two warm-up updates")->check(CLI::Range(1, 1000));
-  app.add_option("--device", device_name, "cuda:N");
+  app.add_option("--device", device_name, "cuda:N: the trainer's weights (and the ranks' storage, unless --rank-device)");
+  app.add_option("--rank-device", rank_device_name, "cuda:M: the ranks' storage on another GPU (FERRY_TRANSPORT=nccl|cuda_ipc)");
+  app.add_option("--tp", tp, "tensor-parallel ranks of the replica")->check(CLI::IsMember({1, 2, 4, 8}));
+  app.add_option("--tp-rank", tp_rank, "rollout role: this rank");
   app.add_flag("--json", json, "one JSON line");
   CLI11_PARSE(app, argc, argv);
   if (auto st = ferry::validate_settings(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
-  if (!device_name.starts_with("cuda:") || device_name.size() < 6 ||
-      device_name.find_first_not_of("0123456789", 5) != std::string::npos) {
-    return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;
+  auto device = ferry::parse_device(device_name);
+  auto rank_device = rank_device_name.empty() ? device : ferry::parse_device(rank_device_name);
+  if (!device.ok() || !device->is_cuda() || !rank_device.ok() || !rank_device->is_cuda()) {
+    return std::cerr << "--device " << device_name << " --rank-device " << rank_device_name << ": expected cuda:N\n", 2;
   }
-  const int device = std::stoi(device_name.substr(5));
-  if (role == "rollout") return run_rank(coordinator, scheme, layers, device);
-  return run_trainer(scheme, layers, updates, device, json);
+  if (role == "rollout") return run_rank(coordinator, scheme, layers, tp_rank, tp, device->index);
+  return run_trainer(scheme, layers, updates, device->index, rank_device->index, tp, json);
 }

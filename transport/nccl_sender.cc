@@ -288,16 +288,9 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device,
   Status st = [&]() -> Status {
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    FERRY_CUDA_CHECK(cudaMallocAsync(&warm, 1, stream));
-    FERRY_CUDA_CHECK(cudaMemsetAsync(warm, 0, 1, stream));
-    FERRY_RETURN_IF_ERROR(p2p(true, warm, 1, 1, comm, stream, ev, deadline, sock.fd()));
-    for (;;) {
-      FERRY_ASSIGN_OR_RETURN(bool done, event_done(ev, "warm-up send"));
-      if (done) return ok_status();
-      if (Clock::now() >= deadline) return Status::deadline_exceeded("nccl warm-up send did not complete before the deadline");
-      if (hung_up(sock.fd())) return Status::unavailable("the nccl receiver closed its socket during set-up");
-      std::this_thread::yield();
-    }
+    FERRY_CUDA_CHECK(cudaMallocAsync(&warm, kWarmupBytes, stream));
+    FERRY_CUDA_CHECK(cudaMemsetAsync(warm, 0, kWarmupBytes, stream));
+    return warm_up(true, warm, 1, comm, stream, ev, deadline, sock.fd());
   }();
   if (!st.ok()) ncclCommAbort(comm);  // first: it ends kernels still waiting for the receiver
   if (warm != nullptr) cudaFreeAsync(warm, stream);

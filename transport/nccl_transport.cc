@@ -71,9 +71,10 @@ struct Peer {
 
 class NcclReceiver {
  public:
-  NcclReceiver(net::Listener listener, int device, uint64_t max_bucket, BucketCallback on_bucket,
+  NcclReceiver(net::Listener listener, int device, uint64_t max_bucket, uint64_t slot_bytes, BucketCallback on_bucket,
                PeerClosedCallback on_closed)
-      : listener_(std::move(listener)), device_(device), max_bucket_(max_bucket), on_bucket_(std::move(on_bucket)),
+      : listener_(std::move(listener)), device_(device), max_bucket_(max_bucket),
+        slot_bytes_(std::max<uint64_t>(slot_bytes, kWarmupBytes)), on_bucket_(std::move(on_bucket)),
         on_closed_(std::move(on_closed)) {
     thread_ = std::thread([this] { run(); });
   }
@@ -175,19 +176,15 @@ class NcclReceiver {
                               .with_context(fmt::format("communicator with sender pid {} on {}", hello.pid, hello.bus_id)));
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking));
     for (auto& slot : p->slots) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
-    // The warm-up receive: the sender's connect() waits for it, so the p2p channel exists before
-    // the first bucket.
-    RecvSlot& w0 = p->slots[0];
-    FERRY_CUDA_CHECK(cudaMallocAsync(&w0.buf, 1, p->stream));
-    w0.cap = 1;
-    FERRY_RETURN_IF_ERROR(p2p(false, w0.buf, 1, 0, p->comm, p->stream, w0.done, deadline, s.fd()));
-    for (;;) {
-      FERRY_ASSIGN_OR_RETURN(bool done, event_done(w0.done, "warm-up receive"));
-      if (done) break;
-      if (Clock::now() >= deadline) return Status::deadline_exceeded("nccl warm-up receive did not complete");
-      if (hung_up(s.fd())) return Status::unavailable("nccl sender closed its socket during set-up");
-      std::this_thread::yield();
+    // Slots for buckets of the configured size are allocated now, not while buckets stream: growing
+    // a memory pool can wait for the kernels on the device, as connecting a channel can.
+    for (auto& slot : p->slots) {
+      FERRY_CUDA_CHECK(cudaMallocAsync(&slot.buf, slot_bytes_, p->stream));
+      slot.cap = slot_bytes_;
     }
+    // The warm-up (nccl_wire.h): the sender's connect() waits for it, so every p2p channel exists
+    // before the first bucket.
+    FERRY_RETURN_IF_ERROR(warm_up(false, p->slots[0].buf, 0, p->comm, p->stream, p->slots[0].done, deadline, s.fd()));
     FERRY_LOG_DEBUG("nccl: sender pid {} on {} connected to {}", hello.pid, hello.bus_id, w.bus_id);
     p->sock = std::move(s);
     return p;
@@ -302,6 +299,7 @@ class NcclReceiver {
   net::Listener listener_;
   int device_;
   uint64_t max_bucket_;
+  uint64_t slot_bytes_;  // each receive slot, allocated at set-up
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
   net::Waker waker_;
@@ -347,7 +345,7 @@ class NcclTransport final : public Transport {
     if (advertised.find(':') != std::string::npos) advertised = "[" + advertised + "]";
     const int port = listener.port();
     receiver_ = std::make_unique<NcclReceiver>(std::move(listener), device_, bucket * 4 + (64ull << 20),
-                                               std::move(on_bucket), std::move(on_closed));
+                                               bucket + (2ull << 20), std::move(on_bucket), std::move(on_closed));
     return fmt::format("{}{}:{}", kScheme, advertised, port);
   }
 

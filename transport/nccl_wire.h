@@ -107,4 +107,32 @@ inline Status p2p(bool send, void* buf, size_t bytes, int peer, ncclComm_t comm,
   return ok_status();
 }
 
+// The warm-up both ends run right after the communicator exists, under connect()'s deadline: one
+// large transfer, then kWarmupSmallOps 1-byte ones. NCCL connects a p2p channel lazily, on the
+// first operation that uses it; a large operation spreads over every channel for the peer and
+// successive ones start on different channels. Connecting a channel makes CUDA calls that wait for
+// the kernels running on the device. Done while buckets stream, on a GPU that another sender's
+// NCCL kernels keep busy until their receives are posted, that deadlocked two senders into one
+// receiver; after the warm-up no bucket connects anything.
+constexpr size_t kWarmupBytes = size_t{64} << 20;
+constexpr int kWarmupSmallOps = 64;
+
+// Runs the warm-up's operations on `stream` from `buf` (kWarmupBytes of device memory), then waits
+// for them by polling `done`, until `deadline` or the peer hangs up.
+inline Status warm_up(bool send, void* buf, int peer, ncclComm_t comm, cudaStream_t stream, cudaEvent_t done,
+                      Deadline deadline, int peer_fd) {
+  FERRY_RETURN_IF_ERROR(p2p(send, buf, kWarmupBytes, peer, comm, stream, done, deadline, peer_fd));
+  for (int i = 0; i < kWarmupSmallOps; ++i) {
+    FERRY_RETURN_IF_ERROR(p2p(send, buf, 1, peer, comm, stream, done, deadline, peer_fd));
+  }
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaSuccess) return ok_status();
+    if (q != cudaErrorNotReady) return cuda_status(q, "cudaEventQuery(warm-up)", __FILE__, __LINE__);
+    if (Clock::now() >= deadline) return Status::deadline_exceeded("nccl warm-up did not complete before the deadline");
+    if (hung_up(peer_fd)) return Status::unavailable("the nccl peer closed its socket during set-up");
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace ferry::transport::nccl

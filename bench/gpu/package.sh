@@ -9,15 +9,17 @@ out=.gpu
 rm -rf "$out/stage" && mkdir -p "$out/stage/bin" "$out/stage/lib"
 bins=(kernels_quantize_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test
       reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test
-      core_buffer_test transport_conformance_test ferry ferry-demo ferry-tiny-decoder ferry-bench-colocated)
+      core_buffer_test coordinator_bucket_test transport_conformance_test ferry ferry-demo ferry-tiny-decoder
+      ferry-bench-colocated ferry-mpi-example)
 for b in "${bins[@]}"; do
   [ -x "$build/bin/$b" ] || continue
   strip -o "$out/stage/bin/$b" "$build/bin/$b"
 done
-# Shared libraries from this machine's packages; CUDA, NCCL and the driver come from the GPU machine.
+# Shared libraries from this machine's packages; CUDA, NCCL, the driver and Open MPI (whose mpirun
+# must match its libraries) come from the GPU machine.
 for b in "$out"/stage/bin/*; do
   ldd "$b" | awk '/=> \//{print $3}'
-done | sort -u | grep -vE 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libcuda|libnccl|libcudart|libgcc_s|libstdc\+\+' |
+done | sort -u | grep -vE 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libcuda|libnccl|libcudart|libgcc_s|libstdc\+\+|libmpi|libopen-(rte|pal)|libpmix|libhwloc|libevent' |
   while read -r lib; do cp -L "$lib" "$out/stage/lib/"; done
 # libstdc++ of GCC 12 is older than the GPU machine's; keep the machine's.
 tar -C "$out/stage" -cJf "$out/ferry-gpu.tar.xz" bin lib

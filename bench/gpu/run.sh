@@ -8,11 +8,14 @@
 #   kernels.png    kernel throughput beside the device-copy baseline
 #   colocated.png  the colocated update per scheme beside its floor and the PyTorch baselines
 # usage: bench/gpu/run.sh OUT_DIR [STEPS]
-#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe (default: all)
+#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi (default: all)
+#   multi (two or more GPUs): nccl and cross-GPU cuda_ipc conformance, TP-2 updates from cuda:0 into a
+#   replica on cuda:1 over nccl (ferry-demo, mpirun ferry-mpi-example), ferry bench transport beside
+#   plain NCCL and torch.distributed, the 8B update over nccl beside the cost model
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
-steps=${2:-tests,sanitizer,bench,colocated,torch,probe}
+steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi}
 want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off
@@ -48,7 +51,7 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
 }
 
 if want tests; then
-for t in kernels_quantize_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test core_buffer_test \
+for t in kernels_quantize_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test core_buffer_test coordinator_bucket_test \
          reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
@@ -57,6 +60,36 @@ run "$bin/ferry-demo"
 # Colocated on one GPU: the ranks read the trainer's device tensors in place, verified bit-exact.
 run "$bin/ferry-demo" --device cuda:0 --tp 1
 run "$bin/ferry-demo" --device cuda:0 --tp 2
+# Buckets in device memory (cuda_ipc): packed on the trainer's GPU, kept and lent on the ranks'.
+run env FERRY_TRANSPORT=cuda_ipc FERRY_DIRECT=off "$bin/ferry-demo" --device cuda:0 --tp 2
+run env FERRY_TRANSPORT=cuda_ipc FERRY_VERIFY=1 "$bin/ferry-demo" --device cuda:0 --tp 1
+fi
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if want multi && [ "$gpus" -ge 2 ]; then
+  run env FERRY_TRANSPORT=nccl "$bin/ferry-demo" --device cuda:0 --rank-device cuda:1 --tp 2
+  run env FERRY_TRANSPORT=nccl FERRY_VERIFY=1 "$bin/ferry-demo" --device cuda:0 --rank-device cuda:1 --tp 1
+  run env FERRY_TRANSPORT=cuda_ipc "$bin/ferry-demo" --device cuda:0 --rank-device cuda:1 --tp 2
+  run env FERRY_TRANSPORT=nccl "$bin/ferry-demo" --device cpu --rank-device cuda:1 --tp 2
+  if command -v mpirun > /dev/null && [ -x "$bin/ferry-mpi-example" ]; then
+    tp=$((gpus - 1 >= 2 ? gpus - 1 : 2))
+    run mpirun --allow-run-as-root --oversubscribe -np $((tp + 1)) -x FERRY_TRANSPORT=nccl -x NCCL_NVLS_ENABLE \
+      -x LD_LIBRARY_PATH "$bin/ferry-mpi-example" --tp "$tp" --gpus "$gpus" --updates 5
+  fi
+  for t in nccl cuda_ipc; do
+    for b in 67108864 268435456; do
+      "$bin/ferry" bench transport --transport $t --json --bytes $b --iters 20 >> "$out/results.jsonl" 2>> "$out/tests.log"
+    done
+  done
+  timeout 300 python3 bench/gpu/torch_nccl_baseline.py --bytes 67108864 --iters 50 >> "$out/results.jsonl" 2>> "$out/torch.log"
+  timeout 300 python3 bench/gpu/torch_nccl_baseline.py --bytes 268435456 --iters 20 >> "$out/results.jsonl" 2>> "$out/torch.log"
+  for s in ${FERRY_GPU_MULTI_SCHEMES:-fp8_per_channel none}; do
+    echo "=== multi-GPU 8B update $s" >> "$out/tests.log"
+    FERRY_TRANSPORT=nccl timeout 300 "$bin/ferry-bench-colocated" --scheme "$s" --device cuda:0 --rank-device cuda:1 \
+      --tp 2 --updates "${FERRY_GPU_UPDATES:-10}" --json >> "$out/results.jsonl" 2>> "$out/tests.log" ||
+      { echo "multi-GPU $s failed" >> "$out/tests.log"; status=1; }
+  done
+  [ -x "$bin/transport_conformance_test" ] && run "$bin/transport_conformance_test" --gtest_filter='*nccl*:*cuda_ipc_2gpu*'
 fi
 
 # compute-sanitizer on the CUDA paths (the tests compare CUDA against the CPU bit for bit).
