@@ -31,12 +31,12 @@ size_t PayloadPool::idle() const {
   return state_->free.size();
 }
 
-Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, size_t bytes, Device from, Device to) {
+Result<std::shared_ptr<const Buffer>> PayloadPool::take(size_t bytes, Device device) {
   Buffer buf;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     for (auto it = state_->free.begin(); it != state_->free.end(); ++it) {
-      if (it->device() == to && it->size() >= bytes) {
+      if (it->device() == device && it->size() >= bytes) {
         buf = std::move(*it);
         state_->free.erase(it);
         break;
@@ -44,14 +44,8 @@ Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, siz
     }
   }
   if (buf.data() == nullptr) {
-    FERRY_ASSIGN_OR_RETURN(buf, Buffer::allocate(std::max<size_t>(bytes, 1), to));
+    FERRY_ASSIGN_OR_RETURN(buf, Buffer::allocate(std::max<size_t>(bytes, 1), device));
   }
-  // The copy lands before the sender may reuse its buffer (when this returns). A reused device
-  // buffer may still be read by kernels queued on the legacy default stream (the engine processes
-  // lent pieces there), so the copy waits for them.
-  const int stream_device = to.is_cuda() ? to.index : from.index;
-  if (to.is_cuda()) FERRY_RETURN_IF_ERROR(order_default_before_copies(to.index));
-  FERRY_RETURN_IF_ERROR(copy_now(stream_device, buf.data(), data, bytes));
   std::weak_ptr<State> pool = state_;
   return std::shared_ptr<const Buffer>(new Buffer(std::move(buf)), [pool](const Buffer* b) {
     std::unique_ptr<Buffer> owned(const_cast<Buffer*>(b));
@@ -60,6 +54,17 @@ Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, siz
       if (s->free.size() < kMaxIdle) s->free.push_back(std::move(*owned));
     }
   });
+}
+
+Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, size_t bytes, Device from, Device to) {
+  FERRY_ASSIGN_OR_RETURN(auto buf, take(bytes, to));
+  // The copy lands before the sender may reuse its buffer (when this returns). A reused device
+  // buffer may still be read by kernels queued on the legacy default stream (the engine processes
+  // lent pieces there), so the copy waits for them.
+  const int stream_device = to.is_cuda() ? to.index : from.index;
+  if (to.is_cuda()) FERRY_RETURN_IF_ERROR(order_default_before_copies(to.index));
+  FERRY_RETURN_IF_ERROR(copy_now(stream_device, buf->data(), data, bytes));
+  return buf;
 }
 
 }  // namespace ferry::coordinator

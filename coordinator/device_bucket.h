@@ -24,6 +24,9 @@ class PayloadPool {
   PayloadPool();
   // Copies `bytes` at `data` (memory of `from`) into a buffer on `to` and waits for the copy.
   Result<std::shared_ptr<const Buffer>> keep(const uint8_t* data, size_t bytes, Device from, Device to);
+  // A buffer of at least `bytes` on `device`, for the caller to fill with work queued on the
+  // device's legacy default stream (ordered after the kernels that read the buffer last).
+  Result<std::shared_ptr<const Buffer>> take(size_t bytes, Device device);
   size_t idle() const;
 
  private:

@@ -353,11 +353,11 @@ class RolloutWorkerImpl final : public RolloutWorker {
     if (rows <= 1 || p.ref_row_stride() == row_bytes) {
       return engine_->lend_piece(p.param(), 0, dst, dtype, nullptr, src, p.bytes(), device_);
     }
-    FERRY_ASSIGN_OR_RETURN(Buffer packed, Buffer::allocate(p.bytes(), device_));
-    FERRY_RETURN_IF_ERROR(transport::gather_rows(packed.data(), src, rows, row_bytes, p.ref_row_stride(), device_.index));
-    auto owner = std::make_shared<Buffer>(std::move(packed));
-    const void* bytes = owner->data();
-    return engine_->lend_piece(p.param(), 0, dst, dtype, std::move(owner), bytes, p.bytes(), device_);
+    // Into a pooled buffer: the gather and the kernels that read it share the legacy default stream.
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const Buffer> packed, payloads_.take(p.bytes(), device_));
+    void* to = packed->data();
+    FERRY_RETURN_IF_ERROR(transport::gather_rows(to, src, rows, row_bytes, p.ref_row_stride(), device_.index));
+    return engine_->lend_piece(p.param(), 0, dst, dtype, std::move(packed), to, p.bytes(), device_);
   }
 
   RolloutOptions options_;

@@ -2,6 +2,9 @@
 # Packs the GPU test and benchmark binaries built here (CUDA code for sm_90) with the Debian shared
 # libraries they link, into .gpu/ferry-gpu.tar.xz, for a GPU machine that lacks ferry's build
 # dependencies. bench/gpu/run.sh unpacks it when present, and builds from source otherwise.
+# usage: bench/gpu/package.sh [BUILD_DIR] [--python]
+#   --python: also .gpu/pydeps, pybind11 (from PyPI) and xxhash (this machine's), for
+#   bench/gpu/python_pair.sh to build the Python module on a GPU machine without them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -25,3 +28,13 @@ done | sort -u | grep -vE 'libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-l
 tar -C "$out/stage" -cJf "$out/ferry-gpu.tar.xz" bin lib
 rm -rf "$out/stage"
 ls -la "$out/ferry-gpu.tar.xz"
+if [ "${2:-}" = --python ]; then
+  rm -rf "$out/pydeps" && mkdir -p "$out/pydeps/xxhash" /tmp/ferry-pydeps
+  python3 -m pip download --no-deps -d /tmp/ferry-pydeps pybind11==2.13.6 > /dev/null
+  python3 -m zipfile -e /tmp/ferry-pydeps/pybind11-2.13.6-py3-none-any.whl "$out/pydeps"
+  rm -rf "$out/pydeps/pybind11-2.13.6.dist-info"
+  cp /usr/include/xxhash.h /usr/include/xxh3.h "$out/pydeps/xxhash/"
+  cp -L /usr/lib/x86_64-linux-gnu/libxxhash.so.0 "$out/pydeps/xxhash/"
+  ln -sf libxxhash.so.0 "$out/pydeps/xxhash/libxxhash.so"
+  du -sh "$out/pydeps"
+fi
