@@ -7,6 +7,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -54,8 +55,9 @@ class Engine {
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return ucs_error("read config", st);
     ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 1;  // memory is mapped and unmapped from the caller's threads
     st = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (st != UCS_OK) return ucs_error("init", st);
@@ -81,6 +83,7 @@ class Engine {
     {
       std::lock_guard<std::mutex> lock(mu_);
       commands_.push_back(std::move(fn));
+      has_commands_.store(true, std::memory_order_release);
     }
     const uint64_t one = 1;
     if (write(efd_, &one, sizeof one) < 0) {
@@ -96,6 +99,21 @@ class Engine {
   }
 
   ucp_worker_h worker() const { return worker_; }
+
+  // Registers [data, data + size) with the context once; nullptr when it cannot be (empty, or a
+  // transport that refuses it), and then UCX registers what it needs per operation. Any thread.
+  ucp_mem_h map(void* data, size_t size) {
+    if (data == nullptr || size == 0) return nullptr;
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = data;
+    mp.length = size;
+    ucp_mem_h memh = nullptr;
+    return ucp_mem_map(context_, &mp, &memh) == UCS_OK ? memh : nullptr;
+  }
+  void unmap(ucp_mem_h memh) {
+    if (memh != nullptr) (void)ucp_mem_unmap(context_, memh);
+  }
   bool cuda_capable() const { return cuda_capable_; }
 
   // Closes `ep` on the progress thread without waiting: a flushing close (what was sent before
@@ -130,26 +148,35 @@ class Engine {
 
  private:
   void loop() {
+    // After the worker last did something it is polled for a short while before the thread sleeps:
+    // a bucket streams as many messages whose gaps are far shorter than a sleep and a wake-up.
+    constexpr auto kSpin = std::chrono::microseconds(200);
+    auto last_active = std::chrono::steady_clock::now();
     while (!stop_) {
-      std::deque<std::function<void()>> cmds;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        cmds.swap(commands_);
+      if (has_commands_.load(std::memory_order_acquire)) {
+        std::deque<std::function<void()>> cmds;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          cmds.swap(commands_);
+          has_commands_.store(false, std::memory_order_relaxed);
+        }
+        for (auto& c : cmds) c();
+        if (stop_) break;
+        last_active = std::chrono::steady_clock::now();
       }
-      for (auto& c : cmds) c();
-      if (stop_) break;
-      while (ucp_worker_progress(worker_) != 0) {
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!commands_.empty()) continue;
-      }
+      unsigned events = 0;
+      while (const unsigned n = ucp_worker_progress(worker_)) events += n;
+      const auto now = std::chrono::steady_clock::now();
+      if (events != 0) last_active = now;
+      if (now - last_active < kSpin) continue;
+      if (has_commands_.load(std::memory_order_acquire)) continue;
       if (ucp_worker_arm(worker_) != UCS_OK) continue;  // events pending: progress again
       pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {efd_, POLLIN, 0}};
       poll(fds, 2, 100);
       uint64_t v;
       while (read(efd_, &v, sizeof v) > 0) {
       }
+      last_active = std::chrono::steady_clock::now();
     }
     // Finish the endpoint closes still under way (each holds what its callback needs), then flush
     // what is left so no request outlives the worker.
@@ -168,6 +195,7 @@ class Engine {
   int closing_ = 0;    // endpoint closes under way; progress thread only
   std::mutex mu_;
   std::deque<std::function<void()>> commands_;
+  std::atomic<bool> has_commands_{false};  // commands_ is not empty
   std::thread thread_;
 };
 

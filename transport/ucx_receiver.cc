@@ -3,12 +3,65 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
 
+#include "core/buffer.h"
+
 namespace ferry::transport::ucx {
 
+// Receive buffers for rendezvous buckets, kept and reused: each is allocated and mapped with the
+// UCP context once, and UCX writes the bucket straight into it (no fresh pages, no registration per
+// bucket). At most kKeep idle ones stay.
+class BufferPool {
+ public:
+  struct Block {
+    Buffer buffer;
+    ucp_mem_h memh = nullptr;
+  };
+  explicit BufferPool(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  ~BufferPool() {
+    for (auto& b : idle_) engine_->unmap(b->memh);
+  }
+
+  // A block of at least `size` bytes (size > 0), or nullptr if the memory cannot be had.
+  std::unique_ptr<Block> take(size_t size) {
+    auto best = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+      if ((*it)->buffer.size() >= size && (best == idle_.end() || (*it)->buffer.size() < (*best)->buffer.size())) best = it;
+    }
+    if (best != idle_.end()) {
+      auto b = std::move(*best);
+      idle_.erase(best);
+      return b;
+    }
+    auto buf = Buffer::allocate(size);
+    if (!buf.ok()) return nullptr;
+    auto b = std::make_unique<Block>();
+    b->buffer = std::move(*buf);
+    b->memh = engine_->map(b->buffer.data(), b->buffer.size());
+    return b;
+  }
+
+  void give(std::unique_ptr<Block> b) {
+    if (!b) return;
+    idle_.push_back(std::move(b));
+    if (idle_.size() > kKeep) {
+      // Keep the largest: buckets are of one size, and a larger block serves a smaller bucket.
+      auto smallest = std::min_element(idle_.begin(), idle_.end(),
+                                       [](const auto& x, const auto& y) { return x->buffer.size() < y->buffer.size(); });
+      engine_->unmap((*smallest)->memh);
+      idle_.erase(smallest);
+    }
+  }
+
+ private:
+  static constexpr size_t kKeep = 2;
+  std::shared_ptr<Engine> engine_;
+  std::vector<std::unique_ptr<Block>> idle_;
+};
 
 // One accepted sender: buckets queue here while a rendezvous ahead of them is still arriving.
 struct Inbound {
@@ -16,8 +69,15 @@ struct Inbound {
   bool bye = false;
   bool closed = false;
   struct Pending {
-    std::vector<uint8_t> bytes;
+    std::shared_ptr<BufferPool> pool;
+    std::unique_ptr<BufferPool::Block> block;  // rendezvous buckets
+    std::vector<uint8_t> copy;                 // eager ones that arrived behind a rendezvous
+    size_t size = 0;
     bool ready = false;
+    const uint8_t* data() const { return block ? block->buffer.data_as<uint8_t>() : copy.data(); }
+    ~Pending() {
+      if (pool) pool->give(std::move(block));
+    }
   };
   std::deque<std::shared_ptr<Pending>> queue;
 };
@@ -26,7 +86,8 @@ struct Inbound {
 class Receiver : public std::enable_shared_from_this<Receiver> {
  public:
   Receiver(std::shared_ptr<Engine> e, uint64_t max_bucket, BucketCallback b, PeerClosedCallback c)
-      : engine_(std::move(e)), max_bucket_(max_bucket), on_bucket_(std::move(b)), on_closed_(std::move(c)) {}
+      : engine_(std::move(e)), pool_(std::make_shared<BufferPool>(engine_)), max_bucket_(max_bucket),
+        on_bucket_(std::move(b)), on_closed_(std::move(c)) {}
 
   void start(const std::string& host, std::shared_ptr<CompletionState> done, std::string* blob) {
     ucp_am_handler_param_t h{};
@@ -151,13 +212,20 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       return UCS_OK;
     }
     auto pending = std::make_shared<Inbound::Pending>();
-    pending->bytes.resize(length);
-    in->queue.push_back(pending);
+    pending->size = length;
     if (!rndv) {
-      if (length > 0) std::memcpy(pending->bytes.data(), data, length);
+      pending->copy.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
       pending->ready = true;
+      in->queue.push_back(pending);
       return UCS_OK;
     }
+    pending->pool = self->pool_;
+    pending->block = self->pool_->take(std::max<size_t>(length, 1));
+    if (!pending->block) {
+      self->close(*in, Status::resource_exhausted(fmt::format("ucx: no memory for a {}-byte bucket", length)));
+      return UCS_OK;
+    }
+    in->queue.push_back(pending);
     struct Ctx {
       Receiver* self;
       std::shared_ptr<Inbound> in;
@@ -166,6 +234,10 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     auto* ctx = new Ctx{self, in, pending};
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    if (pending->block->memh != nullptr) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p.memh = pending->block->memh;
+    }
     p.cb.recv_am = [](void* req, ucs_status_t st, size_t, void* ud) {
       auto* c = static_cast<Ctx*>(ud);
       c->self->arrived(c->in, c->pending, st);
@@ -173,7 +245,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       ucp_request_free(req);
     };
     p.user_data = ctx;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->engine_->worker(), data, pending->bytes.data(), length, &p);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->engine_->worker(), data, pending->block->buffer.data(), length, &p);
     if (!UCS_PTR_IS_PTR(r)) {
       self->arrived(in, pending, UCS_PTR_STATUS(r));
       delete ctx;
@@ -188,7 +260,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     while (!in->closed && !in->queue.empty() && in->queue.front()->ready) {
       auto front = in->queue.front();
       in->queue.pop_front();
-      deliver(*in, front->bytes.data(), front->bytes.size());
+      deliver(*in, front->data(), front->size);
     }
     if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status());
   }
@@ -199,6 +271,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   }
 
   std::shared_ptr<Engine> engine_;
+  std::shared_ptr<BufferPool> pool_;
   uint64_t max_bucket_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;

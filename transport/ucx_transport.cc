@@ -163,7 +163,7 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
   std::shared_ptr<UcxConnection> keepalive_;
 
  public:
-  void send(const uint8_t* data, size_t size, std::shared_ptr<CompletionState> state);
+  void send(const uint8_t* data, size_t size, ucp_mem_h memh, std::shared_ptr<CompletionState> state);
 };
 
 struct SendContext {
@@ -171,13 +171,17 @@ struct SendContext {
   std::shared_ptr<CompletionState> state;
 };
 
-void UcxConnection::send(const uint8_t* data, size_t size, std::shared_ptr<CompletionState> state) {
+void UcxConnection::send(const uint8_t* data, size_t size, ucp_mem_h memh, std::shared_ptr<CompletionState> state) {
   if (!failure_.ok() || ep_ == nullptr) return state->complete(failure_.ok() ? Status::unavailable("ucx: not connected") : failure_);
   if (state->done()) return;  // aborted before it left
   auto* ctx = new SendContext{shared_from_this(), state};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_AM_SEND_FLAG_REPLY;
+  if (memh != nullptr && size > 0) {  // the region's registration, made once when it was registered
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = memh;
+  }
   p.cb.send = [](void* req, ucs_status_t st, void* ud) {
     auto* c = static_cast<SendContext*>(ud);
     c->state->complete(st == UCS_OK ? ok_status() : st == UCS_ERR_CANCELED ? Status::aborted("ucx send cancelled")
@@ -196,11 +200,40 @@ void UcxConnection::send(const uint8_t* data, size_t size, std::shared_ptr<Compl
   }
 }
 
-// Device memory through a pinned host mirror, for UCX builds without CUDA support.
-class StagedRegion final : public MemoryRegion {
+// Memory mapped with the transport's UCP context once, at registration; every post from it passes
+// that mapping, so nothing is registered per bucket.
+class MappedRegion : public MemoryRegion {
  public:
-  StagedRegion(void* data, size_t size, Device device, Buffer mirror)
-      : data_(data), size_(size), device_(device), mirror_(std::move(mirror)) {}
+  MappedRegion(std::shared_ptr<Engine> engine, void* mapped, size_t size)
+      : engine_(std::move(engine)), memh_(engine_->map(mapped, size)) {}
+  ~MappedRegion() override { engine_->unmap(memh_); }
+  ucp_mem_h memh() const { return memh_; }
+
+ private:
+  std::shared_ptr<Engine> engine_;
+  ucp_mem_h memh_;
+};
+
+class UcxHostRegion final : public MappedRegion {
+ public:
+  UcxHostRegion(std::shared_ptr<Engine> engine, void* data, size_t size)
+      : MappedRegion(std::move(engine), data, size), data_(data), size_(size) {}
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  Device device() const override { return Device::cpu(); }
+
+ private:
+  void* data_;
+  size_t size_;
+};
+
+// Device memory through a pinned host mirror, for UCX builds without CUDA support. The mirror is
+// what UCX reads, so it is what is mapped.
+class StagedRegion final : public MappedRegion {
+ public:
+  StagedRegion(std::shared_ptr<Engine> engine, void* data, size_t size, Device device, Buffer mirror)
+      : MappedRegion(std::move(engine), mirror.data(), size), data_(data), size_(size), device_(device),
+        mirror_(std::move(mirror)) {}
   void* data() const override { return data_; }
   size_t size() const override { return size_; }
   Device device() const override { return device_; }
@@ -227,6 +260,8 @@ Result<std::unique_ptr<TransferHandle>> UcxConnection::post(const MemoryRegion& 
     return Status::out_of_range(fmt::format("post of {} bytes at {} exceeds a {}-byte region", size, offset, region.size()));
   }
   const uint8_t* data = static_cast<const uint8_t*>(region.data()) + offset;
+  const auto* mapped = dynamic_cast<const MappedRegion*>(&region);
+  ucp_mem_h memh = mapped != nullptr ? mapped->memh() : nullptr;
   if (const auto* staged = dynamic_cast<const StagedRegion*>(&region)) {
     Status st;
     data = staged->stage(offset, size, &st);
@@ -234,7 +269,7 @@ Result<std::unique_ptr<TransferHandle>> UcxConnection::post(const MemoryRegion& 
   }
   auto state = std::make_shared<CompletionState>();
   auto self = shared_from_this();
-  engine_->run([self, data, size, state] { self->send(data, size, state); });
+  engine_->run([self, data, size, memh, state] { self->send(data, size, memh, state); });
   std::weak_ptr<UcxConnection> weak = self;
   return std::unique_ptr<TransferHandle>(std::make_unique<StateHandle>(state, [weak] {
     if (auto c = weak.lock()) c->abort();
@@ -270,12 +305,12 @@ class UcxTransport final : public Transport {
   Capabilities capabilities() const override { return {true, true, true, false, -1}; }
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
-    if (device.is_cpu() || engine_->cuda_capable()) {
-      return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
-    }
+    if (device.is_cpu()) return std::unique_ptr<MemoryRegion>(std::make_unique<UcxHostRegion>(engine_, data, size));
+    if (engine_->cuda_capable()) return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
     FERRY_ASSIGN_OR_RETURN(Allocator * pinned, pinned_allocator());
     FERRY_ASSIGN_OR_RETURN(Buffer mirror, Buffer::allocate(size, *pinned));
-    return std::unique_ptr<MemoryRegion>(std::make_unique<StagedRegion>(data, size, device, std::move(mirror)));
+    return std::unique_ptr<MemoryRegion>(
+        std::make_unique<StagedRegion>(engine_, data, size, device, std::move(mirror)));
   }
 
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
