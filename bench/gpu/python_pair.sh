@@ -51,6 +51,6 @@ for mode in cuda_ipc direct; do
   served=$(grep -c "^serving v" "$out/rollout-$mode.txt")
   echo "$mode: trainer rc=$trainer_rc rollout rc=$rollout_rc steps with census 0: $done_steps/$steps served: $served"
   [ $trainer_rc -eq 0 ] && [ $rollout_rc -eq 0 ] && [ "$done_steps" -eq "$steps" ] && [ "$served" -eq "$steps" ] || status=1
-  tail -3 "$log" "$out/rollout-$mode.txt"
+  tail -n 3 "$log" "$out/rollout-$mode.txt"
 done
 exit $status

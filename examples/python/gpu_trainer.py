@@ -27,7 +27,7 @@ def main():
     # Stands in for the policy: parameters under their checkpoint names.
     params = {t.name: torch.nn.Parameter(0.02 * torch.randn(t.shape, device="cuda", dtype=torch.bfloat16))
               for t in manifest}
-    opt = torch.optim.SGD(params.values(), lr=1e-3)
+    opt = torch.optim.Adam(params.values(), lr=1e-3)  # moves every weight by about 1e-3 a step
 
     with ferry.Trainer() as trainer:
         print(f"coordinator at {trainer.coordinator_address}", flush=True)
