@@ -7,7 +7,6 @@
 
 #include <ucp/api/ucp.h>
 
-#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -83,7 +82,6 @@ class Engine {
     {
       std::lock_guard<std::mutex> lock(mu_);
       commands_.push_back(std::move(fn));
-      has_commands_.store(true, std::memory_order_release);
     }
     const uint64_t one = 1;
     if (write(efd_, &one, sizeof one) < 0) {
@@ -148,35 +146,26 @@ class Engine {
 
  private:
   void loop() {
-    // After the worker last did something it is polled for a short while before the thread sleeps:
-    // a bucket streams as many messages whose gaps are far shorter than a sleep and a wake-up.
-    constexpr auto kSpin = std::chrono::microseconds(200);
-    auto last_active = std::chrono::steady_clock::now();
     while (!stop_) {
-      if (has_commands_.load(std::memory_order_acquire)) {
-        std::deque<std::function<void()>> cmds;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          cmds.swap(commands_);
-          has_commands_.store(false, std::memory_order_relaxed);
-        }
-        for (auto& c : cmds) c();
-        if (stop_) break;
-        last_active = std::chrono::steady_clock::now();
+      std::deque<std::function<void()>> cmds;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cmds.swap(commands_);
       }
-      unsigned events = 0;
-      while (const unsigned n = ucp_worker_progress(worker_)) events += n;
-      const auto now = std::chrono::steady_clock::now();
-      if (events != 0) last_active = now;
-      if (now - last_active < kSpin) continue;
-      if (has_commands_.load(std::memory_order_acquire)) continue;
+      for (auto& c : cmds) c();
+      if (stop_) break;
+      while (ucp_worker_progress(worker_) != 0) {
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!commands_.empty()) continue;
+      }
       if (ucp_worker_arm(worker_) != UCS_OK) continue;  // events pending: progress again
       pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {efd_, POLLIN, 0}};
       poll(fds, 2, 100);
       uint64_t v;
       while (read(efd_, &v, sizeof v) > 0) {
       }
-      last_active = std::chrono::steady_clock::now();
     }
     // Finish the endpoint closes still under way (each holds what its callback needs), then flush
     // what is left so no request outlives the worker.
@@ -195,7 +184,6 @@ class Engine {
   int closing_ = 0;    // endpoint closes under way; progress thread only
   std::mutex mu_;
   std::deque<std::function<void()>> commands_;
-  std::atomic<bool> has_commands_{false};  // commands_ is not empty
   std::thread thread_;
 };
 

@@ -1,6 +1,11 @@
 // ucx: one UCP context and worker per transport instance, driven by one progress thread that makes
 // every UCP call. Buckets travel as active messages (eager or rendezvous, UCX decides); listen()
-// opens a UCP sockaddr listener and returns "ucx://host:port". The user's UCX_* variables are read
+// opens a UCP sockaddr listener and returns "ucx://host:port". Endpoints use peer error handling: a
+// peer's death must reach the other end, and a forced close (abort) needs it on both sides. UCX
+// then uses only transports that report peer failures (on UCX 1.13: tcp and the RDMA ones, not its
+// shared-memory transports or cma), so on one node the bytes go over UCX's tcp. Memory a sender
+// registers is mapped with the context once (ucp_mem_map) and each post passes that mapping; the
+// receiver lands rendezvous buckets in pooled buffers mapped once. The user's UCX_* variables are read
 // as they are (ucp_config_read) and never written. Device memory goes through a pinned host mirror
 // when this UCX build cannot move CUDA memory itself (checked at run time).
 #include "transport/ucx_transport.h"
