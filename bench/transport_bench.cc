@@ -127,13 +127,17 @@ bool on_path(const std::string& exe) {
 }
 
 // ucx_perftest tag_bw between two processes on loopback; GB/s or 0 when it cannot run.
-double ucx_perftest_gbps(const std::string& tls, size_t bytes, int iters) {
+// `error_handling` (-e) creates its endpoints with peer error handling, as ferry's ucx transport
+// does: UCX then picks among the transports that report peer failures (on UCX 1.13, tcp but not
+// its shared-memory ones or cma), so both move bytes over the same UCX transports.
+double ucx_perftest_gbps(const std::string& tls, size_t bytes, int iters, bool error_handling = false) {
   if (!on_path("ucx_perftest")) return 0;
   const std::string port = std::to_string(20000 + getpid() % 20000);
   std::vector<std::string> env;
   if (!tls.empty()) env.push_back("UCX_TLS=" + tls);
-  const std::vector<std::string> common = {"-t", "tag_bw", "-s", std::to_string(bytes), "-n", std::to_string(iters),
-                                           "-p", port};
+  std::vector<std::string> common = {"-t", "tag_bw", "-s", std::to_string(bytes), "-n", std::to_string(iters),
+                                     "-p", port};
+  if (error_handling) common.push_back("-e");
   std::vector<std::string> server = {"ucx_perftest"};
   server.insert(server.end(), common.begin(), common.end());
   pid_t spid = -1;
@@ -287,8 +291,15 @@ int run_transport_bench(const std::string& transport, size_t bytes, int iters, b
   std::string tls;
   if (transport == "tcp") tls = "tcp";
   if (transport == "shm") tls = "sm,self";
-  if (const double g = ucx_perftest_gbps(tls, bytes, iters); g > 0) {
+  // For ucx, like with like: perftest's endpoints get peer error handling as the transport's do.
+  // The same run without it (UCX free to use shared memory and cma) is printed beside it.
+  if (const double g = ucx_perftest_gbps(tls, bytes, iters, transport == "ucx"); g > 0) {
     print(json, transport, "cpu", bytes, *seconds, "ucx_perftest", g);
+  }
+  if (transport == "ucx") {
+    if (const double g = ucx_perftest_gbps(tls, bytes, iters); g > 0) {
+      print(json, transport, "cpu", bytes, *seconds, "ucx_perftest_no_err_handling", g);
+    }
   }
   if (const double g = mpi_gbps(transport, bytes, iters); g > 0) {
     print(json, transport, "cpu", bytes, *seconds, "mpi", g);
