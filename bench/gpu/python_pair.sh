@@ -2,9 +2,10 @@
 # On a GPU machine: builds the `ferry` Python module from source for this machine's Python (its
 # interpreter usually differs from the build machine's), taking pybind11 and xxhash from
 # .gpu/pydeps when the machine lacks them (bench/gpu/package.sh --python puts them there), then runs
-# the GPU example pair, examples/python/gpu_trainer.py and gpu_rollout.py, twice: with the buckets
-# in device memory over cuda_ipc, and with direct reads (the default). Each run must report every
-# step, with the census at 0 and the rollout's tensors at their addresses.
+# the GPU example pair, examples/python/gpu_trainer.py and gpu_rollout.py, three times: with the
+# buckets in device memory over cuda_ipc, with direct reads (the default), and with the trainer's
+# weights in PyTorch's expandable segments (no IPC handle: they travel as bytes). Each run must
+# report every step, with the census at 0 and the rollout's tensors at their addresses.
 # usage: bench/gpu/python_pair.sh OUT_DIR [STEPS]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,11 +28,16 @@ python3 -c 'import sys, sysconfig, os; p = sysconfig.get_paths()["include"]; pri
 } > "$out/py-build.log" 2>&1 || { echo "python module build failed"; cat "$out/python.txt"; tail -30 "$out/py-build.log"; exit 1; }
 export PYTHONPATH=$PWD/build-py-gpu/python:$PWD/examples/python
 status=0
-for mode in cuda_ipc direct; do
+# expandable: PyTorch's expandable segments (cuMemMap memory) have no legacy IPC handle, so the
+# trainer's weights travel as bytes, with one warning, instead of being read in place.
+for mode in cuda_ipc direct expandable; do
   transport=auto
   [ "$mode" = cuda_ipc ] && transport=cuda_ipc
+  alloc=${PYTORCH_CUDA_ALLOC_CONF:-}
+  [ "$mode" = expandable ] && alloc=expandable_segments:True
   log=$out/trainer-$mode.txt
-  FERRY_TRANSPORT=$transport timeout 180 python3 examples/python/gpu_trainer.py --steps "$steps" > "$log" 2>&1 &
+  FERRY_TRANSPORT=$transport PYTORCH_CUDA_ALLOC_CONF=$alloc timeout 180 python3 examples/python/gpu_trainer.py \
+    --steps "$steps" > "$log" 2>&1 &
   trainer=$!
   addr=
   for _ in $(seq 300); do
