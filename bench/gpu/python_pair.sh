@@ -55,7 +55,10 @@ for mode in cuda_ipc direct expandable; do
   trainer_rc=$?
   done_steps=$(grep -c "moved=0/" "$log")
   served=$(grep -c "^serving v" "$out/rollout-$mode.txt")
-  echo "$mode: trainer rc=$trainer_rc rollout rc=$rollout_rc steps with census 0: $done_steps/$steps served: $served"
+  warned=$(grep -c "direct reads unavailable" "$log")
+  echo "$mode: trainer rc=$trainer_rc rollout rc=$rollout_rc steps with census 0: $done_steps/$steps served: $served" \
+    "warnings of weights sent as bytes: $warned"
+  [ "$mode" = expandable ] && [ "$warned" -ne 1 ] && status=1
   [ $trainer_rc -eq 0 ] && [ $rollout_rc -eq 0 ] && [ "$done_steps" -eq "$steps" ] && [ "$served" -eq "$steps" ] || status=1
   tail -n 3 "$log" "$out/rollout-$mode.txt"
 done
