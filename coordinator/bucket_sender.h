@@ -1,0 +1,97 @@
+// The data-sending half of the trainer: connections to every destination rank, a pool of bucket
+// buffers per rank, and the pieces of each sent tensor packed into them (or handed over as direct
+// reads of the trainer's device memory). The Trainer owns one and drives it per update.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace ferry {
+struct Device;
+struct Region;
+class TensorView;
+}  // namespace ferry
+namespace ferry::sharding {
+struct Piece;
+struct Plan;
+struct RankSpec;
+struct SourceTensor;
+}  // namespace ferry::sharding
+namespace ferry::transport {
+class Transport;
+class IpcExporter;
+}  // namespace ferry::transport
+namespace ferry::wire {
+class Endpoint;
+}
+
+namespace ferry::coordinator {
+
+class BucketBuilder;
+
+struct BucketSenderSettings {
+  int64_t timeout_ms = 0;     // FERRY_TIMEOUT_MS
+  uint64_t bucket_bytes = 0;  // FERRY_BUCKET_BYTES
+  size_t in_flight = 1;       // FERRY_BUCKETS_IN_FLIGHT
+  bool verify = false;        // FERRY_VERIFY
+  bool direct = false;        // FERRY_DIRECT allows direct reads
+};
+
+class BucketSender {
+ public:
+  // `on_posted` runs after each bucket is posted (the trainer's progress bar).
+  BucketSender(BucketSenderSettings settings, std::function<void()> on_posted);
+  ~BucketSender();
+  BucketSender(const BucketSender&) = delete;
+  BucketSender& operator=(const BucketSender&) = delete;
+
+  // Connects to every rank of `plan` (keeping connections of the last update that are still good)
+  // and sizes the bucket pools; then starts counting for update `version`. `ranks` must outlive the
+  // update. `endpoints` per rank in its preference order; `storage_devices` per rank.
+  Status prepare(uint64_t version, std::shared_ptr<const sharding::Plan> plan, const std::vector<sharding::RankSpec>& ranks,
+                 const std::vector<std::vector<wire::Endpoint>>& endpoints,
+                 const std::vector<std::string>& storage_devices);
+  // Sends every piece of manifest tensor `source` (`meta`), read from `tensor`.
+  Status send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor);
+  // Posts the open buckets (none once `failure` is set) and waits for every bucket in flight; a
+  // destination whose bucket failed reconnects next update. Returns `failure`, else the first error.
+  Status finish(Status failure);
+
+  uint64_t bytes() const { return bytes_; }
+  uint64_t direct_bytes() const { return direct_bytes_; }
+  std::vector<uint64_t> buckets() const;  // posted this update, per destination
+
+ private:
+  struct Destination;
+
+  Result<transport::Transport*> transport_named(const std::string& name);
+  Status connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints);
+  Status connect_all(const std::vector<std::vector<wire::Endpoint>>& endpoints,
+                     const std::vector<std::string>& storage_devices);
+  Result<BucketBuilder*> open_bucket(Destination& d);
+  Status flush(Destination& d);
+  Status sync_source(Device device);
+  Result<bool> send_direct(Destination& d, const sharding::Piece& piece, const Region& dst,
+                           const TensorView& tensor);
+
+  BucketSenderSettings settings_;
+  std::function<void()> on_posted_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  std::shared_ptr<const sharding::Plan> plan_;
+  const std::vector<sharding::RankSpec>* ranks_ = nullptr;
+  std::vector<Destination> dests_;
+  std::unique_ptr<transport::IpcExporter> exporter_;
+  std::set<int> synced_devices_;  // devices synchronized in this update
+  bool warned_export_ = false;
+  uint64_t version_ = 0;
+  uint64_t bytes_ = 0;
+  uint64_t direct_bytes_ = 0;
+};
+
+}  // namespace ferry::coordinator
