@@ -90,6 +90,10 @@ Result<SharedRef> IpcExporter::locate(const void* ptr, size_t bytes) {
     const cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(start));
     if (e != cudaSuccess) {
       // Memory from cudaMallocAsync pools or virtual memory management has no legacy IPC handle.
+      // The caller handles this (the weights travel as bytes), so the failure must not stay behind
+      // as this thread's last CUDA error: the application's next error check (PyTorch checks after
+      // every kernel launch) would report it as its own.
+      (void)cudaGetLastError();
       return cuda_status(e, "cudaIpcGetMemHandle", __FILE__, __LINE__)
           .with_context(fmt::format("exporting the allocation of {} bytes holding {} (allocate weights with cudaMalloc, "
                                     "or set FERRY_DIRECT=off)", range, ptr));

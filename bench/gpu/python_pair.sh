@@ -30,7 +30,7 @@ export PYTHONPATH=$PWD/build-py-gpu/python:$PWD/examples/python
 status=0
 # expandable: PyTorch's expandable segments (cuMemMap memory) have no legacy IPC handle, so the
 # trainer's weights travel as bytes, with one warning, instead of being read in place.
-for mode in cuda_ipc direct expandable; do
+for mode in ${FERRY_PAIR_MODES:-cuda_ipc direct expandable}; do
   transport=auto
   [ "$mode" = cuda_ipc ] && transport=cuda_ipc
   alloc=${PYTORCH_CUDA_ALLOC_CONF:-}

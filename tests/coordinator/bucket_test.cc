@@ -226,3 +226,33 @@ TEST(Bucket, DeviceBucketRoundTrip) {
 
 }  // namespace
 }  // namespace ferry::coordinator
+
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "transport/ipc_share.h"
+
+namespace ferry::coordinator {
+namespace {
+
+// Memory of a stream-ordered pool has no legacy IPC handle: the exporter refuses it (the trainer
+// then sends those weights as bytes) and leaves no CUDA error behind for the application's next
+// check. Regression: PyTorch with expandable segments raised ferry's failed export as its own
+// error at the next kernel launch after the first update.
+TEST(Bucket, RefusedExportLeavesNoCudaErrorBehind) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 1 << 20, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  transport::IpcExporter exporter;
+  auto ref = exporter.locate(p, 1 << 20);
+  EXPECT_FALSE(ref.ok());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace ferry::coordinator
+#endif
