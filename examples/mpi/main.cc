@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <future>
 #include <map>
 #include <vector>
 #include <iostream>
@@ -103,8 +104,16 @@ int run_rollout(int tp_rank, int tp, ferry::Device device, int* mismatches) {
   o.coordinator = address;
   o.spec = *spec;
   o.storage = &*storage;
+  // The reference of the next version is computed while the trainer trains, so that checking the
+  // storage in resume() (which the update waits for) is only a comparison.
+  using Expected = std::map<std::string, std::vector<uint8_t>>;
+  auto reference = [&m, tp_rank, tp](uint64_t v) { return demo::expected_storage(m, demo::make_checkpoint(m, v), tp_rank, tp); };
+  std::future<Expected> next = std::async(std::launch::async, reference, 1);
+  uint64_t next_version = 1;
   o.resume = [&](uint64_t version) {
-    const auto expected = demo::expected_storage(m, demo::make_checkpoint(m, version), tp_rank, tp);
+    const Expected expected = version == next_version ? next.get() : reference(version);
+    next_version = version + 1;
+    next = std::async(std::launch::async, reference, next_version);
     for (const auto& [name, bytes] : expected) {
       auto t = storage->get(name);
       std::vector<uint8_t> held;  // the storage's bytes, read back from the device
@@ -122,6 +131,8 @@ int run_rollout(int tp_rank, int tp, ferry::Device device, int* mismatches) {
   auto worker = ferry::coordinator::RolloutWorker::create(std::move(o));
   if (!worker.ok()) return std::cerr << worker.status().to_string() << "\n", 1;
   MPI_Barrier(MPI_COMM_WORLD);  // the trainer reaches it after its last update
+  worker->reset();                // no resume() after this point
+  if (next.valid()) next.wait();  // the unused reference of the version after the last
   return 0;
 }
 
