@@ -21,6 +21,11 @@ using asio::ip::tcp;
 
 constexpr int kSocketBufferBytes = 8 << 20;
 
+// Asio's transfer_all moves at most 64 KiB per read or write system call; a 256 MiB bucket then
+// costs thousands of calls and reactor rounds. Buckets move in calls of up to this many bytes.
+constexpr size_t kMaxIoBytes = size_t{16} << 20;
+size_t transfer_all_large(const boost::system::error_code& ec, size_t /*transferred*/) { return ec ? 0 : kMaxIoBytes; }
+
 void tune(tcp::socket& s) {
   boost::system::error_code ec;
   s.set_option(tcp::no_delay(true), ec);
@@ -63,7 +68,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
   void read_body() {
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(body_), [self](boost::system::error_code ec, size_t) {
+    asio::async_read(socket_, asio::buffer(body_), transfer_all_large, [self](boost::system::error_code ec, size_t) {
       if (ec) return self->finish(net_error("receive", ec));
       Status st = self->on_bucket_(self->body_.data(), self->body_.size());
       if (!st.ok()) return self->finish(st);
@@ -128,7 +133,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     Op& op = queue_.front();
     std::array<asio::const_buffer, 2> bufs{asio::buffer(op.header), asio::buffer(op.data, op.size)};
     auto self = shared_from_this();
-    asio::async_write(socket_, bufs, [self](boost::system::error_code ec, size_t) {
+    asio::async_write(socket_, bufs, transfer_all_large, [self](boost::system::error_code ec, size_t) {
       if (self->failed_) return;
       if (ec) return self->fail(net_error("send", ec));
       self->queue_.front().state->complete(ok_status());
