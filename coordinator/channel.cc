@@ -40,7 +40,7 @@ void Channel::read_header() {
 void Channel::read_body(uint32_t n) {
   body_.resize(n);
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(body_), [self](boost::system::error_code ec, size_t) {
+  asio::async_read(socket_, asio::buffer(body_), transfer_all_large, [self](boost::system::error_code ec, size_t) {
     if (ec) return self->fail(Status::unavailable("control read: " + ec.message()));
     wire::Envelope env;
     if (Status st = parse_frame_body(self->body_, self->peer_, &env); !st.ok()) return self->fail(st);
@@ -61,7 +61,7 @@ void Channel::send(const wire::Envelope& env) {
 
 void Channel::write_next() {
   auto self = shared_from_this();
-  asio::async_write(socket_, asio::buffer(out_.front()), [self](boost::system::error_code ec, size_t) {
+  asio::async_write(socket_, asio::buffer(out_.front()), transfer_all_large, [self](boost::system::error_code ec, size_t) {
     // A write can complete after the channel failed; its frame is still queued (fail() keeps the
     // queue so in-flight buffers stay alive), and nothing more is sent.
     if (self->closed_) return;

@@ -21,11 +21,6 @@ using asio::ip::tcp;
 
 constexpr int kSocketBufferBytes = 8 << 20;
 
-// Asio's transfer_all moves at most 64 KiB per read or write system call; a 256 MiB bucket then
-// costs thousands of calls and reactor rounds. Buckets move in calls of up to this many bytes.
-constexpr size_t kMaxIoBytes = size_t{16} << 20;
-size_t transfer_all_large(const boost::system::error_code& ec, size_t /*transferred*/) { return ec ? 0 : kMaxIoBytes; }
-
 void tune(tcp::socket& s) {
   boost::system::error_code ec;
   s.set_option(tcp::no_delay(true), ec);
