@@ -27,23 +27,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kWait = std::chrono::seconds(600);  // one iteration of a baseline, at most
 
-// Restores the caller's current device on scope exit.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&old_) != cudaSuccess) old_ = -1;
-    if (old_ != device) cudaSetDevice(device);
-  }
-  ~ScopedDevice() {
-    if (old_ >= 0) cudaSetDevice(old_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int old_ = -1;
-};
-
 // Waits for `stream` without ever blocking past `deadline` (polls; yields between polls).
 Status wait_stream(cudaStream_t stream, Clock::time_point deadline, const char* what) {
   for (int spins = 0;; ++spins) {

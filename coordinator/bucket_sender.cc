@@ -196,8 +196,7 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     d.buckets = 0;
     d.open = -1;
     // Transports that move device memory only (nccl, cuda_ipc) send buckets built on their device.
-    const transport::Capabilities caps = d.transport->capabilities();
-    const Device where = caps.host_memory || caps.device < 0 ? Device::cpu() : Device::cuda(caps.device);
+    const Device where = transport::bucket_device(d.transport->capabilities());
     const size_t want =
         std::max<uint64_t>(std::min<uint64_t>(settings_.bucket_bytes, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
     if (d.pool.empty() || d.pool.front()->capacity() < want || d.bucket_device != where) {

@@ -62,8 +62,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports());
     for (auto& t : transports) {
       // nccl and cuda_ipc hand the callback buckets in device memory of their device.
-      const transport::Capabilities caps = t->capabilities();
-      const Device where = caps.host_memory || caps.device < 0 ? Device::cpu() : Device::cuda(caps.device);
+      const Device where = transport::bucket_device(t->capabilities());
       auto blob = t->listen([this, where](const uint8_t* d, size_t n) { return on_bucket(d, n, where); },
                             [](const Status& why) {
                               if (!why.ok()) FERRY_LOG_WARN("data connection closed: {}", why.message());
@@ -287,12 +286,11 @@ class RolloutWorkerImpl final : public RolloutWorker {
       st = announce(header.allocations(i));
     }
     // A device bucket's payload is valid only during this call: it is kept in a pooled buffer on the
-    // storage's device (its pieces are then lent to the engine, read in place by the kernels), or
-    // on the host when the storage is elsewhere.
+    // storage's device, or on the host when the storage is elsewhere, and its pieces are lent to the
+    // engine from there (read in place, no second copy).
     std::shared_ptr<const Buffer> kept;
-    Device payload_device = Device::cpu();
+    const Device payload_device = device_ == where ? where : Device::cpu();
     if (st.ok() && where.is_cuda() && header.payload_bytes() > 0) {
-      payload_device = device_ == where ? where : Device::cpu();
       auto k = payloads_.keep(data, header.payload_bytes(), where, payload_device);
       st = k.status();
       if (k.ok()) {
@@ -310,7 +308,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       Region dst{Shape(p.dst_offset().begin(), p.dst_offset().end()), Shape(p.size().begin(), p.size().end())};
       if (p.ref_alloc() != 0) {
         st = apply_direct(header.sender_nonce(), p, dst, *dt);
-      } else if (payload_device.is_cuda()) {
+      } else if (kept) {
         st = engine_->lend_piece(p.param(), 0, dst, *dt, kept, data + p.offset(), p.bytes(), payload_device);
       } else {
         st = engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());

@@ -112,35 +112,14 @@ struct CopyStreams {
   }
 };
 
-// Makes a device current for its scope and puts the caller's back: ferry's copies never change
-// which device the application's thread works on.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&old_) != cudaSuccess) old_ = -1;
-    ok_ = old_ == device || cudaSetDevice(device) == cudaSuccess;
-  }
-  ~DeviceScope() {
-    int now = -1;
-    if (old_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != old_) cudaSetDevice(old_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  bool ok() const { return ok_; }
-
- private:
-  int old_ = -1;
-  bool ok_ = false;
-};
-
 // The stream and event are created with their device current; using them later needs no current
-// device (explicit streams), except where the legacy default stream is meant (DeviceScope there).
+// device (explicit streams), except where the legacy default stream is meant (ScopedDevice there).
 Result<CopyStream> copy_stream(int device) {
   if (device < 0 || device >= kMaxDevices) return Status::invalid_argument(fmt::format("device copy on cuda:{}", device));
   thread_local CopyStreams streams;
   CopyStream& s = streams.per_device[static_cast<size_t>(device)];
   if (s.stream == nullptr) {
-    DeviceScope scope(device);
+    ScopedDevice scope(device);
     if (!scope.ok()) return Status::invalid_argument(fmt::format("device copy: cannot use cuda:{}", device));
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
@@ -180,7 +159,7 @@ Status copy_now(int device, void* dst, const void* src, size_t bytes) {
 
 Status order_copies_before_default(int device) {
   FERRY_ASSIGN_OR_RETURN(CopyStream s, copy_stream(device));
-  DeviceScope scope(device);  // the legacy default stream of `device`
+  ScopedDevice scope(device);  // the legacy default stream of `device`
   FERRY_CUDA_CHECK(cudaEventRecord(s.event, s.stream));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, s.event, 0));
   return ok_status();
@@ -188,7 +167,7 @@ Status order_copies_before_default(int device) {
 
 Status order_default_before_copies(int device) {
   FERRY_ASSIGN_OR_RETURN(CopyStream s, copy_stream(device));
-  DeviceScope scope(device);  // the legacy default stream of `device`
+  ScopedDevice scope(device);  // the legacy default stream of `device`
   FERRY_CUDA_CHECK(cudaEventRecord(s.event, cudaStreamLegacy));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.event, 0));
   return ok_status();

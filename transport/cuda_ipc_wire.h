@@ -91,22 +91,7 @@ std::shared_ptr<void> find_local(uint64_t id);
 // Creates `n` interprocess events on the current device.
 Status create_ipc_events(cudaEvent_t* events, uint32_t n);
 
-// Makes `device` current for a scope and puts the caller's device back after it.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&old_) != cudaSuccess) old_ = -1;
-    if (old_ != device) cudaSetDevice(device);
-  }
-  ~ScopedDevice() {
-    if (old_ >= 0) cudaSetDevice(old_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int old_ = -1;
-};
+using ::ferry::ScopedDevice;  // core/cuda_check.h
 
 // cudaSuccess: done; cudaErrorNotReady: not yet; anything else is an error Status.
 inline Result<bool> event_done(cudaEvent_t e, const char* what) {

@@ -31,6 +31,12 @@ struct Capabilities {
   int device = -1;  // device_memory: the CUDA device this instance moves (current when it was created)
 };
 
+// Where buckets of a transport with `caps` are: host memory, or the one device it moves (nccl,
+// cuda_ipc), on both ends.
+inline Device bucket_device(const Capabilities& caps) {
+  return caps.host_memory || caps.device < 0 ? Device::cpu() : Device::cuda(caps.device);
+}
+
 // Registered memory: a region the transport may move from or into without further setup.
 class MemoryRegion {
  public:

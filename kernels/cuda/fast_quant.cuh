@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/scalar_ops.h"
 
 namespace ferry::kernels::detail::cuda {
@@ -42,6 +43,34 @@ __device__ __forceinline__ int32_t quant_int_fast(float x, float s, float r, flo
   const float n = (v + 12582912.0f) - 12582912.0f;
   if (r == 0.0f || fabsf(fabsf(v - n) - 0.5f) <= fabsf(v) * 1.0e-6f) return ops::quant_int(x, s, lo, hi);
   return static_cast<int32_t>(n);
+}
+
+// max |x| over the finite elements of `raw` (bf16: absmax_bf16x2 above, falling back to floats
+// only when an inf or NaN is among them).
+template <DType D, int N>
+__device__ __forceinline__ float vec_amax(const uint4 (&raw)[N]) {
+  constexpr int E = kPerVec<D>;
+  if constexpr (D == DType::kBF16) {
+    uint32_t acc = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      acc = absmax_bf16x2(acc, raw[j].x);
+      acc = absmax_bf16x2(acc, raw[j].y);
+      acc = absmax_bf16x2(acc, raw[j].z);
+      acc = absmax_bf16x2(acc, raw[j].w);
+    }
+    const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
+    if (m16 < 0x7F80u) return __uint_as_float(m16 << 16);
+  }
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    float f[E];
+    unpack<D>(raw[j], f);
+#pragma unroll
+    for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
+  }
+  return m;
 }
 
 }  // namespace ferry::kernels::detail::cuda

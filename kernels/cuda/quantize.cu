@@ -71,15 +71,7 @@ __global__ void __launch_bounds__(kThreads) block_vec_kernel(const void* in, uin
                                                                   at[j] * (D == DType::kF32 ? 4 : 2)))
                           : make_uint4(0, 0, 0, 0);
     }
-    float m = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      float f[E];
-      unpack<D>(raw[j], f);
-#pragma unroll
-      for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
-    }
-    const float s = ops::fp8_scale(block_max(m));
+    const float s = ops::fp8_scale(block_max(vec_amax<D>(raw)));
     if (threadIdx.x == 0) scale[tile] = s;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {

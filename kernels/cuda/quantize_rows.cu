@@ -33,34 +33,6 @@ struct RowsParams {
   int tpr;  // threads per row: 32, 64, 128 or 256
 };
 
-// max |x| over the finite elements of `raw` (bf16: an integer max of magnitudes, fast_quant.cuh,
-// falling back to floats only when an inf or NaN is among them).
-template <DType D, int N>
-__device__ __forceinline__ float vec_amax(const uint4 (&raw)[N]) {
-  constexpr int E = kPerVec<D>;
-  if constexpr (D == DType::kBF16) {
-    uint32_t acc = 0;
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      acc = absmax_bf16x2(acc, raw[j].x);
-      acc = absmax_bf16x2(acc, raw[j].y);
-      acc = absmax_bf16x2(acc, raw[j].z);
-      acc = absmax_bf16x2(acc, raw[j].w);
-    }
-    const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
-    if (m16 < 0x7F80u) return __uint_as_float(m16 << 16);
-  }
-  float m = 0.0f;
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    float f[E];
-    unpack<D>(raw[j], f);
-#pragma unroll
-    for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
-  }
-  return m;
-}
-
 template <DType D, int kMode, int kVecs>
 __global__ void __launch_bounds__(kThreads) rows_kernel(RowsParams p) {
   constexpr int E = kPerVec<D>;

@@ -1,5 +1,6 @@
-// The one conformance suite, instantiated for every transport built into this ferry. Real sockets,
-// real shared memory, real child processes; every wait has a deadline.
+// The one conformance suite, instantiated for every transport built into this ferry: the cases
+// within one process (conformance_process_test.cc has those against child processes). Real
+// sockets, real shared memory, real child processes; every wait has a deadline.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,31 +12,9 @@
 #include <thread>
 
 #include "core/buffer.h"
-#include "tests/transport/harness.h"
-#include "transport/transport.h"
+#include "tests/transport/conformance.h"
 
 namespace ferry::transport::testing {
-namespace {
-
-struct TransportCase {
-  std::string name;
-  size_t large_bytes;   // the "large message" case; 1 GiB where it is cheap
-  bool cross_process;   // peer-death cases run against a child process
-  int devices_needed;   // GPUs both ends need (0: none)
-  std::string label = {};    // test name suffix when it differs from name
-  std::string ucx_tls = {};  // UCX_TLS for this case, unless the user set one
-  int rx_device = 0;         // CUDA device of the receiving transport (device transports)
-  int tx_device = 0;         // and of the sending ones
-  std::string why_devices = {};  // said when a case skips for want of GPUs
-};
-
-// NVLink multicast stays off in this test process (and its children) unless the user chose.
-const bool kNvlsOff = [] {
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
-  return true;
-}();
-
-void PrintTo(const TransportCase& c, std::ostream* os) { *os << (c.label.empty() ? c.name : c.label); }
 
 std::vector<TransportCase> built_cases() {
   std::vector<TransportCase> cases;
@@ -65,112 +44,7 @@ std::vector<TransportCase> built_cases() {
   return cases;
 }
 
-// Sets an environment variable for one test and puts the old value back after it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-struct Posted {
-  std::unique_ptr<TransferHandle> handle;
-  size_t size;
-  uint64_t hash;
-};
-
-class Conformance : public ::testing::TestWithParam<TransportCase> {
- protected:
-  void SetUp() override {
-    const TransportCase& c = GetParam();
-    (void)kNvlsOff;
-    if (c.devices_needed > 0 && !cuda_device_available()) GTEST_SKIP() << "no CUDA device here";
-    if (c.devices_needed > 0 && cuda_device_count() < c.devices_needed) {
-      GTEST_SKIP() << c.why_devices << ": needs " << c.devices_needed << " CUDA devices, this machine shows "
-                   << cuda_device_count();
-    }
-    if (!GetParam().ucx_tls.empty() && std::getenv("UCX_TLS") == nullptr) tls_.emplace("UCX_TLS", GetParam().ucx_tls);
-    // Device transports take the device current at creation: the receiver's, then the sender's
-    // (left current, so transports the test body creates send from it too).
-    if (c.devices_needed > 0) {
-      ASSERT_TRUE(use_device(c.rx_device));
-    }
-    auto rx = create_transport(GetParam().name);
-    // A built host transport must work here; only device transports may find no device.
-    if (!rx.ok() && GetParam().devices_needed > 0) GTEST_SKIP() << GetParam().name << ": " << rx.status().to_string();
-    ASSERT_TRUE(rx.ok()) << rx.status().to_string();
-    rx_ = std::move(*rx);
-    if (c.devices_needed > 0) {
-      ASSERT_TRUE(use_device(c.tx_device));
-    }
-    auto tx = create_transport(GetParam().name);
-    ASSERT_TRUE(tx.ok()) << tx.status().to_string();
-    tx_ = std::move(*tx);
-    inbox_ = std::make_unique<Inbox>(rx_->capabilities().device_memory);
-  }
-
-  void TearDown() override {
-    if (inbox_) inbox_->open_gate();
-    if (tx_) tx_->shutdown();
-    if (rx_) rx_->shutdown();
-    tx_.reset();
-    rx_.reset();
-    tls_.reset();
-  }
-
-  int txd() const { return GetParam().tx_device; }
-
-  std::string listen() {
-    auto blob = rx_->listen(inbox_->callback(), inbox_->closed_callback());
-    EXPECT_TRUE(blob.ok()) << blob.status().to_string();
-    return blob.ok() ? *blob : std::string();
-  }
-
-  std::unique_ptr<Connection> connect(Transport& t, const std::string& blob) {
-    auto c = t.connect(blob, in(10s));
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-
-  // Posts one payload per (offset, size) from `src`, all before waiting on any.
-  std::vector<Posted> post_all(Connection& c, Source& src, const std::vector<std::pair<size_t, size_t>>& items,
-                               uint64_t sender) {
-    std::vector<Posted> out;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const auto [off, size] = items[i];
-      const uint64_t h = src.write(off, size, sender, i);
-      auto h_or = c.post(src.region(), off, size);
-      EXPECT_TRUE(h_or.ok()) << h_or.status().to_string();
-      if (!h_or.ok()) break;
-      out.push_back({std::move(*h_or), size, h});
-    }
-    return out;
-  }
-
-  // Every posted payload arrived, whole and in order, after `first` earlier buckets.
-  void expect_arrived(const std::vector<Posted>& posted, size_t first = 0) {
-    ASSERT_TRUE(inbox_->wait_for_count(first + posted.size(), in(60s)))
-        << "received " << inbox_->received().size() << " of " << first + posted.size();
-    const auto got = inbox_->received();
-    for (size_t i = 0; i < posted.size(); ++i) {
-      EXPECT_EQ(got[first + i].size, posted[i].size) << "bucket " << i;
-      EXPECT_EQ(got[first + i].hash, posted[i].hash) << "bucket " << i;
-    }
-  }
-
-  std::optional<ScopedEnv> tls_;
-  std::unique_ptr<Transport> rx_, tx_;
-  std::unique_ptr<Inbox> inbox_;
-};
+namespace {
 
 TEST_P(Conformance, EmptyAndOneByteMessages) {
   const std::string blob = listen();
@@ -259,59 +133,6 @@ TEST_P(Conformance, CompletionsPolledOutOfOrder) {
   EXPECT_EQ(done, kCount);
   for (size_t i = kCount; i-- > 0;) EXPECT_TRUE(posted[i].handle->wait(in(10s)).ok()) << i;
   expect_arrived(posted);
-}
-
-TEST_P(Conformance, ReceiverDiesMidTransfer) {
-  if (!GetParam().cross_process) GTEST_SKIP() << "needs a second process";
-  auto child = Child::spawn("receiver", GetParam().name, "", GetParam().rx_device);
-  ASSERT_TRUE(child.ok()) << child.status().to_string();
-  auto line = (*child)->read_line(in(30s));
-  ASSERT_TRUE(line && line->starts_with("blob ")) << "child did not report its blob";
-  auto c = connect(*tx_, line->substr(5));
-  ASSERT_TRUE(c);
-  constexpr size_t kBucket = 16 << 20;
-  constexpr size_t kSlots = 4;
-  auto src = Source::create(*tx_, kBucket * kSlots, txd());
-  ASSERT_TRUE(src.ok()) << src.status().to_string();
-  std::deque<std::unique_ptr<TransferHandle>> pending;
-  for (size_t k = 0; k < kSlots; ++k) {
-    src->write(k * kBucket, kBucket, 6, k);
-    auto h = c->post(src->region(), k * kBucket, kBucket);
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    pending.push_back(std::move(*h));
-  }
-  ASSERT_EQ((*child)->read_line(in(30s)), std::optional<std::string>("bucket"));
-  (*child)->kill_now();
-  // The sender learns of the death as an error, well before the deadline.
-  const Deadline end = in(20s);
-  Status failure;
-  for (size_t seq = kSlots; failure.ok() && Clock::now() < end; ++seq) {
-    Status st = pending.front()->wait(end);
-    pending.pop_front();
-    if (!st.ok()) {
-      failure = st;
-      break;
-    }
-    auto h = c->post(src->region(), (seq % kSlots) * kBucket, kBucket);
-    if (!h.ok()) {
-      failure = h.status();
-      break;
-    }
-    pending.push_back(std::move(*h));
-  }
-  EXPECT_FALSE(failure.ok());
-  EXPECT_NE(failure.code(), StatusCode::kDeadlineExceeded) << failure.to_string();
-  EXPECT_LT(Clock::now(), end);
-}
-
-TEST_P(Conformance, SenderDiesMidTransfer) {
-  if (!GetParam().cross_process) GTEST_SKIP() << "needs a second process";
-  const std::string blob = listen();
-  auto child = Child::spawn("sender", GetParam().name, blob, GetParam().tx_device);
-  ASSERT_TRUE(child.ok()) << child.status().to_string();
-  ASSERT_TRUE(inbox_->wait_for_count(2, in(30s))) << "no bucket from the child";
-  (*child)->kill_now();
-  EXPECT_TRUE(inbox_->wait_for_closed(1, in(20s))) << "the receiver never noticed its sender died";
 }
 
 TEST_P(Conformance, AbortThenReconnect) {
@@ -480,75 +301,6 @@ TEST_P(Conformance, CloseWithBucketsUndelivered) {
   }
 }
 
-// A child process streams stream_schedule() into this one: for cuda_ipc this is the real IPC path
-// (cudaIpcOpenMemHandle, interprocess events), which two ends in one process never take.
-TEST_P(Conformance, CrossProcessStream) {
-  if (!GetParam().cross_process) GTEST_SKIP() << "needs a second process";
-  const std::string blob = listen();
-  auto child = Child::spawn("stream_sender", GetParam().name, blob, GetParam().tx_device);
-  ASSERT_TRUE(child.ok()) << child.status().to_string();
-  const auto schedule = stream_schedule();
-  const bool all = inbox_->wait_for_count(schedule.size(), in(120s));
-  const auto line = (*child)->read_line(in(all ? 30s : 1s));
-  ASSERT_TRUE(all) << "received " << inbox_->received().size() << " of " << schedule.size()
-                   << " buckets; the child said: " << line.value_or("(nothing: see its output above)");
-  const auto got = inbox_->received();
-  for (size_t i = 0; i < schedule.size(); ++i) {
-    std::vector<uint8_t> expect(schedule[i].second);
-    fill_payload(expect.data(), expect.size(), kStreamSender, i);
-    EXPECT_EQ(got[i].size, schedule[i].second) << "bucket " << i;
-    EXPECT_EQ(got[i].hash, hash_bytes(expect.data(), expect.size())) << "bucket " << i << " of " << got[i].size << " bytes";
-  }
-  EXPECT_EQ(line, std::optional<std::string>("done"));
-  EXPECT_TRUE(inbox_->wait_for_closed(1, in(20s))) << "the receiver was not told of the clean close";
-  if (!inbox_->closed().empty()) {
-    EXPECT_TRUE(inbox_->closed()[0].ok()) << inbox_->closed()[0].to_string();
-  }
-}
-
-// Two sender processes stream into one receiver at once, as the processes of two trainer GPUs
-// feeding one rank: every bucket of both arrives whole, each sender's in order. (Both children
-// write the same payloads, so the received sequence must split into two ordered copies.)
-TEST_P(Conformance, TwoSenderProcessesOneReceiver) {
-  if (!GetParam().cross_process) GTEST_SKIP() << "needs child processes";
-  const std::string blob = listen();
-  auto a = Child::spawn("stream_sender", GetParam().name, blob, GetParam().tx_device);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  auto b = Child::spawn("stream_sender", GetParam().name, blob, GetParam().tx_device);
-  ASSERT_TRUE(b.ok()) << b.status().to_string();
-  const auto schedule = stream_schedule();
-  const bool all = inbox_->wait_for_count(2 * schedule.size(), in(120s));
-  const auto said_a = (*a)->read_line(in(all ? 30s : 1s));
-  const auto said_b = (*b)->read_line(in(all ? 30s : 1s));
-  ASSERT_TRUE(all) << "received " << inbox_->received().size() << " of " << 2 * schedule.size()
-                   << " buckets; the children said: " << said_a.value_or("(nothing)") << ", "
-                   << said_b.value_or("(nothing)");
-  EXPECT_EQ(said_a, std::optional<std::string>("done"));
-  EXPECT_EQ(said_b, std::optional<std::string>("done"));
-  std::multiset<std::pair<size_t, uint64_t>> expected, got;
-  for (size_t i = 0; i < schedule.size(); ++i) {
-    std::vector<uint8_t> payload(schedule[i].second);
-    fill_payload(payload.data(), payload.size(), kStreamSender, i);
-    expected.insert({payload.size(), hash_bytes(payload.data(), payload.size())});
-    expected.insert({payload.size(), hash_bytes(payload.data(), payload.size())});
-  }
-  uint64_t next[2] = {0, 0};  // the next sequence number of each copy
-  for (const Received& r : inbox_->received()) {
-    got.insert({r.size, r.hash});
-    if (r.seq == ~0ull) continue;  // too short to carry a header
-    while (next[0] < schedule.size() && schedule[next[0]].second < 16) ++next[0];
-    while (next[1] < schedule.size() && schedule[next[1]].second < 16) ++next[1];
-    if (r.seq == next[0]) {
-      ++next[0];
-    } else if (r.seq == next[1]) {
-      ++next[1];
-    } else {
-      ADD_FAILURE() << "bucket " << r.seq << " arrived out of order (expected " << next[0] << " or " << next[1] << ")";
-    }
-  }
-  EXPECT_TRUE(got == expected) << "the buckets received are not two copies of the stream";
-}
-
 TEST_P(Conformance, MalformedBlobFails) {
   auto c = tx_->connect("not-a-blob", in(5s));
   EXPECT_FALSE(c.ok());
@@ -558,13 +310,6 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, Conformance, ::testing::ValuesIn(built_c
                          [](const ::testing::TestParamInfo<TransportCase>& info) {
                            return info.param.label.empty() ? info.param.name : info.param.label;
                          });
-
-// The child side of the peer-death cases; skipped unless a parent started this binary for it.
-TEST(ConformanceChild, Run) {
-  if (std::getenv("FERRY_CONFORMANCE_ROLE") == nullptr) GTEST_SKIP() << "runs only as a child of the suite";
-  Status st = run_child_role();
-  EXPECT_TRUE(st.ok()) << st.to_string();
-}
 
 }  // namespace
 }  // namespace ferry::transport::testing
