@@ -5,7 +5,7 @@
 // --updates after warm-up is printed beside the floor measured in the same run: the update's bytes
 // read plus bytes written over the device-to-device copy bandwidth.
 //
-// With --rank-device on another GPU the replica (--tp ranks, all on that GPU) is fed over the
+// With --rank-device on other GPUs (one for every rank, or one per rank) the replica is fed over the
 // transport FERRY_TRANSPORT names (nccl, cuda_ipc): the update is then printed beside the link's
 // floor (the bf16 bytes over a plain NCCL send/receive, or a peer copy, measured in the same run)
 // and beside the cost model's prediction for the same plan from links and stages measured in the
@@ -14,6 +14,7 @@
 //
 //   ferry-bench-colocated [--scheme fp8_per_channel] [--layers 32] [--updates 10] [--device cuda:0] [--json]
 //   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1 --tp 2 --json
+//   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1,cuda:2 --tp 2 --json
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -36,6 +37,7 @@
 #include "core/device_copy.h"
 #include "core/float_convert.h"
 #include "core/log.h"
+#include "core/rank_devices.h"
 #include "core/settings.h"
 #include "coordinator/rollout_worker.h"
 #include "coordinator/trainer.h"
@@ -194,14 +196,21 @@ ferry::Result<Measured> measure_link(const std::string& transport, int from, int
 }
 #endif
 
-int run_trainer(const std::string& scheme, int layers, int updates, int device, int rank_device, int tp, bool json) {
+int run_trainer(const std::string& scheme, int layers, int updates, int device, const std::vector<int>& rank_gpus,
+                int tp, bool json) {
 #if !FERRY_HAVE_CUDA
-  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_device, (void)tp, (void)json;
+  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_gpus, (void)tp, (void)json;
   std::cerr << "ferry-bench-colocated needs a CUDA build\n";
   return 1;
 #else
   ferry::set_log_identity("trainer");
-  const bool apart = rank_device != device;
+  // The link measured for the floor and the cost model: the trainer's GPU to the first rank's
+  // elsewhere (every pair of GPUs of one NVLink node is alike).
+  const auto other = std::find_if(rank_gpus.begin(), rank_gpus.end(), [&](int g) { return g != device; });
+  const bool apart = other != rank_gpus.end();
+  const bool spread = std::any_of(rank_gpus.begin(), rank_gpus.end(), [&](int g) { return g != rank_gpus[0]; });
+  std::string rank_list;
+  for (int g : rank_gpus) rank_list += fmt::format("{}cuda:{}", rank_list.empty() ? "" : ",", g);
   auto transport_or = ferry::setting_string("FERRY_TRANSPORT");
   const std::string transport = transport_or.ok() ? *transport_or : "auto";
   if (apart && transport != "nccl" && transport != "cuda_ipc") {
@@ -227,7 +236,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   const uint64_t bucket = bucket_or.ok() ? *bucket_or : uint64_t{64} << 20;
   Measured link;
   if (apart) {
-    auto m = measure_link(transport, device, rank_device, bucket);
+    auto m = measure_link(transport, device, *other, bucket);
     if (!m.ok()) return std::cerr << "link: " << m.status().to_string() << "\n", 1;
     link = *m;
   }
@@ -241,7 +250,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   for (int r = 0; r < tp; ++r) {
     std::vector<std::string> args = {"ferry-bench-colocated", "--role", "rollout", "--coordinator",
                                      (*trainer)->coordinator_address(), "--scheme", scheme, "--layers",
-                                     std::to_string(layers), "--device", fmt::format("cuda:{}", rank_device), "--tp",
+                                     std::to_string(layers), "--device", fmt::format("cuda:{}", rank_gpus[static_cast<size_t>(r)]), "--tp",
                                      std::to_string(tp), "--tp-rank", std::to_string(r)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -300,10 +309,10 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
                                            ferry::sharding::PlanOptions{bucket});
     if (!plan.ok()) return std::cerr << plan.status().to_string() << "\n", 1;
     ferry::sharding::Topology topo;
-    topo.gpus_per_node = std::max(ferry::bench::cuda_device_count(), rank_device + 1);
+    topo.gpus_per_node = std::max(ferry::bench::cuda_device_count(), *std::max_element(rank_gpus.begin(), rank_gpus.end()) + 1);
     topo.nvlink_gbps = link.link_bytes_per_second * 8 / 1e9;
     topo.seconds_per_bucket = link.seconds_per_bucket;
-    topo.rank_gpus.assign(static_cast<size_t>(tp), rank_device);
+    topo.rank_gpus.assign(rank_gpus.begin(), rank_gpus.end());
     ferry::sharding::CostOptions co;
     co.stages.pack_bytes_per_second = *bw / 2;  // a copy reads and writes each byte
     const double proc = median(warm, [](const auto& r) { return r.process_seconds; });
@@ -311,14 +320,15 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
     co.stages.round_trip_seconds = median(warm, [](const auto& r) { return r.pause_seconds; }) / 2;  // pause: 2 round trips
     auto cost = ferry::sharding::estimate_cost(*plan, specs, 1, topo, co);
     if (!cost.ok()) return std::cerr << cost.status().to_string() << "\n", 1;
-    extra = fmt::format(",\"transport\":\"{}\",\"tp\":{},\"rank_device\":\"cuda:{}\",\"link_baseline\":\"{}\","
+    extra = fmt::format(",\"transport\":\"{}\",\"tp\":{},\"rank_device\":\"{}\",\"link_baseline\":\"{}\","
                         "\"link_gbps\":{:.1f},\"seconds_per_bucket\":{:.6f},\"predicted_seconds\":{:.6f},"
                         "\"measured_over_predicted\":{:.3f},\"critical\":\"{}\"",
-                        transport, tp, rank_device, link.link_baseline, link.link_bytes_per_second / 1e9,
+                        transport, tp, rank_list, link.link_baseline, link.link_bytes_per_second / 1e9,
                         link.seconds_per_bucket, cost->predicted_seconds, seconds / cost->predicted_seconds,
                         cost->critical);
   }
-  const std::string name = apart ? fmt::format("ferry-{}-tp{}/{}", transport, tp, scheme) : fmt::format("ferry/{}", scheme);
+  const std::string name = apart ? fmt::format("ferry-{}-tp{}{}/{}", transport, tp, spread ? "-spread" : "", scheme)
+                                 : fmt::format("ferry/{}", scheme);
   if (json) {
     fmt::print("{{\"bench\":\"colocated\",\"case\":\"{}\",\"device\":\"cuda\",\"params\":{},\"layers\":{},"
                "\"bytes\":{:.0f},\"direct_bytes\":{},\"seconds\":{:.6f},\"updates\":{},\"pause_seconds\":{:.6f},"
@@ -351,17 +361,23 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "decoder layers (32 for Llama-3-8B)")->check(CLI::Range(1, 128));
   app.add_option("--updates", updates, "timed updates after two warm-up updates")->check(CLI::Range(1, 1000));
   app.add_option("--device", device_name, "cuda:N: the trainer's weights (and the ranks' storage, unless --rank-device)");
-  app.add_option("--rank-device", rank_device_name, "cuda:M: the ranks' storage on another GPU (FERRY_TRANSPORT=nccl|cuda_ipc)");
+  app.add_option("--rank-device", rank_device_name,
+                 "the ranks' storage on other GPUs: cuda:M for all, or one per rank (cuda:1,cuda:2); "
+                 "FERRY_TRANSPORT=nccl|cuda_ipc");
   app.add_option("--tp", tp, "tensor-parallel ranks of the replica")->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--tp-rank", tp_rank, "rollout role: this rank");
   app.add_flag("--json", json, "one JSON line");
   CLI11_PARSE(app, argc, argv);
   if (auto st = ferry::validate_settings(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
-  auto rank_device = rank_device_name.empty() ? device : ferry::parse_device(rank_device_name);
-  if (!device.ok() || !device->is_cuda() || !rank_device.ok() || !rank_device->is_cuda()) {
-    return std::cerr << "--device " << device_name << " --rank-device " << rank_device_name << ": expected cuda:N\n", 2;
-  }
+  if (!device.ok() || !device->is_cuda()) return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;
   if (role == "rollout") return run_rank(coordinator, scheme, layers, tp_rank, tp, device->index);
-  return run_trainer(scheme, layers, updates, device->index, rank_device->index, tp, json);
+  auto rank_devices = ferry::parse_rank_devices(rank_device_name.empty() ? device_name : rank_device_name, tp);
+  if (!rank_devices.ok()) return std::cerr << "--rank-device: " << rank_devices.status().message() << "\n", 2;
+  std::vector<int> rank_gpus;
+  for (const auto& d : *rank_devices) {
+    if (!d.is_cuda()) return std::cerr << "--rank-device " << rank_device_name << ": expected cuda:N\n", 2;
+    rank_gpus.push_back(d.index);
+  }
+  return run_trainer(scheme, layers, updates, device->index, rank_gpus, tp, json);
 }

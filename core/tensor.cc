@@ -3,6 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <utility>
+
+#include "core/rank_devices.h"
+
 namespace ferry {
 
 std::string Device::to_string() const {
@@ -16,6 +21,23 @@ Result<Device> parse_device(std::string_view text) {
     return Device::cuda(std::stoi(std::string(text.substr(5))));
   }
   return Status::invalid_argument(fmt::format("device \"{}\": expected cpu or cuda:N", text));
+}
+
+Result<std::vector<Device>> parse_rank_devices(std::string_view text, int ranks) {
+  std::vector<Device> out;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    auto d = parse_device(text.substr(at, comma - at));
+    if (!d.ok()) return d.status();
+    out.push_back(*d);
+    at = comma + 1;
+  }
+  if (out.size() == 1 && ranks > 1) out.assign(static_cast<size_t>(ranks), out[0]);
+  if (std::cmp_not_equal(out.size(), ranks)) {
+    return Status::invalid_argument(
+        fmt::format("devices \"{}\": {} given for {} ranks (give one for all, or one per rank)", text, out.size(), ranks));
+  }
+  return out;
 }
 
 int64_t shape_numel(const Shape& shape) {

@@ -10,8 +10,9 @@
 # usage: bench/gpu/run.sh OUT_DIR [STEPS]
 #   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi (default: all)
 #   multi (two or more GPUs): nccl and cross-GPU cuda_ipc conformance, TP-2 updates from cuda:0 into a
-#   replica on cuda:1 over nccl (ferry-demo, mpirun ferry-mpi-example), ferry bench transport beside
-#   plain NCCL and torch.distributed, the 8B update over nccl beside the cost model
+#   replica on cuda:1,cuda:2 (both on cuda:1 with two GPUs; TP 4 with five or more) over nccl and
+#   cuda_ipc (ferry-demo, mpirun ferry-mpi-example), ferry bench transport beside plain NCCL and
+#   torch.distributed, the 8B update over nccl beside the cost model
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
@@ -44,7 +45,7 @@ fi
 
 run() {  # run NAME CMD...: appends to tests.log, remembers failures
   echo "=== $*" >> "$out/tests.log"
-  timeout 300 "$@" >> "$out/tests.log" 2>&1
+  timeout "${FERRY_RUN_TIMEOUT:-300}" "$@" >> "$out/tests.log" 2>&1
   local rc=$?
   echo "=== rc=$rc" >> "$out/tests.log"
   [ $rc -eq 0 ] || status=1
@@ -67,12 +68,17 @@ fi
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if want multi && [ "$gpus" -ge 2 ]; then
-  run env FERRY_TRANSPORT=nccl "$bin/ferry-demo" --device cuda:0 --rank-device cuda:1 --tp 2
+  # A replica of TP 2 on GPUs of its own where the machine has them (3+ GPUs), else both ranks on cuda:1.
+  if [ "$gpus" -ge 3 ]; then ranks2=cuda:1,cuda:2; else ranks2=cuda:1; fi
+  run env FERRY_TRANSPORT=nccl "$bin/ferry-demo" --device cuda:0 --rank-device $ranks2 --tp 2
+  [ "$gpus" -ge 5 ] && run env FERRY_TRANSPORT=nccl "$bin/ferry-demo" --device cuda:0 --rank-device cuda:1,cuda:2,cuda:3,cuda:4 --tp 4
   run env FERRY_TRANSPORT=nccl FERRY_VERIFY=1 "$bin/ferry-demo" --device cuda:0 --rank-device cuda:1 --tp 1
-  run env FERRY_TRANSPORT=cuda_ipc "$bin/ferry-demo" --device cuda:0 --rank-device cuda:1 --tp 2
-  run env FERRY_TRANSPORT=nccl "$bin/ferry-demo" --device cpu --rank-device cuda:1 --tp 2
+  run env FERRY_TRANSPORT=cuda_ipc "$bin/ferry-demo" --device cuda:0 --rank-device $ranks2 --tp 2
+  run env FERRY_TRANSPORT=nccl "$bin/ferry-demo" --device cpu --rank-device $ranks2 --tp 2
   if command -v mpirun > /dev/null && [ -x "$bin/ferry-mpi-example" ]; then
-    tp=$((gpus - 1 >= 2 ? gpus - 1 : 2))
+    # TP = the largest power of two the GPUs after the trainer's hold (2 at least: ranks then share).
+    tp=2
+    while [ $((tp * 2)) -le $((gpus - 1)) ]; do tp=$((tp * 2)); done
     run mpirun --allow-run-as-root --oversubscribe -np $((tp + 1)) -x FERRY_TRANSPORT=nccl -x NCCL_NVLS_ENABLE \
       -x LD_LIBRARY_PATH "$bin/ferry-mpi-example" --tp "$tp" --gpus "$gpus" --updates 5
   fi
@@ -83,13 +89,24 @@ if want multi && [ "$gpus" -ge 2 ]; then
   done
   timeout 300 python3 bench/gpu/torch_nccl_baseline.py --bytes 67108864 --iters 50 >> "$out/results.jsonl" 2>> "$out/torch.log"
   timeout 300 python3 bench/gpu/torch_nccl_baseline.py --bytes 268435456 --iters 20 >> "$out/results.jsonl" 2>> "$out/torch.log"
+  multi8b() {  # multi8b SCHEME TP RANK_DEVICES [BUCKET_BYTES]: the 8B update over nccl beside the cost model
+    echo "=== multi-GPU 8B update $*" >> "$out/tests.log"
+    FERRY_TRANSPORT=nccl FERRY_BUCKET_BYTES=${4:-64M} timeout 300 "$bin/ferry-bench-colocated" --scheme "$1" \
+      --device cuda:0 --rank-device "$3" --tp "$2" --updates "${FERRY_GPU_UPDATES:-10}" --json \
+      >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "multi-GPU $* failed" >> "$out/tests.log"; status=1; }
+  }
   for s in ${FERRY_GPU_MULTI_SCHEMES:-fp8_per_channel none}; do
-    echo "=== multi-GPU 8B update $s" >> "$out/tests.log"
-    FERRY_TRANSPORT=nccl timeout 300 "$bin/ferry-bench-colocated" --scheme "$s" --device cuda:0 --rank-device cuda:1 \
-      --tp 2 --updates "${FERRY_GPU_UPDATES:-10}" --json >> "$out/results.jsonl" 2>> "$out/tests.log" ||
-      { echo "multi-GPU $s failed" >> "$out/tests.log"; status=1; }
+    multi8b "$s" 1 cuda:1
+    multi8b "$s" 2 $ranks2
+    multi8b "$s" 2 $ranks2 256M
   done
-  [ -x "$bin/transport_conformance_test" ] && run "$bin/transport_conformance_test" --gtest_filter='*nccl*:*cuda_ipc_2gpu*'
+  [ "$gpus" -ge 5 ] && multi8b fp8_per_channel 4 cuda:1,cuda:2,cuda:3,cuda:4
+  [ -x "$bin/transport_conformance_test" ] && {
+    run "$bin/transport_conformance_test" --gtest_filter='*nccl*:*cuda_ipc_2gpu*:-*SenderJoinsWhileAnotherStreams*:*CloseWithBucketsUndelivered*'
+    # Two senders of one process (may meet NCCL's limit on concurrent communicators; own time limit).
+    FERRY_RUN_TIMEOUT=150 run "$bin/transport_conformance_test" --gtest_filter='*nccl*SenderJoinsWhileAnotherStreams*'
+    FERRY_RUN_TIMEOUT=150 run "$bin/transport_conformance_test" --gtest_filter='*nccl*CloseWithBucketsUndelivered*:*cuda_ipc_2gpu*CloseWithBucketsUndelivered*'
+  }
 fi
 
 # compute-sanitizer on the CUDA paths (the tests compare CUDA against the CPU bit for bit).

@@ -21,6 +21,7 @@
 
 #include "core/device_copy.h"
 #include "core/log.h"
+#include "core/rank_devices.h"
 #include "core/safetensors.h"
 #include "core/settings.h"
 #include "coordinator/rollout_worker.h"
@@ -136,7 +137,7 @@ Check verify(const demo::Model& m, const demo::Checkpoint& ck, const std::string
   return c;
 }
 
-int run_trainer(int updates, int tp, std::string dir, ferry::Device device, ferry::Device rank_device) {
+int run_trainer(int updates, int tp, std::string dir, ferry::Device device, const std::vector<ferry::Device>& rank_devices) {
   ferry::set_log_identity("trainer");
   const bool keep = !dir.empty();
   if (!keep) {
@@ -150,7 +151,7 @@ int run_trainer(int updates, int tp, std::string dir, ferry::Device device, ferr
   std::vector<Child> children;
   for (int r = 0; r < tp; ++r) {
     auto c = spawn({"ferry-demo", "--role", "rollout", "--coordinator", (*trainer)->coordinator_address(), "--tp-rank",
-                    std::to_string(r), "--tp", std::to_string(tp), "--dump-dir", dir, "--device", rank_device.to_string()});
+                    std::to_string(r), "--tp", std::to_string(tp), "--dump-dir", dir, "--device", rank_devices[static_cast<size_t>(r)].to_string()});
     if (!c.ok()) return std::cerr << c.status().to_string() << "\n", 1;
     children.push_back(*c);
   }
@@ -232,14 +233,14 @@ int main(int argc, char** argv) {
                  "where the trainer's weights and the ranks' storage live: cpu, or cuda:N (colocated on one GPU node: "
                  "the ranks read the trainer's tensors in place)");
   app.add_option("--rank-device", rank_device_name,
-                 "where the ranks' storage lives, when not on --device (cuda:N: another GPU, reached over nccl with "
-                 "FERRY_TRANSPORT=nccl)");
+                 "where the ranks' storage lives, when not on --device: cuda:N for every rank, or one per rank "
+                 "(cuda:1,cuda:2: a GPU each), reached over FERRY_TRANSPORT=nccl or cuda_ipc");
   CLI11_PARSE(app, argc, argv);
   if (auto st = ferry::validate_settings(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
   if (!device.ok()) return std::cerr << "--device: " << device.status().message() << "\n", 2;
-  auto rank_device = rank_device_name.empty() ? device : ferry::parse_device(rank_device_name);
-  if (!rank_device.ok()) return std::cerr << "--rank-device: " << rank_device.status().message() << "\n", 2;
   if (role == "rollout") return run_rollout(coordinator, tp_rank, tp, dump_dir, *device);
-  return run_trainer(updates, tp, dump_dir, *device, *rank_device);
+  auto rank_devices = ferry::parse_rank_devices(rank_device_name.empty() ? device->to_string() : rank_device_name, tp);
+  if (!rank_devices.ok()) return std::cerr << "--rank-device: " << rank_devices.status().message() << "\n", 2;
+  return run_trainer(updates, tp, dump_dir, *device, *rank_devices);
 }

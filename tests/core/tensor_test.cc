@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/rank_devices.h"
+
 namespace ferry {
 namespace {
 
@@ -126,6 +128,30 @@ TEST(TensorView, ExpectTensor) {
   EXPECT_NE(s.message().find("contiguous"), std::string::npos) << s.to_string();
   s = expect_tensor(TensorView(nullptr, DType::kF32, {2, 3}), "w", DType::kF32, {2, 3});
   EXPECT_NE(s.message().find("null data"), std::string::npos) << s.to_string();
+}
+
+
+TEST(ParseRankDevices, OneForAllOrOnePerRank) {
+  auto all = parse_rank_devices("cuda:1", 3);
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  EXPECT_EQ(*all, (std::vector<Device>{Device::cuda(1), Device::cuda(1), Device::cuda(1)}));
+  auto each = parse_rank_devices("cuda:1,cuda:2", 2);
+  ASSERT_TRUE(each.ok()) << each.status().to_string();
+  EXPECT_EQ(*each, (std::vector<Device>{Device::cuda(1), Device::cuda(2)}));
+  auto cpu = parse_rank_devices("cpu", 1);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(*cpu, std::vector<Device>{Device::cpu()});
+}
+
+TEST(ParseRankDevices, WrongCountOrEntryNamesTheText) {
+  auto n = parse_rank_devices("cuda:1,cuda:2", 4);
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(n.status().message().find("2 given for 4 ranks"), std::string::npos) << n.status().message();
+  auto bad = parse_rank_devices("cuda:1,gpu2", 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gpu2"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(parse_rank_devices("cuda:1,", 2).ok());
 }
 
 }  // namespace
