@@ -9,6 +9,7 @@
 #   colocated.png  the colocated update per scheme beside its floor and the PyTorch baselines
 # usage: bench/gpu/run.sh OUT_DIR [STEPS]
 #   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi (default: all)
+#   probe: copy_probe.cu (streaming kernels beside cudaMemcpy) and quant_probe.cu (quantize kernel shapes)
 #   multi (two or more GPUs): nccl and cross-GPU cuda_ipc conformance, TP-2 updates from cuda:0 into a
 #   replica on cuda:1,cuda:2 (both on cuda:1 with two GPUs; TP 4 with five or more) over nccl and
 #   cuda_ipc (ferry-demo, mpirun ferry-mpi-example), ferry bench transport beside plain NCCL and
@@ -146,6 +147,8 @@ want colocated && python3 bench/gpu/plot_colocated.py "$out/results.jsonl" "$out
 if want probe && command -v nvcc > /dev/null; then
   nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/copy_probe bench/gpu/copy_probe.cu >> "$out/tests.log" 2>&1 &&
     /tmp/copy_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"
+  nvcc -O3 -std=c++20 -I. -gencode=arch=compute_90,code=sm_90 -o /tmp/quant_probe bench/gpu/quant_probe.cu \
+    >> "$out/tests.log" 2>&1 && /tmp/quant_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"
 fi
 grep -E "^=== (rc=|.*(PASSED|FAILED))|^update v.*(verified|MISMATCH)|failed" "$out/tests.log" | tail -60
 grep -E "ERROR SUMMARY|=== rc" "$out/sanitizer.log" 2>/dev/null
