@@ -175,23 +175,33 @@ Status change_weights(Weights& w, uint64_t step) {
 #if FERRY_HAVE_CUDA
 // Links and stages of a cross-GPU update, measured in this run, for the cost model.
 struct Measured {
-  double link_bytes_per_second = 0;  // plain NCCL send/receive (or a peer copy) of one bucket
+  double link_bytes_per_second = 0;  // plain NCCL send/receive (or a peer copy) of one bucket to each rank GPU
   double seconds_per_bucket = 0;     // the same for 4 KiB: the fixed cost of one bucket
   std::string link_baseline;
 };
 
-ferry::Result<Measured> measure_link(const std::string& transport, int from, int to, uint64_t bucket) {
+// The link from the trainer's GPU to the ranks' GPUs other than its own, all fed at once (a replica
+// spread over GPUs loads the trainer's NVLink egress with every rank's share): per bucket, the
+// bytes over the time of one plain send of a bucket to each of them; the fixed cost per bucket,
+// the time of a 4 KiB send to each over their number (their fixed costs overlap).
+ferry::Result<Measured> measure_link(const std::string& transport, int from, const std::vector<int>& rank_gpus,
+                                     uint64_t bucket) {
   Measured m;
   const bool nccl = transport == "nccl";
   m.link_baseline = nccl ? "nccl" : "device_copy";
+  std::vector<int> to;
+  for (int g : rank_gpus) {
+    if (g != from && std::find(to.begin(), to.end(), g) == to.end()) to.push_back(g);
+  }
+  if (to.size() > 1) m.link_baseline += fmt::format("_fanout{}", to.size());
   auto timed = [&](size_t bytes, int iters) {
-    return nccl ? ferry::bench::nccl_sendrecv_seconds(bytes, iters, from, to)
-                : ferry::bench::device_copy_seconds(bytes, iters, from, to);
+    return nccl ? ferry::bench::nccl_fanout_seconds(bytes, iters, from, to)
+                : ferry::bench::device_copy_fanout_seconds(bytes, iters, from, to);
   };
   FERRY_ASSIGN_OR_RETURN(double big, timed(bucket, 20));
   FERRY_ASSIGN_OR_RETURN(double small, timed(4096, 50));
-  m.link_bytes_per_second = static_cast<double>(bucket) / big;
-  m.seconds_per_bucket = small;
+  m.link_bytes_per_second = static_cast<double>(bucket) * static_cast<double>(to.size()) / big;
+  m.seconds_per_bucket = small / static_cast<double>(to.size());
   return m;
 }
 #endif
@@ -204,10 +214,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   return 1;
 #else
   ferry::set_log_identity("trainer");
-  // The link measured for the floor and the cost model: the trainer's GPU to the first rank's
-  // elsewhere (every pair of GPUs of one NVLink node is alike).
-  const auto other = std::find_if(rank_gpus.begin(), rank_gpus.end(), [&](int g) { return g != device; });
-  const bool apart = other != rank_gpus.end();
+  const bool apart = std::any_of(rank_gpus.begin(), rank_gpus.end(), [&](int g) { return g != device; });
   const bool spread = std::any_of(rank_gpus.begin(), rank_gpus.end(), [&](int g) { return g != rank_gpus[0]; });
   std::string rank_list;
   for (int g : rank_gpus) rank_list += fmt::format("{}cuda:{}", rank_list.empty() ? "" : ",", g);
@@ -236,7 +243,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   const uint64_t bucket = bucket_or.ok() ? *bucket_or : uint64_t{64} << 20;
   Measured link;
   if (apart) {
-    auto m = measure_link(transport, device, *other, bucket);
+    auto m = measure_link(transport, device, rank_gpus, bucket);
     if (!m.ok()) return std::cerr << "link: " << m.status().to_string() << "\n", 1;
     link = *m;
   }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -52,6 +53,9 @@ void enable_peer(int from, int to) {
 
 class Stream {
  public:
+  Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
   ~Stream() {
     if (stream_ != nullptr) {
       ScopedDevice d(device_);
@@ -79,10 +83,10 @@ Status nccl_check(ncclResult_t r, const char* what) {
 }
 #define BENCH_NCCL_CHECK(expr) FERRY_RETURN_IF_ERROR(nccl_check((expr), #expr))
 
-// The two ranks' communicators: after a clean run finalized together (finalizing is collective,
-// so one thread groups both ranks' calls) and destroyed; aborted otherwise.
+// The ranks' communicators: after a clean run finalized together (finalizing is collective, so one
+// thread groups every rank's calls) and destroyed; aborted otherwise.
 struct Comms {
-  ncclComm_t comm[2] = {nullptr, nullptr};
+  std::vector<ncclComm_t> comm;
   bool clean = false;
   ~Comms() {
     if (clean) {
@@ -176,63 +180,92 @@ Status fill_device(void* data, size_t bytes, int value, int device) {
 }
 
 Result<double> device_copy_seconds(size_t bytes, int iters, int src, int dst) {
+  return device_copy_fanout_seconds(bytes, iters, src, {dst});
+}
+
+Result<double> device_copy_fanout_seconds(size_t bytes, int iters, int src, const std::vector<int>& dsts) {
 #if defined(FERRY_HAVE_CUDA)
-  if (iters <= 0 || bytes == 0) return Status::invalid_argument("device_copy: bytes and iterations must be positive");
+  if (iters <= 0 || bytes == 0 || dsts.empty()) {
+    return Status::invalid_argument("device_copy: bytes, iterations and destinations must be positive");
+  }
   FERRY_ASSIGN_OR_RETURN(Buffer a, Buffer::allocate(bytes, Device::cuda(src)));
-  FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(bytes, Device::cuda(dst)));
   FERRY_RETURN_IF_ERROR(fill_device(a.data(), bytes, 1, src));
-  FERRY_RETURN_IF_ERROR(fill_device(b.data(), bytes, 2, dst));
-  enable_peer(src, dst);
-  enable_peer(dst, src);
-  Stream stream;
-  FERRY_RETURN_IF_ERROR(stream.create(src));
+  std::vector<Buffer> b;
+  std::vector<Stream> streams(dsts.size());
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(Buffer x, Buffer::allocate(bytes, Device::cuda(dsts[i])));
+    FERRY_RETURN_IF_ERROR(fill_device(x.data(), bytes, 2, dsts[i]));
+    b.push_back(std::move(x));
+    enable_peer(src, dsts[i]);
+    enable_peer(dsts[i], src);
+    FERRY_RETURN_IF_ERROR(streams[i].create(src));
+  }
   ScopedDevice d(src);
   auto copy = [&]() -> Status {
-    FERRY_CUDA_CHECK(cudaMemcpyPeerAsync(b.data(), dst, a.data(), src, bytes, stream.get()));
-    return wait_stream(stream.get(), Clock::now() + kWait, "device_copy");
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      FERRY_CUDA_CHECK(cudaMemcpyPeerAsync(b[i].data(), dsts[i], a.data(), src, bytes, streams[i].get()));
+    }
+    const auto deadline = Clock::now() + kWait;
+    for (auto& s : streams) FERRY_RETURN_IF_ERROR(wait_stream(s.get(), deadline, "device_copy"));
+    return ok_status();
   };
   FERRY_RETURN_IF_ERROR(copy());  // warm-up
   const auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) FERRY_RETURN_IF_ERROR(copy());
   return std::chrono::duration<double>(Clock::now() - t0).count() / iters;
 #else
-  (void)bytes, (void)iters, (void)src, (void)dst;
+  (void)bytes, (void)iters, (void)src, (void)dsts;
   return Status::unavailable("device_copy: this ferry was built without CUDA");
 #endif
 }
 
 Result<double> nccl_sendrecv_seconds(size_t bytes, int iters, int src, int dst) {
+  return nccl_fanout_seconds(bytes, iters, src, {dst});
+}
+
+Result<double> nccl_fanout_seconds(size_t bytes, int iters, int src, const std::vector<int>& dsts) {
 #if defined(FERRY_BENCH_NCCL)
-  if (iters <= 0 || bytes == 0) return Status::invalid_argument("nccl: bytes and iterations must be positive");
-  if (src == dst) {
-    return Status::failed_precondition(
-        fmt::format("nccl: needs two GPUs (NCCL refuses two ranks on one GPU), this machine shows {}",
-                    cuda_device_count()));
+  if (iters <= 0 || bytes == 0 || dsts.empty()) {
+    return Status::invalid_argument("nccl: bytes, iterations and destinations must be positive");
   }
-  FERRY_ASSIGN_OR_RETURN(Buffer a, Buffer::allocate(bytes, Device::cuda(src)));
-  FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(bytes, Device::cuda(dst)));
-  FERRY_RETURN_IF_ERROR(fill_device(a.data(), bytes, 1, src));
-  FERRY_RETURN_IF_ERROR(fill_device(b.data(), bytes, 2, dst));
-  Stream streams[2];
-  FERRY_RETURN_IF_ERROR(streams[0].create(src));
-  FERRY_RETURN_IF_ERROR(streams[1].create(dst));
+  std::vector<int> devs = {src};
+  for (int d : dsts) {
+    if (std::find(devs.begin(), devs.end(), d) != devs.end()) {
+      return Status::failed_precondition(
+          fmt::format("nccl: every end needs a GPU of its own (NCCL refuses two ranks on one GPU); cuda:{} is "
+                      "given twice, this machine shows {} GPUs",
+                      d, cuda_device_count()));
+    }
+    devs.push_back(d);
+  }
+  const size_t n = devs.size();
+  std::vector<Buffer> buf;
+  std::vector<Stream> streams(n);
+  for (size_t i = 0; i < n; ++i) {
+    FERRY_ASSIGN_OR_RETURN(Buffer x, Buffer::allocate(bytes, Device::cuda(devs[i])));
+    FERRY_RETURN_IF_ERROR(fill_device(x.data(), bytes, i == 0 ? 1 : 2, devs[i]));
+    buf.push_back(std::move(x));
+    FERRY_RETURN_IF_ERROR(streams[i].create(devs[i]));
+  }
   Comms comms;
-  const int devs[2] = {src, dst};
+  comms.comm.assign(n, nullptr);
   {
     ScopedDevice d(src);
-    BENCH_NCCL_CHECK(ncclCommInitAll(comms.comm, 2, devs));
+    BENCH_NCCL_CHECK(ncclCommInitAll(comms.comm.data(), static_cast<int>(n), devs.data()));
   }
   auto once = [&]() -> Status {
     BENCH_NCCL_CHECK(ncclGroupStart());
-    const ncclResult_t s = ncclSend(a.data(), bytes, ncclUint8, 1, comms.comm[0], streams[0].get());
-    const ncclResult_t r = ncclRecv(b.data(), bytes, ncclUint8, 0, comms.comm[1], streams[1].get());
+    ncclResult_t first = ncclSuccess;
+    for (size_t i = 1; i < n && first == ncclSuccess; ++i) {
+      first = ncclSend(buf[0].data(), bytes, ncclUint8, static_cast<int>(i), comms.comm[0], streams[0].get());
+      if (first == ncclSuccess) first = ncclRecv(buf[i].data(), bytes, ncclUint8, 0, comms.comm[i], streams[i].get());
+    }
     const ncclResult_t e = ncclGroupEnd();
-    BENCH_NCCL_CHECK(s);
-    BENCH_NCCL_CHECK(r);
+    BENCH_NCCL_CHECK(first);
     BENCH_NCCL_CHECK(e);
     const auto deadline = Clock::now() + kWait;
-    FERRY_RETURN_IF_ERROR(wait_stream(streams[0].get(), deadline, "nccl send"));
-    return wait_stream(streams[1].get(), deadline, "nccl recv");
+    for (auto& s : streams) FERRY_RETURN_IF_ERROR(wait_stream(s.get(), deadline, "nccl send/recv"));
+    return ok_status();
   };
   FERRY_RETURN_IF_ERROR(once());  // warm-up: connection set-up
   const auto t0 = Clock::now();
@@ -241,7 +274,7 @@ Result<double> nccl_sendrecv_seconds(size_t bytes, int iters, int src, int dst) 
   comms.clean = true;
   return seconds;
 #else
-  (void)bytes, (void)iters, (void)src, (void)dst;
+  (void)bytes, (void)iters, (void)src, (void)dsts;
   return Status::unavailable(built_with_cuda() ? "nccl: this ferry was built without NCCL"
                                                : "nccl: this ferry was built without CUDA");
 #endif

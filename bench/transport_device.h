@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -44,5 +45,12 @@ Result<double> device_copy_seconds(size_t bytes, int iters, int src, int dst);
 // iteration ncclGroupStart, ncclSend on src's rank, ncclRecv on dst's rank, ncclGroupEnd, then both
 // streams waited for. One warm-up iteration first.
 Result<double> nccl_sendrecv_seconds(size_t bytes, int iters, int src, int dst);
+
+// The same from `src` to every GPU of `dsts` at once (a trainer feeding the ranks of a replica on
+// GPUs of their own): one communicator over {src, dsts...}; per iteration one group of a send of
+// `bytes` to each and their receives. Seconds per iteration (each destination got `bytes`).
+Result<double> nccl_fanout_seconds(size_t bytes, int iters, int src, const std::vector<int>& dsts);
+// The same with peer copies, one stream per destination (cuda_ipc's link).
+Result<double> device_copy_fanout_seconds(size_t bytes, int iters, int src, const std::vector<int>& dsts);
 
 }  // namespace ferry::bench

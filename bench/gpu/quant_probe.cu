@@ -448,7 +448,7 @@ int main() {
     std::function<void(uint8_t*, float*)> launch;
   };
   auto cur = [&](auto kernel, unsigned blocks) {
-    return [=](uint8_t* o, float* s) { kernel<<<blocks, kT>>>(in, o, s, rows, nv); };
+    return [=](uint8_t* o, float* s) { kernel<<<blocks, kT>>>(in, o, s, rows, cols / 8); };
   };
   rows_suite("fp8_per_channel", h_fp8, V{"cur", cur(rows_cur<kFp8Div, 256, 4>, row_blocks)},
              V{"cur_mul", cur(rows_cur<kFp8Mul, 256, 4>, row_blocks)},
