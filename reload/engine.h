@@ -159,12 +159,14 @@ class ReloadEngine {
   ReloadEngine(sharding::RankSpec spec, ModelStorage& storage, EngineOptions options)
       : spec_(std::move(spec)), storage_(storage), options_(std::move(options)) {}
   Status init();
+  // Pieces and their staging (engine_pieces.cc).
   bool complete(const Param& p) const;
   Status account(Layer& layer, const std::string& what, uint64_t bytes);
   Status stage_input(Layer& layer, Param& p, uint32_t input);
   Status stage_piecewise(Layer& layer, Param& p);
   Status apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes,
                const std::shared_ptr<const void>* owner, Device data_device = Device::cpu());
+  // A complete layer into storage (engine_process.cc).
   Status process(Layer& layer);
   Status process_rows(Param& p, const sharding::ParamSpec& ps);
   Result<const Buffer*> input_buffer(Param& p, uint32_t input);

@@ -1,0 +1,101 @@
+// The end of an update: finalize() (completion, census), rollback() and abort().
+#include "reload/engine.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+
+namespace ferry::reload {
+
+Result<EngineReport> ReloadEngine::finalize() {
+  if (!in_update_) return Status::failed_precondition("finalize outside an update");
+  // Layers whose every parameter has no expected slices complete without pieces.
+  for (Layer& l : layers_) {
+    if (l.processed || l.refused) continue;
+    bool done = true;
+    for (uint32_t q : l.params) done = done && complete(params_[q]);
+    if (done) FERRY_RETURN_IF_ERROR(process(l));
+  }
+  std::string missing;
+  int n_missing = 0;
+  for (const Layer& l : layers_) {
+    if (l.processed) continue;
+    ++n_missing;
+    std::string gaps;
+    for (uint32_t q : l.params) {
+      const Param& p = params_[q];
+      for (size_t i = 0; i < p.coverage.size(); ++i) {
+        if (p.coverage[i].complete()) continue;
+        const std::string name =
+            p.inputs.size() == 1 ? spec_.params[q].name : storage_name(spec_.params[q].name, p.inputs[i].suffix);
+        gaps += fmt::format("{}{} missing {}", gaps.empty() ? "" : "; ", name, p.coverage[i].describe_gaps());
+      }
+    }
+    if (l.refused) gaps += " (refused: staging limit)";
+    if (n_missing <= 8) missing += fmt::format("\n  {}: {}", l.name, gaps);
+  }
+  // Every kernel of the update has finished (and reported its error) before the update ends: lent
+  // device pieces are only guaranteed until then.
+  if (Status synced = device_synchronize(storage_.device()); !synced.ok()) {
+    in_update_ = false;
+    for (Layer& l : layers_) release(l);
+    return synced.with_context(fmt::format("update v{}", version_));
+  }
+  report_.census = census();
+  report_.snapshot_bytes = snapshots_.bytes();
+  in_update_ = false;
+  for (Layer& l : layers_) release(l);
+  if (!unknown_.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unknown_.size() && i < 8; ++i) names += " " + unknown_[i];
+    return Status::not_found(fmt::format("update v{} received {} pieces for tensors this rank does not hold:{}{}",
+                                         version_, unknown_.size(), names, unknown_.size() > 8 ? " ..." : ""));
+  }
+  if (n_missing) {
+    return Status::failed_precondition(
+        fmt::format("update v{} left {} of {} layers incomplete (they keep their previous weights):{}{}", version_,
+                    n_missing, layers_.size(), missing, n_missing > 8 ? "\n  ..." : ""));
+  }
+  if (report_.census.moved) {
+    std::string names;
+    for (size_t i = 0; i < report_.census.moved_names.size() && i < 8; ++i) names += " " + report_.census.moved_names[i];
+    return Status::internal(fmt::format("census after update v{}: {} registered tensors moved:{}", version_,
+                                        report_.census.to_string(), names));
+  }
+  // A complete version: nothing to go back to any more.
+  snapshots_.drop();
+  complete_version_ = version_;
+  return report_;
+}
+
+Status ReloadEngine::rollback() {
+  if (rollback_ != RollbackMode::kHost) {
+    return Status::failed_precondition("rollback is off (EngineOptions::rollback or FERRY_ROLLBACK=host turns it on)");
+  }
+  for (Layer& l : layers_) release(l);
+  in_update_ = false;
+  const Census c = census();
+  if (c.moved) {
+    return Status::internal(fmt::format("rollback to v{}: {} registered tensors moved, no live storage to restore",
+                                        complete_version_, c.to_string()));
+  }
+  const size_t layers = snapshots_.layers();
+  FERRY_RETURN_IF_ERROR(snapshots_.restore().with_context(fmt::format("rollback to v{}", complete_version_)));
+  FERRY_RETURN_IF_ERROR(device_synchronize(storage_.device()));
+  FERRY_LOG_INFO("update v{} rolled back: {} layers restored to v{} from host snapshots", version_, layers,
+                 complete_version_);
+  snapshots_.drop();
+  version_ = complete_version_;
+  return ok_status();
+}
+
+void ReloadEngine::abort() {
+  // Kernels still reading lent pieces finish before their owners may reuse the bytes.
+  if (Status st = device_synchronize(storage_.device()); !st.ok()) FERRY_LOG_WARN("abort: {}", st.message());
+  for (Layer& l : layers_) release(l);
+  in_update_ = false;
+}
+
+Census ReloadEngine::census() const { return registry_.census(storage_.tensors()); }
+
+}  // namespace ferry::reload

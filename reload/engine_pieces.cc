@@ -1,0 +1,206 @@
+// Pieces into the engine: validation, coverage, and where each piece's bytes are held until its
+// layer is complete (kept as they are, processed into scratch, or staged), with the accounting that
+// bounds staging.
+#include "reload/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/region_copy.h"
+
+namespace ferry::reload {
+
+bool ReloadEngine::complete(const Param& p) const {
+  for (const Coverage& c : p.coverage) {
+    if (!c.complete()) return false;
+  }
+  return true;
+}
+
+// Every byte held for a layer between its first piece and its copy-in goes through here.
+Status ReloadEngine::account(Layer& layer, const std::string& what, uint64_t bytes) {
+  if (!layer.staged) {
+    // In plan order one layer is held at a time; anything else is out-of-order input.
+    std::string open;
+    for (const Layer& l : layers_) {
+      if (l.staged) open += (open.empty() ? "" : ", ") + l.name;
+    }
+    if (!open.empty()) {
+      ++report_.out_of_order_layers;
+      if (!warned_out_of_order_) {
+        warned_out_of_order_ = true;
+        FERRY_LOG_WARN("update v{}: out-of-order input: layer {} starts while {} is still incomplete; staging {:.1f} MB",
+                       version_, layer.name, open, static_cast<double>(staging_bytes_ + bytes) / 1e6);
+      }
+    }
+  }
+  if (max_staging_ > 0 && staging_bytes_ + bytes > max_staging_) {
+    return Status::resource_exhausted(fmt::format(
+        "staging {} for layer {} would hold {:.1f} MB, over FERRY_MAX_STAGING_BYTES={:.1f} MB; layer {} is refused",
+        what, layer.name, static_cast<double>(staging_bytes_ + bytes) / 1e6, static_cast<double>(max_staging_) / 1e6,
+        layer.name));
+  }
+  layer.staged = true;
+  layer.staging_bytes += bytes;
+  staging_bytes_ += bytes;
+  report_.peak_staging_bytes = std::max(report_.peak_staging_bytes, staging_bytes_);
+  return ok_status();
+}
+
+Status ReloadEngine::stage_input(Layer& layer, Param& p, uint32_t input) {
+  if (p.staging.size() != p.inputs.size()) p.staging.resize(p.inputs.size());
+  if (p.staging[input].data() != nullptr) return ok_status();
+  const auto& in = p.inputs[input];
+  const uint64_t bytes = dtype_bytes(in.dtype, shape_numel(in.shape));
+  FERRY_RETURN_IF_ERROR(account(layer, storage_name(spec_.params[&p - params_.data()].name, in.suffix), bytes));
+  FERRY_ASSIGN_OR_RETURN(p.staging[input], pool_.take(bytes));
+  if (p.padded) std::memset(p.staging[input].data(), 0, bytes);
+  return ok_status();
+}
+
+Status ReloadEngine::stage_piecewise(Layer& layer, Param& p) {
+  if (!p.piecewise.empty()) return ok_status();
+  uint64_t bytes = 0;
+  for (const TensorView& s : p.storage) bytes += s.nbytes();
+  FERRY_RETURN_IF_ERROR(account(layer, spec_.params[&p - params_.data()].name + " (quantized scratch)", bytes));
+  for (const TensorView& s : p.storage) {
+    FERRY_ASSIGN_OR_RETURN(Buffer b, pool_.take(s.nbytes()));
+    FERRY_ASSIGN_OR_RETURN(TensorView v, b.view(s.dtype(), s.shape()));
+    p.piecewise_views.push_back(v);
+    p.piecewise.push_back(std::move(b));
+  }
+  return ok_status();
+}
+
+Status ReloadEngine::apply_piece(uint32_t param, const Region& dst, DType dtype, const void* data, size_t bytes) {
+  return apply_input_piece(param, 0, dst, dtype, data, bytes);
+}
+
+Status ReloadEngine::apply_named_piece(const std::string& param, uint32_t input, const Region& dst, DType dtype,
+                                       const void* data, size_t bytes) {
+  auto idx = param_index(param);
+  if (!idx.ok()) {
+    if (in_update_) unknown_.push_back(param);
+    return idx.status();
+  }
+  return apply_input_piece(*idx, input, dst, dtype, data, bytes);
+}
+
+Status ReloadEngine::apply_input_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype,
+                                       const void* data, size_t bytes) {
+  return apply(param, input, dst, dtype, data, bytes, nullptr);
+}
+
+Status ReloadEngine::lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype,
+                                std::shared_ptr<const void> owner, const void* data, size_t bytes, Device data_device) {
+  return apply(param, input, dst, dtype, data, bytes, &owner, data_device);
+}
+
+Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
+                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device) {
+  if (!in_update_) return Status::failed_precondition("piece received outside an update");
+  const bool on_device = !data_device.is_cpu();
+  if (on_device && (owner == nullptr || data_device != storage_.device())) {
+    return Status::invalid_argument(fmt::format("piece in {} memory for storage on {}: device pieces are lent, on the "
+                                                "storage's device", data_device.to_string(), storage_.device().to_string()));
+  }
+  if (param >= params_.size()) {
+    unknown_.push_back(fmt::format("#{}", param));
+    return Status::not_found(fmt::format("piece for parameter #{}; this rank has {}", param, params_.size()));
+  }
+  const sharding::ParamSpec& ps = spec_.params[param];
+  Param& p = params_[param];
+  if (input >= p.inputs.size()) {
+    return Status::invalid_argument(
+        fmt::format("{}: piece for input {}; its {} kernel takes {}", ps.name, input, p.kernel->name(), p.inputs.size()));
+  }
+  const auto& in = p.inputs[input];
+  // Built only for messages: this runs once per piece.
+  const auto in_name = [&] { return p.inputs.size() == 1 ? ps.name : storage_name(ps.name, in.suffix); };
+  if (dtype != in.dtype) {
+    return Status::invalid_argument(
+        fmt::format("{}: piece of dtype {} where {} is expected", in_name(), dtype_name(dtype), dtype_name(in.dtype)));
+  }
+  if (bytes != dtype_bytes(dtype, dst.numel())) {
+    return Status::invalid_argument(fmt::format("{}: piece {} of {} bytes where {} elements of {} take {}", in_name(),
+                                                dst.to_string(), bytes, dst.numel(), dtype_name(dtype),
+                                                dtype_bytes(dtype, dst.numel())));
+  }
+  Layer& layer = layers_[p.layer];
+  if (layer.refused) return Status::failed_precondition(fmt::format("{}: layer {} was refused", in_name(), layer.name));
+  if (layer.processed) {
+    return Status::invalid_argument(
+        fmt::format("{}: piece {} arrives after layer {} was complete", in_name(), dst.to_string(), layer.name));
+  }
+  FERRY_RETURN_IF_ERROR(p.coverage[input].add(dst));
+  // Row pieces are processed where their bytes are: host rows into host storage (or its scratch),
+  // lent device rows straight into device storage.
+  const bool rows = p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1 &&
+                    p.kernel->can_process_rows(dst);
+  bool completes = true;
+  for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
+  // Pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
+  // completes the layer, processed within this call) are kept as they are: row pieces are
+  // processed at completion straight into storage, and a piece covering a whole input is read in
+  // place of its staging, by any kernel. Other row pieces are processed now into scratch; the rest
+  // is staged in full precision.
+  enum class Hold { kKept, kWhole, kScratch, kStaged };
+  const bool kept = owner != nullptr || completes;
+  const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;
+  const Hold hold = rows ? (kept ? Hold::kKept : Hold::kScratch) : (kept && whole ? Hold::kWhole : Hold::kStaged);
+  Status st = ok_status();
+  if (hold == Hold::kStaged) {
+    st = stage_input(layer, p, input);
+  } else if (hold == Hold::kScratch) {
+    st = stage_piecewise(layer, p);
+  } else if (!completes) {
+    st = account(layer, in_name() + " (lent)", bytes);
+  }
+  if (!st.ok()) {
+    // The refused layer is not partially written: its storage is only written on completion.
+    layer.refused = true;
+    release(layer);
+    return st;
+  }
+  if (hold == Hold::kWhole) {
+    if (p.whole.size() != p.inputs.size()) p.whole.resize(p.inputs.size());
+    p.whole[input] = Param::Lent{TensorView(const_cast<void*>(data), dtype, in.shape, data_device), 0,
+                                 owner != nullptr ? *owner : nullptr};
+  } else if (hold == Hold::kKept) {
+    p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size, data_device), dst.offset[0],
+                                 owner != nullptr ? *owner : nullptr});
+  } else if (hold == Hold::kScratch) {
+    // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
+    TensorView rows(const_cast<void*>(data), dtype, dst.size);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (Status st2 = p.kernel->process_rows(rows, dst.offset[0], p.piecewise_views, options_.exec); !st2.ok()) {
+      return st2.with_context(fmt::format("{} rows {}", ps.name, dst.to_string()));
+    }
+    report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.rows_done.emplace_back(dst.offset[0], dst.offset[0] + dst.size[0]);
+    ++report_.piecewise_pieces;
+  } else {
+    TensorView staged(p.staging[input].data(), in.dtype, in.shape);
+    if (on_device) {
+      // A device piece no kernel can take on its own (part of a per-tensor shard, a band of blocks):
+      // through host memory, like any other staged piece.
+      FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));
+      FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), data, data_device, bytes));
+      Status unpacked = unpack_region(staged, dst, host.data(), bytes);
+      pool_.give(std::move(host));
+      if (!unpacked.ok()) return unpacked.with_context(in_name());
+      ++report_.device_staged_pieces;
+    } else {
+      if (Status st2 = unpack_region(staged, dst, data, bytes); !st2.ok()) return st2.with_context(in_name());
+    }
+  }
+  report_.bytes += bytes;
+  report_.pieces += 1;
+  return completes ? process(layer) : ok_status();
+}
+
+}  // namespace ferry::reload

@@ -1,0 +1,142 @@
+// Processing a complete layer into its registered storage: rows kept or processed on arrival, staged
+// inputs, the rollback snapshot before the first write, and releasing the layer's staging.
+#include "reload/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace ferry::reload {
+
+Result<const Buffer*> ReloadEngine::input_buffer(Param& p, uint32_t i) {
+  // Inputs never staged are all padding (a shard with no expected slices): zeros.
+  if (p.staging.size() != p.inputs.size()) p.staging.resize(p.inputs.size());
+  if (p.staging[i].data() == nullptr) {
+    const auto& in = p.inputs[i];
+    const size_t bytes = dtype_bytes(in.dtype, shape_numel(in.shape));
+    FERRY_ASSIGN_OR_RETURN(p.staging[i], pool_.take(bytes));
+    std::memset(p.staging[i].data(), 0, bytes);
+  }
+  return &p.staging[i];
+}
+
+Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
+  // Into the scratch copy when pieces were processed into it on arrival, else straight into the
+  // registered storage: the layer is complete, so only a kernel error can stop it now (and rollback
+  // covers that).
+  const bool scratch = !p.piecewise.empty();
+  const std::vector<TensorView>& target = scratch ? p.piecewise_views : p.storage;
+  for (const Param::Lent& l : p.lent) {
+    if (Status st = p.kernel->process_rows(l.rows, l.row0, target, options_.exec); !st.ok()) {
+      return st.with_context(fmt::format("{} rows from {}", ps.name, l.row0));
+    }
+    p.rows_done.emplace_back(l.row0, l.row0 + l.rows.dim(0));
+    if (!scratch) ++report_.direct_pieces;
+  }
+  // Rows no piece covered whole: staged pieces and padding, processed from staging.
+  std::sort(p.rows_done.begin(), p.rows_done.end());
+  const auto& in = p.inputs[0];
+  const int64_t rows = in.shape[0], per_row = rows ? shape_numel(in.shape) / rows : 0;
+  int64_t next = 0;
+  const Device dev = storage_.device();
+  ScratchArena uploads(dev);
+  auto run = [&](int64_t r0, int64_t r1) -> Status {
+    if (r1 <= r0) return ok_status();
+    FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, 0));
+    Shape s = in.shape;
+    s[0] = r1 - r0;
+    TensorView v(static_cast<char*>(b->data()) + dtype_bytes(in.dtype, r0 * per_row), in.dtype, s);
+    if (!scratch && !dev.is_cpu()) {
+      // Device storage beside lent device rows: the staged rows go up first.
+      FERRY_ASSIGN_OR_RETURN(TensorView d, uploads.allocate(in.dtype, s));
+      FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, v.data(), Device::cpu(), d.nbytes()));
+      v = d;
+    }
+    return p.kernel->process_rows(v, r0, target, options_.exec).with_context(ps.name);
+  };
+  for (const auto& [r0, r1] : p.rows_done) {
+    FERRY_RETURN_IF_ERROR(run(next, r0));
+    next = r1;
+  }
+  FERRY_RETURN_IF_ERROR(run(next, rows));
+  if (uploads.bytes() > 0) FERRY_RETURN_IF_ERROR(device_synchronize(dev));  // before the uploads are freed
+  if (!scratch) return ok_status();
+  // Copy-in: values go into the registered storage; its identity stays.
+  for (size_t i = 0; i < p.storage.size(); ++i) {
+    FERRY_RETURN_IF_ERROR(copy_bytes(p.storage[i].data(), storage_.device(), p.piecewise_views[i].data(),
+                                     Device::cpu(), p.storage[i].nbytes()));
+  }
+  return ok_status();
+}
+
+Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
+  if (!p.piecewise.empty() || !p.lent.empty()) return process_rows(p, ps);
+  const Device dev = storage_.device();
+  ScratchArena scratch(dev);
+  std::vector<TensorView> inputs;
+  for (uint32_t i = 0; i < p.inputs.size(); ++i) {
+    const void* src = nullptr;
+    if (i < p.whole.size() && p.whole[i].rows.data() != nullptr) {
+      src = p.whole[i].rows.data();
+      if (p.whole[i].rows.device() == dev) {
+        // In place: host bytes into host storage, or a colocated trainer's device tensor.
+        ++report_.direct_pieces;
+        inputs.push_back(p.whole[i].rows);
+        continue;
+      }
+    } else {
+      FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, i));
+      src = b->data();
+    }
+    const auto& in = p.inputs[i];
+    if (dev.is_cpu()) {
+      inputs.emplace_back(const_cast<void*>(src), in.dtype, in.shape);
+    } else {
+      FERRY_ASSIGN_OR_RETURN(TensorView d, scratch.allocate(in.dtype, in.shape));
+      FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, src, Device::cpu(), d.nbytes()));
+      inputs.push_back(d);
+    }
+  }
+  FERRY_RETURN_IF_ERROR(p.kernel->process(inputs, p.storage, scratch, options_.exec).with_context(ps.name));
+  // Scratch is freed on return: its readers finish first. Without scratch, finalize() waits once.
+  if (!dev.is_cpu() && scratch.bytes() > 0) FERRY_RETURN_IF_ERROR(device_synchronize(dev));
+  return ok_status();
+}
+
+Status ReloadEngine::process(Layer& layer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto index = static_cast<uint32_t>(&layer - layers_.data());
+  if (rollback_ == RollbackMode::kHost && !snapshots_.holds(index)) {
+    // Before the first byte of this layer is overwritten: every registered tensor it owns.
+    std::vector<TensorView> views;
+    for (size_t i : registry_.layer_tensors(layer.name)) views.push_back(registry_.tensors()[i].view);
+    FERRY_RETURN_IF_ERROR(snapshots_.take(index, views).with_context("rollback snapshot of layer " + layer.name));
+  }
+  for (uint32_t q : layer.params) FERRY_RETURN_IF_ERROR(process_param(params_[q], spec_.params[q]));
+  layer.processed = true;
+  release(layer);
+  report_.layers += 1;
+  report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return ok_status();
+}
+
+void ReloadEngine::release(Layer& layer) {
+  staging_bytes_ -= layer.staging_bytes;
+  layer.staging_bytes = 0;
+  layer.staged = false;
+  for (uint32_t q : layer.params) {
+    Param& p = params_[q];
+    for (Buffer& b : p.staging) pool_.give(std::move(b));
+    for (Buffer& b : p.piecewise) pool_.give(std::move(b));
+    p.staging.clear();
+    p.piecewise.clear();
+    p.piecewise_views.clear();
+    p.rows_done.clear();
+    p.lent.clear();
+    p.whole.clear();
+  }
+}
+
+}  // namespace ferry::reload
