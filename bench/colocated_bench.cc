@@ -329,10 +329,13 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
     if (!cost.ok()) return std::cerr << cost.status().to_string() << "\n", 1;
     extra = fmt::format(",\"transport\":\"{}\",\"tp\":{},\"rank_device\":\"{}\",\"link_baseline\":\"{}\","
                         "\"link_gbps\":{:.1f},\"seconds_per_bucket\":{:.6f},\"predicted_seconds\":{:.6f},"
-                        "\"measured_over_predicted\":{:.3f},\"critical\":\"{}\"",
+                        "\"measured_over_predicted\":{:.3f},\"critical\":\"{}\",\"predicted_control\":{:.6f},"
+                        "\"predicted_fill\":{:.6f},\"predicted_busy\":{:.6f},\"predicted_drain\":{:.6f},"
+                        "\"process_gbps\":{:.1f}",
                         transport, tp, rank_list, link.link_baseline, link.link_bytes_per_second / 1e9,
                         link.seconds_per_bucket, cost->predicted_seconds, seconds / cost->predicted_seconds,
-                        cost->critical);
+                        cost->critical, cost->control_seconds, cost->fill_seconds, cost->busy_seconds,
+                        cost->drain_seconds, co.stages.process_bytes_per_second / 1e9);
   }
   const std::string name = apart ? fmt::format("ferry-{}-tp{}{}/{}", transport, tp, spread ? "-spread" : "", scheme)
                                  : fmt::format("ferry/{}", scheme);

@@ -109,6 +109,9 @@ Status gemm(const GemmArgs& a, void* stream);  // enqueues only
 // Waits for `stream`, then reads the gptq workspace: counters (len - 1) and the error flag.
 Status gemm_check(const int32_t* workspace, int64_t len, void* stream);
 Status gptq_reload(const GptqArgs& a, void* stream);
+// fp8_per_tensor takes its one cooperative kernel where the GPU allows it (default true), else two
+// kernels; tests turn it off to check the two-kernel path too.
+void set_cooperative_per_tensor(bool on);
 }  // namespace cuda
 
 }  // namespace ferry::kernels::detail

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/float_convert.h"
+#include "kernels/internal.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/gpu_util.h"
 #include "tests/kernels/ref_quantize.h"
@@ -219,6 +220,38 @@ TEST(FastQuant, EveryBf16UnderSeveralScalesMatchesCpu) {
 }
 
 // Fused expert weights [E, rows, cols]: one set of scales per matrix, E in front.
+// fp8_per_tensor on a tensor larger than what its cooperative kernel keeps in shared memory and asks
+// L2 to keep (about 30 + 37 MB on an H200), so that every part of that kernel runs (streamed, kept
+// in L2, held on chip), with three shards of different sizes, through the cooperative kernel and
+// through the two-kernel path.
+TEST(FastQuant, PerTensorLargerThanOnChipMatchesCpuOnBothPaths) {
+  FERRY_SKIP_WITHOUT_GPU();
+  const Shape shape{8192, 8192};
+  HostTensor in = make_input(DType::kBF16, shape, 77);
+  const std::vector<int64_t> shards = {4096, 1024, 3072};
+  auto layout = storage_layout(Scheme::kFp8PerTensor, shape, shards, DType::kBF16);
+  ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+  Outputs cpu = make_outputs(*layout);
+  ASSERT_TRUE(quantize(Scheme::kFp8PerTensor, in.view(), shards, cpu.views).ok());
+  DeviceTensor din = to_device(in.bytes, in.dtype, shape, 0);
+  for (bool cooperative : {true, false}) {
+    SCOPED_TRACE(cooperative ? "cooperative kernel" : "two kernels");
+    detail::cuda::set_cooperative_per_tensor(cooperative);
+    std::vector<DeviceTensor> douts;
+    std::vector<TensorView> dviews;
+    for (const auto& t : *layout) {
+      douts.push_back(to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0xEE), t.dtype, t.shape));
+      dviews.push_back(douts.back().view);
+    }
+    const Status st = quantize(Scheme::kFp8PerTensor, din.view, shards, dviews);
+    detail::cuda::set_cooperative_per_tensor(true);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    for (size_t i = 0; i < dviews.size(); ++i) {
+      EXPECT_TRUE(same_bytes(dviews[i].dtype(), to_host(dviews[i]), cpu.tensors[i].bytes)) << (*layout)[i].suffix;
+    }
+  }
+}
+
 TEST(StackedLayout, ScalesCarryTheExpertDim) {
   auto shape_of = [](Scheme s, const Shape& shape, size_t i) {
     auto l = storage_layout(s, shape, {});
