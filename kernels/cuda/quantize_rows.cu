@@ -20,8 +20,9 @@
 // quantize_generic.cu.
 #include <cooperative_groups.h>
 
-#include <atomic>
+#include <limits>
 #include <mutex>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fast_quant.cuh"
@@ -41,54 +42,52 @@ struct RowsParams {
   int tpr;  // threads per row: 32, 64, 128 or 256
 };
 
+// One group of rows per block (the grid covers every row): registers stay few enough for six
+// blocks of bf16 rows per SM (40 registers; 48, so five blocks, with a grid-stride loop: 0.75 of the
+// device copy against 0.85, bench/gpu/quant_probe.cu).
 template <DType D, int kMode, int kVecs>
-__global__ void __launch_bounds__(kThreads) rows_kernel(RowsParams p) {
+__global__ void __launch_bounds__(kThreads, (D == DType::kBF16 && kVecs == 4) ? 6 : 1) rows_kernel(RowsParams p) {
   constexpr int E = kPerVec<D>;
   constexpr int kSize = D == DType::kF32 ? 4 : 2;
   __shared__ float warp_amax[kThreads / 32];
-  const int groups = kThreads / p.tpr;
-  const int g = threadIdx.x / p.tpr, lane = threadIdx.x % p.tpr;
-  const int64_t nv = p.cols / E;
-  // The loop bound is the same for every thread of the block (barriers inside).
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * groups; base < p.rows;
-       base += static_cast<int64_t>(gridDim.x) * groups) {
-    const int64_t r = base + g;
-    const bool live = r < p.rows;
-    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p.in) + (live ? r : 0) * p.cols * kSize);
-    uint4 raw[kVecs];
+  const int tpr = p.tpr;
+  const int g = static_cast<int>(threadIdx.x) / tpr, lane = static_cast<int>(threadIdx.x) % tpr;
+  const int nv = static_cast<int>(p.cols / E);  // at most kThreads * 8 (rows_typed)
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / tpr) + g;
+  const bool live = r < p.rows;
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p.in) + (live ? r : 0) * p.cols * kSize);
+  uint4 raw[kVecs];
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      const int64_t v = static_cast<int64_t>(j) * p.tpr + lane;
-      raw[j] = live && v < nv ? __ldcs(src + v) : make_uint4(0, 0, 0, 0);
-    }
-    float m = warp_max(vec_amax<D>(raw));
-    if ((threadIdx.x & 31) == 0) warp_amax[threadIdx.x >> 5] = m;
-    __syncthreads();
-    const int w0 = g * (p.tpr >> 5);
-    for (int w = 0; w < (p.tpr >> 5); ++w) m = fmaxf(m, warp_amax[w0 + w]);
-    __syncthreads();  // warp_amax is rewritten by the next row
-    if (!live) continue;
-    const float s = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m);
-    [[maybe_unused]] const float rs = fast_recip(s);  // int8
-    if (lane == 0) p.scale[r] = s;
-    uint8_t* dst = p.out + r * p.cols;
+  for (int j = 0; j < kVecs; ++j) {
+    const int v = j * tpr + lane;
+    raw[j] = live && v < nv ? __ldcs(src + v) : make_uint4(0, 0, 0, 0);
+  }
+  float m = warp_max(vec_amax<D>(raw));
+  if ((threadIdx.x & 31) == 0) warp_amax[threadIdx.x >> 5] = m;
+  __syncthreads();
+  const int w0 = g * (tpr >> 5);
+  for (int w = 0; w < (tpr >> 5); ++w) m = fmaxf(m, warp_amax[w0 + w]);
+  if (!live) return;
+  const float s = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m);
+  [[maybe_unused]] const float rs = fast_recip(s);  // int8
+  if (lane == 0) p.scale[r] = s;
+  uint8_t* dst = p.out + r * p.cols;
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      const int64_t v = static_cast<int64_t>(j) * p.tpr + lane;
-      if (v >= nv) continue;
-      float f[E];
-      unpack<D>(raw[j], f);
-      uint8_t b[E];
+  for (int j = 0; j < kVecs; ++j) {
+    const int v = j * tpr + lane;
+    if (v >= nv) continue;
+    float f[E];
+    unpack<D>(raw[j], f);
+    uint8_t b[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        if constexpr (kMode == kFp8Channel) {
-          b[e] = ops::quant_fp8(f[e], s);
-        } else {
-          b[e] = static_cast<uint8_t>(static_cast<int8_t>(quant_int_fast(f[e], s, rs, -127.0f, 127.0f)));
-        }
+    for (int e = 0; e < E; ++e) {
+      if constexpr (kMode == kFp8Channel) {
+        b[e] = ops::quant_fp8(f[e], s);
+      } else {
+        b[e] = static_cast<uint8_t>(static_cast<int8_t>(quant_int_fast(f[e], s, rs, -127.0f, 127.0f)));
       }
-      store_codes<E>(dst + v * E, b);
     }
+    store_codes<E>(dst + static_cast<int64_t>(v) * E, b);
   }
 }
 
@@ -161,7 +160,8 @@ __global__ void __launch_bounds__(kThreads) shard_encode_kernel(ShardParams p) {
 // evict-last policy in the first phase, [held, hi) is kept in shared memory. `scale` collects each
 // shard's amax (as float bits) until both barriers have passed, then holds its scale.
 inline constexpr int kCoopThreads = 1024;
-std::atomic<bool> g_cooperative{true};
+std::mutex g_options_mu;
+PerTensorOptions g_options;
 inline constexpr int kCoopUnroll = 4;
 
 struct CoopParams {
@@ -291,7 +291,7 @@ Status launch_coop(const ShardParams& sp, size_t shards, cudaStream_t st, bool* 
     bool ok = false;
     int blocks = 0;
     size_t smem = 0;
-    int64_t keep_bytes = 0;
+    int64_t keep_bytes = 0;  // L2's size
   };
   static Setup per_device[64];
   static std::once_flag once[64];
@@ -320,7 +320,7 @@ Status launch_coop(const ShardParams& sp, size_t shards, cudaStream_t st, bool* 
     su.ok = true;
     su.blocks = sms;  // one block per SM: all resident at once, as a grid barrier needs
     su.smem = smem;
-    su.keep_bytes = static_cast<int64_t>(l2) * 3 / 4;  // of L2, the rest for the outputs and others
+    su.keep_bytes = l2;
   });
   const Setup& su = per_device[dev];
   if (!su.ok || static_cast<size_t>(su.blocks) < shards) return ok_status();
@@ -341,8 +341,9 @@ Status launch_coop(const ShardParams& sp, size_t shards, cudaStream_t st, bool* 
     given += nb;
     p.block_first[s + 1] = given;
   }
-  p.hold = static_cast<int64_t>(su.smem / 16);
-  p.keep = su.keep_bytes / 16 / given;
+  const PerTensorOptions o = per_tensor_options();
+  p.hold = o.hold ? static_cast<int64_t>(su.smem / 16) : 0;
+  p.keep = su.keep_bytes * std::clamp(o.l2_keep_percent, 0, 100) / 100 / 16 / given;
   void* args[] = {&p};
   FERRY_CUDA_CHECK(cudaMemsetAsync(sp.slot, 0, shards * sizeof(float), st));
   FERRY_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(per_tensor_coop_kernel<D>),
@@ -360,11 +361,13 @@ template <DType D, int kMode, int kVecs>
 Status launch_rows(const QuantArgs& a, int tpr, cudaStream_t st) {
   const RowsParams p{a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), a.rows, a.cols, tpr};
   const auto kernel = rows_kernel<D, kMode, kVecs>;
-  // One pass of the row loop per block: short-lived blocks keep the memory system busier than a
-  // persistent grid whose blocks alternate between loading and a barrier (measured on the H200).
-  const int64_t work = (a.rows * tpr + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, int64_t{1} << 30));
-  kernel<<<blocks, kThreads, 0, st>>>(p);
+  // One group of rows per block: short-lived blocks keep the memory system busier than a persistent
+  // grid whose blocks alternate between loading and a barrier (measured on the H200).
+  const int64_t blocks = (a.rows * tpr + kThreads - 1) / kThreads;
+  if (blocks > std::numeric_limits<int32_t>::max()) {
+    return Status::invalid_argument("quantize: " + std::to_string(a.rows) + " rows exceed one launch");
+  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(p);
   FERRY_CUDA_LAUNCH_CHECK();
   return ok_status();
 }
@@ -397,7 +400,7 @@ Status per_tensor_typed(const QuantArgs& a, cudaStream_t st) {
   }
   if (!vec) return generic_per_tensor(a, st);
   const int64_t total = a.rows * a.cols;
-  if (total > 0 && g_cooperative.load(std::memory_order_relaxed)) {
+  if (total > 0 && per_tensor_options().cooperative) {
     bool launched = false;
     FERRY_RETURN_IF_ERROR(launch_coop<D>(p, shards, st, &launched));
     if (launched) return ok_status();
@@ -444,7 +447,15 @@ Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st) {
   });
 }
 
-void set_cooperative_per_tensor(bool on) { g_cooperative.store(on, std::memory_order_relaxed); }
+void set_per_tensor_options(const PerTensorOptions& options) {
+  std::lock_guard<std::mutex> lock(g_options_mu);
+  g_options = options;
+}
+
+PerTensorOptions per_tensor_options() {
+  std::lock_guard<std::mutex> lock(g_options_mu);
+  return g_options;
+}
 
 Status quantize_per_tensor(const QuantArgs& a, cudaStream_t st) {
   return by_dtype(a.in_dtype, [&](auto d) { return per_tensor_typed<decltype(d)::value>(a, st); });

@@ -1,5 +1,6 @@
 // Every online scheme on the CPU, bit for bit against the reference quantizer in reference.h, over
 // random and adversarial inputs; and CUDA bit for bit against the CPU when a device is present.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -222,8 +223,8 @@ TEST(FastQuant, EveryBf16UnderSeveralScalesMatchesCpu) {
 // Fused expert weights [E, rows, cols]: one set of scales per matrix, E in front.
 // fp8_per_tensor on a tensor larger than what its cooperative kernel keeps in shared memory and asks
 // L2 to keep (about 30 + 37 MB on an H200), so that every part of that kernel runs (streamed, kept
-// in L2, held on chip), with three shards of different sizes, through the cooperative kernel and
-// through the two-kernel path.
+// in L2, held on chip), with three shards of different sizes, through the cooperative kernel (with
+// and without each of its parts) and through the two-kernel path.
 TEST(FastQuant, PerTensorLargerThanOnChipMatchesCpuOnBothPaths) {
   FERRY_SKIP_WITHOUT_GPU();
   const Shape shape{8192, 8192};
@@ -234,9 +235,12 @@ TEST(FastQuant, PerTensorLargerThanOnChipMatchesCpuOnBothPaths) {
   Outputs cpu = make_outputs(*layout);
   ASSERT_TRUE(quantize(Scheme::kFp8PerTensor, in.view(), shards, cpu.views).ok());
   DeviceTensor din = to_device(in.bytes, in.dtype, shape, 0);
-  for (bool cooperative : {true, false}) {
-    SCOPED_TRACE(cooperative ? "cooperative kernel" : "two kernels");
-    detail::cuda::set_cooperative_per_tensor(cooperative);
+  const detail::cuda::PerTensorOptions defaults = detail::cuda::per_tensor_options();
+  for (const detail::cuda::PerTensorOptions& o : {defaults, detail::cuda::PerTensorOptions{true, false, 75},
+                                            detail::cuda::PerTensorOptions{true, true, 0}, detail::cuda::PerTensorOptions{false, true, 0}}) {
+    SCOPED_TRACE(o.cooperative ? fmt::format("cooperative kernel, hold {}, L2 {}%", o.hold, o.l2_keep_percent)
+                               : std::string("two kernels"));
+    detail::cuda::set_per_tensor_options(o);
     std::vector<DeviceTensor> douts;
     std::vector<TensorView> dviews;
     for (const auto& t : *layout) {
@@ -244,7 +248,7 @@ TEST(FastQuant, PerTensorLargerThanOnChipMatchesCpuOnBothPaths) {
       dviews.push_back(douts.back().view);
     }
     const Status st = quantize(Scheme::kFp8PerTensor, din.view, shards, dviews);
-    detail::cuda::set_cooperative_per_tensor(true);
+    detail::cuda::set_per_tensor_options(defaults);
     ASSERT_TRUE(st.ok()) << st.to_string();
     for (size_t i = 0; i < dviews.size(); ++i) {
       EXPECT_TRUE(same_bytes(dviews[i].dtype(), to_host(dviews[i]), cpu.tensors[i].bytes)) << (*layout)[i].suffix;
