@@ -13,7 +13,6 @@
 #include "core/buffer.h"
 #include "core/float_convert.h"
 #include "kernels/gptq.h"
-#include "kernels/internal.h"
 #include "kernels/quantize.h"
 
 #if defined(FERRY_HAVE_CUDA)
@@ -153,22 +152,6 @@ Status bench_device(bool json, Device dev, size_t rows, size_t cols) {
     auto t = time_runs(dev.is_cuda(), [&] { return kernels::quantize(s, input, {}, out.views, exec); });
     FERRY_RETURN_IF_ERROR(t.status.with_context(kernels::scheme_name(s)));
     print(json, kernels::scheme_name(s), dev, in_bytes + out.bytes, t.seconds, base_gbps);
-    if (s != Scheme::kFp8PerTensor || !dev.is_cuda()) continue;
-    // fp8_per_tensor's other ways on a GPU (kernels/internal.h), by name, beside the default above.
-    const auto defaults = kernels::detail::cuda::per_tensor_options();
-    const std::pair<const char*, kernels::detail::cuda::PerTensorOptions> ways[] = {
-        {"fp8_per_tensor/two_kernels", {false, false, 0}},
-        {"fp8_per_tensor/cooperative_no_hold", {true, false, defaults.l2_keep_percent}},
-        {"fp8_per_tensor/cooperative_no_l2_keep", {true, true, 0}},
-        {"fp8_per_tensor/cooperative_l2_keep_40", {true, true, 40}},
-    };
-    for (const auto& [name, o] : ways) {
-      kernels::detail::cuda::set_per_tensor_options(o);
-      auto w = time_runs(true, [&] { return kernels::quantize(s, input, {}, out.views, exec); });
-      kernels::detail::cuda::set_per_tensor_options(defaults);
-      FERRY_RETURN_IF_ERROR(w.status.with_context(name));
-      print(json, name, dev, in_bytes + out.bytes, w.seconds, base_gbps);
-    }
   }
 
   // gptq_int4: the reload of a checkpoint with logical weight [rows, cols] ([N, K]).

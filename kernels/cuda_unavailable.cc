@@ -13,7 +13,5 @@ Status dequantize(const WeightArgs&, float*, void*) { return unavailable(); }
 Status gemm(const GemmArgs&, void*) { return unavailable(); }
 Status gemm_check(const int32_t*, int64_t, void*) { return unavailable(); }
 Status gptq_reload(const GptqArgs&, void*) { return unavailable(); }
-void set_per_tensor_options(const PerTensorOptions&) {}
-PerTensorOptions per_tensor_options() { return {}; }
 
 }  // namespace ferry::kernels::detail::cuda

@@ -109,16 +109,6 @@ Status gemm(const GemmArgs& a, void* stream);  // enqueues only
 // Waits for `stream`, then reads the gptq workspace: counters (len - 1) and the error flag.
 Status gemm_check(const int32_t* workspace, int64_t len, void* stream);
 Status gptq_reload(const GptqArgs& a, void* stream);
-// How fp8_per_tensor runs on a GPU: one cooperative kernel where the GPU allows it, holding the end
-// of each block's range in shared memory (`hold`) and asking L2 to keep `l2_keep_percent` of its size
-// before that; or two kernels. Tests and `ferry bench kernels` set them to check and compare every way.
-struct PerTensorOptions {
-  bool cooperative = true;
-  bool hold = true;
-  int l2_keep_percent = 75;
-};
-void set_per_tensor_options(const PerTensorOptions& options);
-PerTensorOptions per_tensor_options();
 }  // namespace cuda
 
 }  // namespace ferry::kernels::detail

@@ -86,6 +86,14 @@ __global__ void __launch_bounds__(kThreads) block_vec_kernel(const void* in, uin
   }
 }
 
+// ops::int4_scale_f16 with the hardware's conversions, which give the same bits (amax / 7 is finite
+// and non-negative; both round to nearest even, overflow to inf and keep subnormals): every lane of
+// a group computes its scale, and the software conversions cost those lanes more than their codes.
+__device__ __forceinline__ uint16_t int4_scale_f16_hw(float amax) {
+  const uint16_t h = __half_as_ushort(__float2half_rn(amax / 7.0f));
+  return h == 0 ? ops::kF16One : (h >= ops::kF16Inf ? ops::kF16Max : h);
+}
+
 // Eight lanes per 128-column group, 16 columns each; the group's amax is reduced over the 8 lanes.
 // Grid-stride over the lanes' slices (the bound is uniform per warp: the shuffles need all lanes).
 template <DType D>
@@ -118,9 +126,9 @@ __global__ void __launch_bounds__(kThreads) int4_kernel(const void* in, uint8_t*
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (!active) continue;
-    const uint16_t s16 = ops::int4_scale_f16(m);
+    const uint16_t s16 = int4_scale_f16_hw(m);
     if (lane8 == 0) scale[g] = s16;
-    const float s = f16_to_f32(s16);
+    const float s = __half2float(__ushort_as_half(s16));
     const float rs = fast_recip(s);
     uint32_t lo = 0, hi = 0;
 #pragma unroll

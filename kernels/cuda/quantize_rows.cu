@@ -11,17 +11,15 @@
 //    barrier with another's loads, which a persistent grid of few resident blocks could not (0.46 of
 //    the copy bandwidth persistent, on the H200); inputs are read with evict-first hints and codes
 //    written with streaming stores;
-//  - fp8_per_tensor runs as one cooperative kernel where the GPU allows it (per_tensor_coop_kernel):
-//    every block owns a contiguous range of a shard and keeps the end of it in shared memory and, with
-//    an evict-last policy, the part before that in L2; after a grid-wide barrier it encodes those
-//    parts first, so only the rest of the input is read from HBM twice. Otherwise two kernels:
-//    amax, then encode in reverse order of the amax pass, so the tail still in L2 is read from it.
+//  - fp8_per_tensor: two kernels, amax then encode, the encode in reverse order of the amax pass so
+//    that the tail of the input may still be in L2. Each runs near memory speed on the H200 (0.98 and
+//    0.92 of the device copy), so the pair reaches 0.55 of it: the input is read twice. One
+//    cooperative kernel that held the end of every block's range in shared memory and asked L2 to
+//    keep the part before it (evict-last) measured slower in every configuration (0.45 to 0.48), and
+//    an evict-last hint on the two kernels gained 0.02 (bench/gpu/quant_probe.cu): not kept.
 // Rows longer than 256 threads x 8 vectors, and unaligned rows, take the generic kernels in
 // quantize_generic.cu.
-#include <cooperative_groups.h>
-
 #include <limits>
-#include <mutex>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -155,203 +153,6 @@ __global__ void __launch_bounds__(kThreads) shard_encode_kernel(ShardParams p) {
   }
 }
 
-// One cooperative kernel for fp8_per_tensor (see the file comment). Block b of shard s owns vectors
-// [lo, hi) of the shard: [lo, keep) streams (read twice from HBM), [keep, held) is read with an L2
-// evict-last policy in the first phase, [held, hi) is kept in shared memory. `scale` collects each
-// shard's amax (as float bits) until both barriers have passed, then holds its scale.
-inline constexpr int kCoopThreads = 1024;
-std::mutex g_options_mu;
-PerTensorOptions g_options;
-inline constexpr int kCoopUnroll = 4;
-
-struct CoopParams {
-  const void* in;
-  uint8_t* out;
-  float* scale;
-  int64_t vbegin[kMaxShards + 1];  // shard boundaries, in 16-byte vectors
-  int block_first[kMaxShards + 1];  // shard s has blocks [block_first[s], block_first[s + 1])
-  int64_t hold;                     // vectors a block keeps in shared memory
-  int64_t keep;                     // vectors a block asks L2 to keep
-};
-
-__device__ __forceinline__ uint4 load_evict_last(const uint4* p, uint64_t policy) {
-  uint4 u;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-               : "l"(p), "l"(policy));
-  return u;
-}
-
-template <DType D>
-__device__ __forceinline__ void encode_vec(const uint4& raw, float s, uint8_t* dst) {
-  constexpr int E = kPerVec<D>;
-  float f[E];
-  unpack<D>(raw, f);
-  uint8_t b[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) b[e] = ops::quant_fp8(f[e], s);
-  store_codes<E>(dst, b);
-}
-
-template <DType D>
-__global__ void __launch_bounds__(kCoopThreads, 1) per_tensor_coop_kernel(CoopParams p) {
-  constexpr int E = kPerVec<D>;
-  extern __shared__ uint4 held_vecs[];
-  int s = 0;
-  while (static_cast<int>(blockIdx.x) >= p.block_first[s + 1]) ++s;
-  const int64_t nb = p.block_first[s + 1] - p.block_first[s], b = blockIdx.x - p.block_first[s];
-  const int64_t v0 = p.vbegin[s], len = p.vbegin[s + 1] - v0;
-  const int64_t lo = v0 + len * b / nb, hi = v0 + len * (b + 1) / nb;
-  const int64_t held = hi - lo > p.hold ? hi - p.hold : lo;
-  const int64_t keep = held - lo > p.keep ? held - p.keep : lo;
-  const uint4* src = static_cast<const uint4*>(p.in);
-  constexpr int64_t kStep = int64_t{kCoopThreads} * kCoopUnroll;
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-
-  // Phase 1: the shard's amax.
-  float m = 0.0f;
-  for (int64_t v = lo + threadIdx.x; v < keep; v += kStep) {
-    uint4 raw[kCoopUnroll];
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      raw[j] = i < keep ? __ldcs(src + i) : make_uint4(0, 0, 0, 0);
-    }
-    m = fmaxf(m, vec_amax<D>(raw));
-  }
-  for (int64_t v = keep + threadIdx.x; v < held; v += kStep) {
-    uint4 raw[kCoopUnroll];
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      raw[j] = i < held ? load_evict_last(src + i, policy) : make_uint4(0, 0, 0, 0);
-    }
-    m = fmaxf(m, vec_amax<D>(raw));
-  }
-  for (int64_t v = held + threadIdx.x; v < hi; v += kStep) {
-    uint4 raw[kCoopUnroll];
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      raw[j] = i < hi ? __ldcs(src + i) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      if (i < hi) held_vecs[i - held] = raw[j];  // read back by this same thread in phase 2
-    }
-    m = fmaxf(m, vec_amax<D>(raw));
-  }
-  m = block_max(m);
-  // Non-negative floats order like their bits, so the integer max is the float max.
-  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(p.scale + s), __float_as_uint(m));
-  auto grid = cooperative_groups::this_grid();
-  grid.sync();
-  const float sc = ops::fp8_scale(__uint_as_float(*reinterpret_cast<volatile unsigned int*>(p.scale + s)));
-  grid.sync();  // every block has read the amax: the shard's first block may overwrite it
-  if (b == 0 && threadIdx.x == 0) p.scale[s] = sc;
-
-  // Phase 2: encode what L2 was asked to keep, then what shared memory holds, then the rest.
-  for (int64_t v = keep + threadIdx.x; v < held; v += kStep) {
-    uint4 raw[kCoopUnroll];
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      raw[j] = i < held ? __ldcs(src + i) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      if (i < held) encode_vec<D>(raw[j], sc, p.out + i * E);
-    }
-  }
-  for (int64_t i = held + threadIdx.x; i < hi; i += kCoopThreads) encode_vec<D>(held_vecs[i - held], sc, p.out + i * E);
-  for (int64_t v = lo + threadIdx.x; v < keep; v += kStep) {
-    uint4 raw[kCoopUnroll];
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      raw[j] = i < keep ? __ldcs(src + i) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kCoopUnroll; ++j) {
-      const int64_t i = v + j * kCoopThreads;
-      if (i < keep) encode_vec<D>(raw[j], sc, p.out + i * E);
-    }
-  }
-}
-
-// Launches per_tensor_coop_kernel when this GPU runs cooperative kernels with one block of it per
-// SM; `launched` false (and OK) otherwise, for the two-kernel path.
-template <DType D>
-Status launch_coop(const ShardParams& sp, size_t shards, cudaStream_t st, bool* launched) {
-  *launched = false;
-  struct Setup {
-    bool ok = false;
-    int blocks = 0;
-    size_t smem = 0;
-    int64_t keep_bytes = 0;  // L2's size
-  };
-  static Setup per_device[64];
-  static std::once_flag once[64];
-  int dev = 0;
-  FERRY_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return ok_status();
-  std::call_once(once[dev], [dev] {
-    Setup& su = per_device[dev];
-    int coop = 0, sms = 0, smem_optin = 0, l2 = 0, per_sm = 0;
-    if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return;
-    }
-    // Shared memory for the held vectors, less what the block's own reductions use.
-    const size_t smem = static_cast<size_t>(std::max(0, smem_optin - 4096)) & ~size_t{15};
-    const auto kernel = per_tensor_coop_kernel<D>;
-    if (!coop || smem < 16 ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kCoopThreads, smem) != cudaSuccess || per_sm < 1) {
-      (void)cudaGetLastError();
-      return;
-    }
-    su.ok = true;
-    su.blocks = sms;  // one block per SM: all resident at once, as a grid barrier needs
-    su.smem = smem;
-    su.keep_bytes = l2;
-  });
-  const Setup& su = per_device[dev];
-  if (!su.ok || static_cast<size_t>(su.blocks) < shards) return ok_status();
-  constexpr int E = kPerVec<D>;
-  CoopParams p{sp.in, sp.out, sp.slot, {}, {}, 0, 0};
-  int64_t total = 0;
-  for (size_t s = 0; s <= shards; ++s) p.vbegin[s] = sp.begin[s] / E;
-  total = p.vbegin[shards] - p.vbegin[0];
-  if (total <= 0) return ok_status();
-  // Blocks to shards in proportion to their vectors, at least one each.
-  int given = 0;
-  p.block_first[0] = 0;
-  for (size_t s = 0; s < shards; ++s) {
-    const int64_t len = p.vbegin[s + 1] - p.vbegin[s];
-    const int left = su.blocks - given - static_cast<int>(shards - s - 1);
-    int nb = s + 1 == shards ? left : static_cast<int>(std::max<int64_t>(1, len * su.blocks / total));
-    nb = std::max(1, std::min(nb, left));
-    given += nb;
-    p.block_first[s + 1] = given;
-  }
-  const PerTensorOptions o = per_tensor_options();
-  p.hold = o.hold ? static_cast<int64_t>(su.smem / 16) : 0;
-  p.keep = su.keep_bytes * std::clamp(o.l2_keep_percent, 0, 100) / 100 / 16 / given;
-  void* args[] = {&p};
-  FERRY_CUDA_CHECK(cudaMemsetAsync(sp.slot, 0, shards * sizeof(float), st));
-  FERRY_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(per_tensor_coop_kernel<D>),
-                                               dim3(static_cast<unsigned>(given)), dim3(kCoopThreads), args, su.smem, st));
-  *launched = true;
-  return ok_status();
-}
-
 __global__ void finalize_fp8_scale(float* scale, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) scale[i] = ops::fp8_scale(scale[i]);  // the slot holds amax until here
@@ -400,11 +201,6 @@ Status per_tensor_typed(const QuantArgs& a, cudaStream_t st) {
   }
   if (!vec) return generic_per_tensor(a, st);
   const int64_t total = a.rows * a.cols;
-  if (total > 0 && per_tensor_options().cooperative) {
-    bool launched = false;
-    FERRY_RETURN_IF_ERROR(launch_coop<D>(p, shards, st, &launched));
-    if (launched) return ok_status();
-  }
   FERRY_CUDA_CHECK(cudaMemsetAsync(a.scale, 0, shards * sizeof(float), st));
   if (total > 0) {
     const int64_t per_block = int64_t{kThreads} * kUnroll * E;
@@ -445,16 +241,6 @@ Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st) {
     constexpr DType D = decltype(d)::value;
     return int8 ? rows_typed<D, kInt8Channel>(a, st) : rows_typed<D, kFp8Channel>(a, st);
   });
-}
-
-void set_per_tensor_options(const PerTensorOptions& options) {
-  std::lock_guard<std::mutex> lock(g_options_mu);
-  g_options = options;
-}
-
-PerTensorOptions per_tensor_options() {
-  std::lock_guard<std::mutex> lock(g_options_mu);
-  return g_options;
 }
 
 Status quantize_per_tensor(const QuantArgs& a, cudaStream_t st) {
