@@ -56,6 +56,7 @@ struct Peer {
   std::deque<uint64_t> announced;  // sizes whose receive is not posted yet
   uint64_t posted = 0, delivered = 0;
   bool clean_close = false, eof = false;
+  Clock::time_point closed_at{};  // when the clean close arrived
 
   // Abort, never finalize: it cannot wait on a peer that is gone, and stops kernels waiting for one.
   ~Peer() {
@@ -202,7 +203,11 @@ class NcclReceiver {
         FERRY_CUDA_CHECK(cudaMallocAsync(&s.buf, s.size, p.stream));
         s.cap = s.size;
       }
-      FERRY_RETURN_IF_ERROR(p2p(false, s.buf, s.size, 0, p.comm, p.stream, s.done, Clock::now() + kGroup, p.sock.fd()));
+      // After a clean close the socket is gone but the announced buckets are not: NCCL completes a
+      // send once its bytes are in the receiver's buffers, so a sender may close before the receiver
+      // has posted their receives. Only the deadline then bounds them (serve()).
+      FERRY_RETURN_IF_ERROR(p2p(false, s.buf, s.size, 0, p.comm, p.stream, s.done, Clock::now() + kGroup,
+                                p.clean_close ? -1 : p.sock.fd()));
       p.announced.pop_front();
       ++p.posted;
       *progress = true;
@@ -237,6 +242,7 @@ class NcclReceiver {
         p.announced.push_back(m.total);
       } else if (m.type == kClose) {
         p.clean_close = true;
+        p.closed_at = Clock::now();
       } else if (m.type == kAbort) {
         return Status::aborted(fmt::format("nccl sender pid {} aborted the connection: {}", p.pid, m.text));
       } else {
@@ -254,6 +260,11 @@ class NcclReceiver {
       return nccl_status(async, "nccl communicator", __FILE__, __LINE__, p.comm);
     }
     if (p.clean_close && p.announced.empty() && p.delivered == p.posted) return ok_status();
+    if (p.clean_close && Clock::now() - p.closed_at > kGroup) {
+      return Status::deadline_exceeded(fmt::format("nccl sender pid {} closed; {} announced buckets not received {} s later",
+                                                   p.pid, p.announced.size() + (p.posted - p.delivered),
+                                                   std::chrono::duration_cast<std::chrono::seconds>(kGroup).count()));
+    }
     return std::nullopt;
   }
 
