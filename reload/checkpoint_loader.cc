@@ -96,6 +96,10 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
         const void* data = owner->data();
         st = engine.lend_piece(p.param, p.input, p.dst, dt, std::move(owner), data, buf.size(), options.lend_from);
       }
+    } else if (st.ok() && options.lend) {
+      auto owner = std::make_shared<std::vector<uint8_t>>(buf);
+      const void* data = owner->data();
+      st = engine.lend_piece(p.param, p.input, p.dst, dt, std::move(owner), data, buf.size());
     } else if (st.ok()) {
       st = engine.apply_input_piece(p.param, p.input, p.dst, dt, buf.data(), buf.size());
     }

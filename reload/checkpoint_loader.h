@@ -23,6 +23,9 @@ struct LoadOptions {
   // A CUDA device: every piece is uploaded there and lent to the engine in device memory, the way a
   // colocated trainer's tensors reach a rank (read in place by the kernels). CPU: host pieces.
   Device lend_from = Device::cpu();
+  // Host pieces are lent (lend_piece(), each packed piece owned by the engine until its layer is
+  // processed) instead of copied (apply_input_piece()): a rank that owns its received buckets.
+  bool lend = false;
 };
 
 // begin(version), every piece, finalize().

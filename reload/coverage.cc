@@ -26,7 +26,10 @@ Coverage::Coverage(std::string name, Shape shape, std::vector<Region> expected)
 void Coverage::reset() {
   covered_ = 0;
   covered_per_slice_.assign(expected_.size(), 0);
-  received_.assign(expected_.size(), {});
+  // The regions stay allocated for the next update (a plan's pieces are the same every update):
+  // only their counts go back to zero.
+  received_.resize(expected_.size());
+  received_count_.assign(expected_.size(), 0);
 }
 
 Status Coverage::add(const Region& region) {
@@ -37,13 +40,21 @@ Status Coverage::add(const Region& region) {
   if (region.numel() == 0) return Status::invalid_argument(fmt::format("{}: empty piece {}", name_, region.to_string()));
   for (size_t i = 0; i < expected_.size(); ++i) {
     if (!contains(expected_[i], region)) continue;
-    for (const Region& r : received_[i]) {
+    std::vector<Region>& received = received_[i];
+    size_t& count = received_count_[i];
+    for (size_t k = 0; k < count; ++k) {
+      const Region& r = received[k];
       if (r.overlaps(region)) {
         return Status::invalid_argument(fmt::format("{}: piece {} {} piece {} already written", name_, region.to_string(),
                                                     r == region ? "duplicates" : "overlaps", r.to_string()));
       }
     }
-    received_[i].push_back(region);
+    if (count < received.size()) {
+      received[count] = region;  // into the vectors of an earlier update's region: no allocation
+    } else {
+      received.push_back(region);
+    }
+    ++count;
     covered_per_slice_[i] += region.numel();
     covered_ += region.numel();
     return ok_status();

@@ -30,7 +30,8 @@ class Coverage {
   Shape shape_;
   std::vector<Region> expected_;
   std::vector<int64_t> covered_per_slice_;
-  std::vector<std::vector<Region>> received_;  // per expected slice
+  std::vector<std::vector<Region>> received_;  // per expected slice; the first received_count_ hold
+  std::vector<size_t> received_count_;         // this update's regions
   int64_t expected_numel_ = 0;
   int64_t covered_ = 0;
 };

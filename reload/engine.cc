@@ -22,6 +22,41 @@ Result<RollbackMode> rollback_mode(const EngineOptions& options) {
   return Status::invalid_argument(fmt::format("FERRY_ROLLBACK={}: expected off or host", v));
 }
 
+namespace {
+
+// The byte ranges of `input` (the parameter of `shape`, staged whole) that no expected region
+// covers. Where every region spans whole rows these are the rows between them (a vocabulary padded
+// to a multiple of TP: a few rows at the end), so that staging clears only those; otherwise the
+// whole input.
+std::vector<std::pair<size_t, size_t>> padding_bytes(const Shape& shape, const kernels::StorageTensor& input,
+                                                     const std::vector<Region>& expected) {
+  const size_t total = dtype_bytes(input.dtype, shape_numel(input.shape));
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  bool whole_rows = input.shape == shape && !shape.empty();
+  for (const Region& r : expected) {
+    if (!whole_rows) break;
+    for (size_t d = 1; whole_rows && d < shape.size(); ++d) {
+      whole_rows = r.offset[d] == 0 && r.size[d] == shape[d];
+    }
+    rows.emplace_back(r.offset[0], r.offset[0] + r.size[0]);
+  }
+  if (!whole_rows) return {{0, total}};
+  std::sort(rows.begin(), rows.end());
+  const size_t row_bytes = dtype_bytes(input.dtype, shape[0] ? shape_numel(shape) / shape[0] : 0);
+  std::vector<std::pair<size_t, size_t>> out;
+  int64_t next = 0;
+  for (const auto& [r0, r1] : rows) {
+    if (r0 > next) out.emplace_back(static_cast<size_t>(next) * row_bytes, static_cast<size_t>(r0 - next) * row_bytes);
+    next = std::max(next, r1);
+  }
+  if (next < shape[0]) {
+    out.emplace_back(static_cast<size_t>(next) * row_bytes, static_cast<size_t>(shape[0] - next) * row_bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ReloadEngine>> ReloadEngine::create(sharding::RankSpec spec, ModelStorage& storage,
                                                            EngineOptions options) {
   std::unique_ptr<ReloadEngine> e(new ReloadEngine(std::move(spec), storage, std::move(options)));
@@ -60,7 +95,7 @@ Status ReloadEngine::init() {
         expected.push_back(sharding::slice_dst_region(s, p));
         covered += expected.back().numel();
       }
-      prm.padded = covered < shape_numel(p.shape);
+      if (covered < shape_numel(p.shape)) prm.padding = padding_bytes(p.shape, prm.inputs[0], expected);
       prm.coverage.emplace_back(p.name, p.shape, std::move(expected));
     } else {
       // Checkpoint tensors of a quantized reload arrive whole, each under its own name.

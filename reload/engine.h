@@ -15,6 +15,8 @@
 // storage at completion, with no scratch and no copy-in, when their bytes are still there: the
 // piece that completes a layer (its bytes are valid during the call that processes the layer), and
 // pieces the caller lends with lend_piece() (kept until the layer is processed or the update ends).
+// Of a kept piece the kernel cannot take whole (a vocabulary shard ending inside a 128-row band),
+// the run of rows it can take is processed the same way; only the rows around it are staged.
 //
 // Rollback (EngineOptions::rollback, FERRY_ROLLBACK=host): before a layer's storage is first written,
 // every registered tensor of the layer is copied to host memory. rollback() copies them back in
@@ -27,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -142,7 +145,9 @@ class ReloadEngine {
     std::vector<kernels::StorageTensor> inputs;
     std::vector<Coverage> coverage;  // per input
     std::vector<TensorView> storage;  // registered views, layout order
-    bool padded = false;              // slices leave elements uncovered: staging starts zeroed
+    // Slices leave elements uncovered: these byte ranges (offset, size) of the staged input are
+    // zeroed when its staging is taken.
+    std::vector<std::pair<size_t, size_t>> padding;
     std::vector<Buffer> staging;      // per input, full precision, host
     std::vector<Buffer> piecewise;    // scratch copy of the storage, for pieces processed on arrival
     std::vector<TensorView> piecewise_views;
@@ -160,12 +165,17 @@ class ReloadEngine {
       : spec_(std::move(spec)), storage_(storage), options_(std::move(options)) {}
   Status init();
   // Pieces and their staging (engine_pieces.cc).
+  std::string input_name(uint32_t param, uint32_t input) const;  // for messages
   bool complete(const Param& p) const;
-  Status account(Layer& layer, const std::string& what, uint64_t bytes);
+  // What account() holds bytes for; names the held bytes only when the staging limit refuses them.
+  enum class Held : uint8_t { kStaging, kScratch, kLent };
+  Status account(Layer& layer, uint32_t param, uint32_t input, Held held, uint64_t bytes);
   Status stage_input(Layer& layer, Param& p, uint32_t input);
   Status stage_piecewise(Layer& layer, Param& p);
   Status apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes,
                const std::shared_ptr<const void>* owner, Device data_device = Device::cpu());
+  Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
+              const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes);
   // A complete layer into storage (engine_process.cc).
   Status process(Layer& layer);
   Status process_rows(Param& p, const sharding::ParamSpec& ps);
@@ -189,6 +199,7 @@ class ReloadEngine {
   BufferPool pool_;
   uint64_t max_staging_ = 0;
   uint64_t staging_bytes_ = 0;
+  size_t staged_layers_ = 0;  // layers with staged = true
   bool warned_out_of_order_ = false;
   EngineReport report_;
 };

@@ -26,9 +26,8 @@ Result<EngineReport> ReloadEngine::finalize() {
       const Param& p = params_[q];
       for (size_t i = 0; i < p.coverage.size(); ++i) {
         if (p.coverage[i].complete()) continue;
-        const std::string name =
-            p.inputs.size() == 1 ? spec_.params[q].name : storage_name(spec_.params[q].name, p.inputs[i].suffix);
-        gaps += fmt::format("{}{} missing {}", gaps.empty() ? "" : "; ", name, p.coverage[i].describe_gaps());
+        gaps += fmt::format("{}{} missing {}", gaps.empty() ? "" : "; ", input_name(q, static_cast<uint32_t>(i)),
+                            p.coverage[i].describe_gaps());
       }
     }
     if (l.refused) gaps += " (refused: staging limit)";

@@ -14,6 +14,12 @@
 
 namespace ferry::reload {
 
+std::string ReloadEngine::input_name(uint32_t param, uint32_t input) const {
+  const Param& p = params_[param];
+  const std::string& name = spec_.params[param].name;
+  return p.inputs.size() == 1 ? name : storage_name(name, p.inputs[input].suffix);
+}
+
 bool ReloadEngine::complete(const Param& p) const {
   for (const Coverage& c : p.coverage) {
     if (!c.complete()) return false;
@@ -22,28 +28,32 @@ bool ReloadEngine::complete(const Param& p) const {
 }
 
 // Every byte held for a layer between its first piece and its copy-in goes through here.
-Status ReloadEngine::account(Layer& layer, const std::string& what, uint64_t bytes) {
-  if (!layer.staged) {
+Status ReloadEngine::account(Layer& layer, uint32_t param, uint32_t input, Held held, uint64_t bytes) {
+  if (!layer.staged && staged_layers_ > 0) {
     // In plan order one layer is held at a time; anything else is out-of-order input.
-    std::string open;
-    for (const Layer& l : layers_) {
-      if (l.staged) open += (open.empty() ? "" : ", ") + l.name;
-    }
-    if (!open.empty()) {
-      ++report_.out_of_order_layers;
-      if (!warned_out_of_order_) {
-        warned_out_of_order_ = true;
-        FERRY_LOG_WARN("update v{}: out-of-order input: layer {} starts while {} is still incomplete; staging {:.1f} MB",
-                       version_, layer.name, open, static_cast<double>(staging_bytes_ + bytes) / 1e6);
+    ++report_.out_of_order_layers;
+    if (!warned_out_of_order_) {
+      warned_out_of_order_ = true;
+      std::string open;
+      for (const Layer& l : layers_) {
+        if (l.staged) open += (open.empty() ? "" : ", ") + l.name;
       }
+      FERRY_LOG_WARN("update v{}: out-of-order input: layer {} starts while {} is still incomplete; staging {:.1f} MB",
+                     version_, layer.name, open, static_cast<double>(staging_bytes_ + bytes) / 1e6);
     }
   }
   if (max_staging_ > 0 && staging_bytes_ + bytes > max_staging_) {
+    // Named here only: accounting runs once per held piece, the message at most once a layer.
+    const std::string& name = spec_.params[param].name;
+    const std::string what = held == Held::kStaging   ? storage_name(name, params_[param].inputs[input].suffix)
+                             : held == Held::kScratch ? name + " (quantized scratch)"
+                                                      : input_name(param, input) + " (lent)";
     return Status::resource_exhausted(fmt::format(
         "staging {} for layer {} would hold {:.1f} MB, over FERRY_MAX_STAGING_BYTES={:.1f} MB; layer {} is refused",
         what, layer.name, static_cast<double>(staging_bytes_ + bytes) / 1e6, static_cast<double>(max_staging_) / 1e6,
         layer.name));
   }
+  if (!layer.staged) ++staged_layers_;
   layer.staged = true;
   layer.staging_bytes += bytes;
   staging_bytes_ += bytes;
@@ -56,9 +66,9 @@ Status ReloadEngine::stage_input(Layer& layer, Param& p, uint32_t input) {
   if (p.staging[input].data() != nullptr) return ok_status();
   const auto& in = p.inputs[input];
   const uint64_t bytes = dtype_bytes(in.dtype, shape_numel(in.shape));
-  FERRY_RETURN_IF_ERROR(account(layer, storage_name(spec_.params[&p - params_.data()].name, in.suffix), bytes));
+  FERRY_RETURN_IF_ERROR(account(layer, static_cast<uint32_t>(&p - params_.data()), input, Held::kStaging, bytes));
   FERRY_ASSIGN_OR_RETURN(p.staging[input], pool_.take(bytes));
-  if (p.padded) std::memset(p.staging[input].data(), 0, bytes);
+  for (const auto& [at, n] : p.padding) std::memset(static_cast<char*>(p.staging[input].data()) + at, 0, n);
   return ok_status();
 }
 
@@ -66,12 +76,79 @@ Status ReloadEngine::stage_piecewise(Layer& layer, Param& p) {
   if (!p.piecewise.empty()) return ok_status();
   uint64_t bytes = 0;
   for (const TensorView& s : p.storage) bytes += s.nbytes();
-  FERRY_RETURN_IF_ERROR(account(layer, spec_.params[&p - params_.data()].name + " (quantized scratch)", bytes));
+  FERRY_RETURN_IF_ERROR(account(layer, static_cast<uint32_t>(&p - params_.data()), 0, Held::kScratch, bytes));
   for (const TensorView& s : p.storage) {
     FERRY_ASSIGN_OR_RETURN(Buffer b, pool_.take(s.nbytes()));
     FERRY_ASSIGN_OR_RETURN(TensorView v, b.view(s.dtype(), s.shape()));
     p.piecewise_views.push_back(v);
     p.piecewise.push_back(std::move(b));
+  }
+  return ok_status();
+}
+
+// Holds one piece (or the part of one) until its layer is processed, as `rows` (the kernel processes
+// it on its own) and `kept` (its bytes stay valid until then) allow.
+Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data,
+                          size_t bytes, const std::shared_ptr<const void>* owner, Device data_device, bool rows,
+                          bool kept, bool completes) {
+  Param& p = params_[param];
+  const auto& in = p.inputs[input];
+  const DType dtype = in.dtype;
+  const bool on_device = !data_device.is_cpu();
+  // Pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
+  // completes the layer, processed within this call) are kept as they are: row pieces are
+  // processed at completion straight into storage, and a piece covering a whole input is read in
+  // place of its staging, by any kernel. Other row pieces are processed now into scratch; the rest
+  // is staged in full precision.
+  enum class Hold { kKept, kWhole, kScratch, kStaged };
+  const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;
+  const Hold how = rows ? (kept ? Hold::kKept : Hold::kScratch) : (kept && whole ? Hold::kWhole : Hold::kStaged);
+  Status st = ok_status();
+  if (how == Hold::kStaged) {
+    st = stage_input(layer, p, input);
+  } else if (how == Hold::kScratch) {
+    st = stage_piecewise(layer, p);
+  } else if (!completes) {
+    st = account(layer, param, input, Held::kLent, bytes);
+  }
+  if (!st.ok()) {
+    // The refused layer is not partially written: its storage is only written on completion.
+    layer.refused = true;
+    release(layer);
+    return st;
+  }
+  if (how == Hold::kWhole) {
+    if (p.whole.size() != p.inputs.size()) p.whole.resize(p.inputs.size());
+    p.whole[input] = Param::Lent{TensorView(const_cast<void*>(data), dtype, in.shape, data_device), 0,
+                                 owner != nullptr ? *owner : nullptr};
+  } else if (how == Hold::kKept) {
+    p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size, data_device), dst.offset[0],
+                                 owner != nullptr ? *owner : nullptr});
+  } else if (how == Hold::kScratch) {
+    // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
+    TensorView input_rows(const_cast<void*>(data), dtype, dst.size);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (Status st2 = p.kernel->process_rows(input_rows, dst.offset[0], p.piecewise_views, options_.exec); !st2.ok()) {
+      return st2.with_context(fmt::format("{} rows {}", spec_.params[param].name, dst.to_string()));
+    }
+    report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.rows_done.emplace_back(dst.offset[0], dst.offset[0] + dst.size[0]);
+    ++report_.piecewise_pieces;
+  } else {
+    TensorView staged(p.staging[input].data(), in.dtype, in.shape);
+    if (on_device) {
+      // A device piece no kernel can take on its own (part of a per-tensor shard, a band of blocks):
+      // through host memory, like any other staged piece.
+      FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));
+      FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), data, data_device, bytes));
+      Status unpacked = unpack_region(staged, dst, host.data(), bytes);
+      pool_.give(std::move(host));
+      if (!unpacked.ok()) return unpacked.with_context(input_name(param, input));
+      ++report_.device_staged_pieces;
+    } else {
+      Status unpacked = unpack_region(staged, dst, data, bytes);
+      if (!unpacked.ok()) return unpacked.with_context(input_name(param, input));
+    }
   }
   return ok_status();
 }
@@ -120,7 +197,7 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
   }
   const auto& in = p.inputs[input];
   // Built only for messages: this runs once per piece.
-  const auto in_name = [&] { return p.inputs.size() == 1 ? ps.name : storage_name(ps.name, in.suffix); };
+  const auto in_name = [&] { return input_name(param, input); };
   if (dtype != in.dtype) {
     return Status::invalid_argument(
         fmt::format("{}: piece of dtype {} where {} is expected", in_name(), dtype_name(dtype), dtype_name(in.dtype)));
@@ -143,60 +220,31 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
                     p.kernel->can_process_rows(dst);
   bool completes = true;
   for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
-  // Pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
-  // completes the layer, processed within this call) are kept as they are: row pieces are
-  // processed at completion straight into storage, and a piece covering a whole input is read in
-  // place of its staging, by any kernel. Other row pieces are processed now into scratch; the rest
-  // is staged in full precision.
-  enum class Hold { kKept, kWhole, kScratch, kStaged };
   const bool kept = owner != nullptr || completes;
-  const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;
-  const Hold hold = rows ? (kept ? Hold::kKept : Hold::kScratch) : (kept && whole ? Hold::kWhole : Hold::kStaged);
-  Status st = ok_status();
-  if (hold == Hold::kStaged) {
-    st = stage_input(layer, p, input);
-  } else if (hold == Hold::kScratch) {
-    st = stage_piecewise(layer, p);
-  } else if (!completes) {
-    st = account(layer, in_name() + " (lent)", bytes);
-  }
-  if (!st.ok()) {
-    // The refused layer is not partially written: its storage is only written on completion.
-    layer.refused = true;
-    release(layer);
-    return st;
-  }
-  if (hold == Hold::kWhole) {
-    if (p.whole.size() != p.inputs.size()) p.whole.resize(p.inputs.size());
-    p.whole[input] = Param::Lent{TensorView(const_cast<void*>(data), dtype, in.shape, data_device), 0,
-                                 owner != nullptr ? *owner : nullptr};
-  } else if (hold == Hold::kKept) {
-    p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size, data_device), dst.offset[0],
-                                 owner != nullptr ? *owner : nullptr});
-  } else if (hold == Hold::kScratch) {
-    // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
-    TensorView rows(const_cast<void*>(data), dtype, dst.size);
-    const auto t0 = std::chrono::steady_clock::now();
-    if (Status st2 = p.kernel->process_rows(rows, dst.offset[0], p.piecewise_views, options_.exec); !st2.ok()) {
-      return st2.with_context(fmt::format("{} rows {}", ps.name, dst.to_string()));
-    }
-    report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    p.rows_done.emplace_back(dst.offset[0], dst.offset[0] + dst.size[0]);
-    ++report_.piecewise_pieces;
-  } else {
-    TensorView staged(p.staging[input].data(), in.dtype, in.shape);
-    if (on_device) {
-      // A device piece no kernel can take on its own (part of a per-tensor shard, a band of blocks):
-      // through host memory, like any other staged piece.
-      FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));
-      FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), data, data_device, bytes));
-      Status unpacked = unpack_region(staged, dst, host.data(), bytes);
-      pool_.give(std::move(host));
-      if (!unpacked.ok()) return unpacked.with_context(in_name());
-      ++report_.device_staged_pieces;
+  if (!rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1) {
+    // A kept piece of whole rows that the kernel cannot take as it is (a vocabulary shard that ends
+    // inside a 128-row band, rows across per-tensor shards) may still hold a run of rows that it
+    // can: that run is processed from the piece at completion, and only the rows around it are
+    // copied into staging. (A piece that is not kept is staged whole: processing its run into
+    // scratch would hold scratch beside the staging it needs anyway.)
+    const auto [r0, r1] = p.kernel->rows_within(dst);
+    if (r0 < r1) {
+      const size_t row_bytes = bytes / static_cast<size_t>(dst.size[0]);
+      const int64_t bounds[] = {dst.offset[0], r0, r1, dst.offset[0] + dst.size[0]};
+      for (int k = 0; k < 3; ++k) {
+        if (bounds[k + 1] <= bounds[k]) continue;
+        Region part = dst;
+        part.offset[0] = bounds[k];
+        part.size[0] = bounds[k + 1] - bounds[k];
+        const auto* at = static_cast<const char*>(data) + static_cast<size_t>(bounds[k] - dst.offset[0]) * row_bytes;
+        FERRY_RETURN_IF_ERROR(hold(layer, param, input, part, at, static_cast<size_t>(part.size[0]) * row_bytes, owner,
+                                   data_device, k == 1, kept, completes));
+      }
     } else {
-      if (Status st2 = unpack_region(staged, dst, data, bytes); !st2.ok()) return st2.with_context(in_name());
+      FERRY_RETURN_IF_ERROR(hold(layer, param, input, dst, data, bytes, owner, data_device, false, kept, completes));
     }
+  } else {
+    FERRY_RETURN_IF_ERROR(hold(layer, param, input, dst, data, bytes, owner, data_device, rows, kept, completes));
   }
   report_.bytes += bytes;
   report_.pieces += 1;

@@ -42,19 +42,34 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
   int64_t next = 0;
   const Device dev = storage_.device();
   ScratchArena uploads(dev);
+  const bool staged = !p.staging.empty() && p.staging[0].data() != nullptr;
   auto run = [&](int64_t r0, int64_t r1) -> Status {
     if (r1 <= r0) return ok_status();
-    FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, 0));
     Shape s = in.shape;
     s[0] = r1 - r0;
-    TensorView v(static_cast<char*>(b->data()) + dtype_bytes(in.dtype, r0 * per_row), in.dtype, s);
+    // Without staging, the rows no piece covered are padding: zeros for those rows only (an
+    // embedding padded to a multiple of TP would otherwise clear a copy of its whole size on every
+    // update to quantize its few padding rows).
+    Buffer zeros;
+    void* src = nullptr;
+    if (staged) {
+      src = static_cast<char*>(p.staging[0].data()) + dtype_bytes(in.dtype, r0 * per_row);
+    } else {
+      const size_t bytes = dtype_bytes(in.dtype, (r1 - r0) * per_row);
+      FERRY_ASSIGN_OR_RETURN(zeros, pool_.take(bytes));
+      std::memset(zeros.data(), 0, bytes);
+      src = zeros.data();
+    }
+    TensorView v(src, in.dtype, s);
     if (!scratch && !dev.is_cpu()) {
       // Device storage beside lent device rows: the staged rows go up first.
       FERRY_ASSIGN_OR_RETURN(TensorView d, uploads.allocate(in.dtype, s));
       FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, v.data(), Device::cpu(), d.nbytes()));
       v = d;
     }
-    return p.kernel->process_rows(v, r0, target, options_.exec).with_context(ps.name);
+    Status st = p.kernel->process_rows(v, r0, target, options_.exec).with_context(ps.name);
+    pool_.give(std::move(zeros));
+    return st;
   };
   for (const auto& [r0, r1] : p.rows_done) {
     FERRY_RETURN_IF_ERROR(run(next, r0));
@@ -125,6 +140,7 @@ Status ReloadEngine::process(Layer& layer) {
 void ReloadEngine::release(Layer& layer) {
   staging_bytes_ -= layer.staging_bytes;
   layer.staging_bytes = 0;
+  if (layer.staged) --staged_layers_;
   layer.staged = false;
   for (uint32_t q : layer.params) {
     Param& p = params_[q];

@@ -70,6 +70,7 @@ Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<c
     return Status::invalid_argument(fmt::format("fp8_block: rows {}+{} do not cover whole 128-row blocks", row0, rows));
   }
   std::vector<TensorView> out;
+  out.reserve(full.size());
   for (size_t i = 0; i < full.size(); ++i) {
     const TensorView& t = full[i];
     int64_t r0 = row0, n = rows;
@@ -115,6 +116,37 @@ class OnlineKernel final : public ProcessingKernel {
       return dst.offset[0] % b == 0 && (dst.size[0] % b == 0 || dst.offset[0] + dst.size[0] == s[0]);
     }
     return true;
+  }
+  std::pair<int64_t, int64_t> rows_within(const Region& dst) const override {
+    const Shape& s = param_.shape;
+    if (dst.rank() != static_cast<int>(s.size()) || s.empty()) return {0, 0};
+    for (size_t d = 1; d < s.size(); ++d) {
+      if (dst.offset[d] != 0 || dst.size[d] != s[d]) return {0, 0};
+    }
+    const int64_t begin = dst.offset[0], end = begin + dst.size[0];
+    int64_t r0 = begin, r1 = end;
+    if (scheme_ == kernels::Scheme::kFp8Block) {
+      // Whole bands, and the last one however long when the piece reaches the end of the tensor.
+      const int64_t b = kernels::kFp8BlockSize;
+      r0 = (begin + b - 1) / b * b;
+      r1 = end == s[0] ? end : end / b * b;
+    } else if (scheme_ == kernels::Scheme::kFp8PerTensor) {
+      // Whole logical shards.
+      if (s.size() != 2) return {0, 0};
+      const std::vector<int64_t> shards = param_.shard_rows.empty() ? std::vector<int64_t>{s[0]} : param_.shard_rows;
+      int64_t at = 0;
+      r0 = -1;
+      for (size_t i = 0; i <= shards.size(); ++i) {
+        if (r0 < 0 && at >= begin) r0 = at;
+        if (at <= end) r1 = at;
+        if (i < shards.size()) at += shards[i];
+      }
+    }
+    if (r0 < begin || r1 > end || r0 >= r1) return {0, 0};
+    Region run = dst;
+    run.offset[0] = r0;
+    run.size[0] = r1 - r0;
+    return can_process_rows(run) ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
   }
   Status process_rows(const TensorView& input, int64_t row0, std::span<const TensorView> out,
                       const kernels::Exec& exec) override {

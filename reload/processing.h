@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -45,6 +46,9 @@ class ProcessingKernel {
   // Piece by piece: true when a piece landing at `dst` can be processed on its own (it covers whole
   // rows, or whole blocks). Such pieces never wait for the rest of the parameter.
   virtual bool can_process_rows(const Region& /*dst*/) const { return false; }
+  // For a piece of whole rows that can_process_rows() refuses: the largest run of its rows
+  // [first, second) that it accepts, so that only the rest waits in staging; empty when none.
+  virtual std::pair<int64_t, int64_t> rows_within(const Region& /*dst*/) const { return {0, 0}; }
   // Processes rows [row0, row0 + input.dim(0)) of the parameter, `input` holding exactly those
   // rows, into `out`, which has the layout of the storage (a scratch copy of it).
   virtual Status process_rows(const TensorView& /*input*/, int64_t /*row0*/, std::span<const TensorView> /*out*/,

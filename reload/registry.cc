@@ -1,5 +1,7 @@
 #include "reload/registry.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace ferry::reload {
@@ -49,13 +51,20 @@ std::vector<std::string> LayerRegistry::layers() const {
 Census LayerRegistry::census(const LiveTable& live) const {
   Census c;
   c.registered = tensors_.size();
-  for (const auto& t : tensors_) {
-    auto it = live.find(t.name);
-    if (it == live.end() || Identity{it->second.data(), it->second.nbytes()} != t.identity) {
-      ++c.moved;
-      c.moved_names.push_back(t.name);
-    }
+  // The census runs after every update: one walk over both tables, which are ordered by name, instead
+  // of a look-up in the live table per registered tensor.
+  std::vector<size_t> moved;
+  auto it = live.begin();
+  for (const auto& [name, i] : by_name_) {
+    int order = 1;
+    while (it != live.end() && (order = it->first.compare(name)) < 0) ++it;
+    const TensorView* v = it != live.end() && order == 0 ? &it->second : nullptr;
+    if (v == nullptr || Identity{v->data(), v->nbytes()} != tensors_[i].identity) moved.push_back(i);
   }
+  // Named in registration order.
+  std::sort(moved.begin(), moved.end());
+  c.moved = moved.size();
+  for (size_t i : moved) c.moved_names.push_back(tensors_[i].name);
   return c;
 }
 

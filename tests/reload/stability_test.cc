@@ -18,6 +18,7 @@ struct Case {
   std::string scheme;
   LoadOptions load;
   std::string label;
+  int64_t vocab = 0;  // non-zero: a vocabulary the spec pads (rows no slice covers, zeros to the kernel)
 };
 
 class StabilityTest : public ::testing::TestWithParam<Case> {};
@@ -44,7 +45,8 @@ std::vector<uint16_t> assemble(const sharding::ParamSpec& p, const Checkpoint& c
 
 TEST_P(StabilityTest, ProcessTwiceNothingMovesAndStorageMatchesTheKernel) {
   const Case& c = GetParam();
-  const tiny::Config cfg;
+  tiny::Config cfg;
+  if (c.vocab) cfg.vocab = c.vocab;
   auto rank = make_rank(cfg, c.scheme);
   auto a = tiny::Weights::random(cfg, rank->spec, 11);
   auto b = tiny::Weights::random(cfg, rank->spec, 12);
@@ -105,6 +107,17 @@ std::vector<Case> cases() {
     chunk128.chunk_rows = 128;
     chunk128.shuffle_seed = 7;
     out.push_back({s, chunk128, "rows128_shuffled"});
+    // 1000 rows padded to 1024: padding is zeroed, in staging or on its own, whichever way the
+    // pieces arrive; the second update reuses the first one's pooled buffers.
+    out.push_back({s, {}, "padded_whole", 1000});
+    LoadOptions lent;
+    lent.lend = true;
+    out.push_back({s, lent, "padded_whole_lent", 1000});
+    LoadOptions lent_rows;
+    lent_rows.lend = true;
+    lent_rows.chunk_rows = 96;
+    lent_rows.shuffle_seed = 5;
+    out.push_back({s, lent_rows, "padded_rows96_shuffled_lent", 1000});
   }
   return out;
 }
@@ -127,6 +140,28 @@ TEST(Piecewise, PerChannelPiecesStageOnlyQuantizedScratch) {
   EXPECT_GT(r2->piecewise_pieces, 0u);
   // A decoder layer in bf16 is 2 bytes per element; its fp8 scratch about 1.
   EXPECT_LT(r2->peak_staging_bytes * 10, r1->peak_staging_bytes * 6);
+}
+
+// fp8_block: a vocabulary shard of 1000 rows padded to 1024 ends inside its last 128-row band. Its
+// first 896 rows are whole bands and are processed straight from the lent piece; only the rest of
+// the piece waits in staging beside the padding. As many pieces are processed in place as when the
+// vocabulary fills its bands.
+TEST(Piecewise, WholeBandsOfAPaddedShardAreNotStaged) {
+  LoadOptions lent;
+  lent.lend = true;
+  std::map<int64_t, uint64_t> direct;
+  for (const int64_t vocab : {1000, 1024}) {
+    tiny::Config cfg;
+    cfg.vocab = vocab;
+    auto rank = make_rank(cfg, "fp8_block");
+    auto w = tiny::Weights::random(cfg, rank->spec, 5);
+    ASSERT_TRUE(w.ok());
+    auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, lent);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    direct[vocab] = r->direct_pieces;
+  }
+  EXPECT_GT(direct[1024], 0u);
+  EXPECT_EQ(direct[1000], direct[1024]);
 }
 
 }  // namespace
