@@ -322,9 +322,12 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
     topo.rank_gpus.assign(rank_gpus.begin(), rank_gpus.end());
     ferry::sharding::CostOptions co;
     co.stages.pack_bytes_per_second = *bw / 2;  // a copy reads and writes each byte
-    const double proc = median(warm, [](const auto& r) { return r.process_seconds; });
+    // The stages from the warm-up updates after the first, which pays one-time costs (pools,
+    // mappings, NCCL buffers): with two warm-ups the median of all would be that first one.
+    const std::vector<ferry::coordinator::UpdateReport> steady(warm.begin() + 1, warm.end());
+    const double proc = median(steady, [](const auto& r) { return r.process_seconds; });
     co.stages.process_bytes_per_second = proc > 0 ? static_cast<double>(last.bytes) / tp / proc : 0;
-    co.stages.round_trip_seconds = median(warm, [](const auto& r) { return r.pause_seconds; }) / 2;  // pause: 2 round trips
+    co.stages.round_trip_seconds = median(steady, [](const auto& r) { return r.pause_seconds; }) / 2;  // pause: 2 round trips
     auto cost = ferry::sharding::estimate_cost(*plan, specs, 1, topo, co);
     if (!cost.ok()) return std::cerr << cost.status().to_string() << "\n", 1;
     extra = fmt::format(",\"transport\":\"{}\",\"tp\":{},\"rank_device\":\"{}\",\"link_baseline\":\"{}\","

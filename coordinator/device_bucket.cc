@@ -59,8 +59,9 @@ Result<std::shared_ptr<const Buffer>> PayloadPool::take(size_t bytes, Device dev
 Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, size_t bytes, Device from, Device to) {
   FERRY_ASSIGN_OR_RETURN(auto buf, take(bytes, to));
   // The copy lands before the sender may reuse its buffer (when this returns). A reused device
-  // buffer may still be read by kernels queued on the legacy default stream (the engine processes
-  // lent pieces there), so the copy waits for them.
+  // buffer may still be read by the engine's kernels, which are ordered before work queued later on
+  // the legacy default stream (its process streams join it after every layer), so the copy waits
+  // for them.
   const int stream_device = to.is_cuda() ? to.index : from.index;
   if (to.is_cuda()) FERRY_RETURN_IF_ERROR(order_default_before_copies(to.index));
   FERRY_RETURN_IF_ERROR(copy_now(stream_device, buf->data(), data, bytes));

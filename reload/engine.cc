@@ -71,6 +71,10 @@ Status ReloadEngine::init() {
   // Resolved once: the CPU kernels ask the system for its core count on every call otherwise, a
   // file read per call, and the engine calls them once per piece.
   if (options_.exec.threads <= 0) options_.exec.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (storage_.device().is_cuda() && options_.exec.stream == nullptr && options_.process_streams > 1) {
+    auto streams = ProcessStreams::create(storage_.device().index, options_.process_streams);
+    if (streams.ok()) streams_ = std::move(*streams);
+  }
   if (!options_.kernel_factory) {
     const DType nd = options_.none_dtype;
     options_.kernel_factory = [nd](const sharding::ParamSpec& p) { return scheme_kernel(p, nd); };
@@ -157,6 +161,7 @@ Status ReloadEngine::begin(uint64_t version) {
     for (Coverage& c : p.coverage) c.reset();
   }
   for (Layer& l : layers_) l.processed = l.refused = false;
+  forked_ = false;
   return ok_status();
 }
 

@@ -49,6 +49,9 @@ struct EngineOptions {
   KernelFactory kernel_factory;  // empty: scheme_kernel()
   DType none_dtype = DType::kBF16;
   kernels::Exec exec;
+  // CUDA storage and no `exec.stream`: complete layers are processed on this many streams of the
+  // engine's own, one layer to each in turn (1: the legacy default stream, as before).
+  int process_streams = 4;
   // Unset: FERRY_ROLLBACK (off|host) where that setting is declared, else off.
   std::optional<RollbackMode> rollback;
 };
@@ -178,9 +181,9 @@ class ReloadEngine {
               const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes);
   // A complete layer into storage (engine_process.cc).
   Status process(Layer& layer);
-  Status process_rows(Param& p, const sharding::ParamSpec& ps);
+  Status process_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
   Result<const Buffer*> input_buffer(Param& p, uint32_t input);
-  Status process_param(Param& p, const sharding::ParamSpec& spec);
+  Status process_param(Param& p, const sharding::ParamSpec& spec, const kernels::Exec& exec);
   void release(Layer& layer);
 
   sharding::RankSpec spec_;
@@ -196,6 +199,10 @@ class ReloadEngine {
   bool in_update_ = false;
   RollbackMode rollback_ = RollbackMode::kOff;
   HostSnapshots snapshots_;
+  // CUDA storage and no stream of the caller's: complete layers are processed on these in turn
+  // (processing.h), forked at begin() and each joined back after its layer.
+  std::unique_ptr<ProcessStreams> streams_;
+  bool forked_ = false;
   BufferPool pool_;
   uint64_t max_staging_ = 0;
   uint64_t staging_bytes_ = 0;

@@ -22,14 +22,14 @@ Result<const Buffer*> ReloadEngine::input_buffer(Param& p, uint32_t i) {
   return &p.staging[i];
 }
 
-Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
+Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   // Into the scratch copy when pieces were processed into it on arrival, else straight into the
   // registered storage: the layer is complete, so only a kernel error can stop it now (and rollback
   // covers that).
   const bool scratch = !p.piecewise.empty();
   const std::vector<TensorView>& target = scratch ? p.piecewise_views : p.storage;
   for (const Param::Lent& l : p.lent) {
-    if (Status st = p.kernel->process_rows(l.rows, l.row0, target, options_.exec); !st.ok()) {
+    if (Status st = p.kernel->process_rows(l.rows, l.row0, target, exec); !st.ok()) {
       return st.with_context(fmt::format("{} rows from {}", ps.name, l.row0));
     }
     p.rows_done.emplace_back(l.row0, l.row0 + l.rows.dim(0));
@@ -67,7 +67,7 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
       FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, v.data(), Device::cpu(), d.nbytes()));
       v = d;
     }
-    Status st = p.kernel->process_rows(v, r0, target, options_.exec).with_context(ps.name);
+    Status st = p.kernel->process_rows(v, r0, target, exec).with_context(ps.name);
     pool_.give(std::move(zeros));
     return st;
   };
@@ -86,8 +86,8 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps) {
   return ok_status();
 }
 
-Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
-  if (!p.piecewise.empty() || !p.lent.empty()) return process_rows(p, ps);
+Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
+  if (!p.piecewise.empty() || !p.lent.empty()) return process_rows(p, ps, exec);
   const Device dev = storage_.device();
   ScratchArena scratch(dev);
   std::vector<TensorView> inputs;
@@ -114,7 +114,7 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps) {
       inputs.push_back(d);
     }
   }
-  FERRY_RETURN_IF_ERROR(p.kernel->process(inputs, p.storage, scratch, options_.exec).with_context(ps.name));
+  FERRY_RETURN_IF_ERROR(p.kernel->process(inputs, p.storage, scratch, exec).with_context(ps.name));
   // Scratch is freed on return: its readers finish first. Without scratch, finalize() waits once.
   if (!dev.is_cpu() && scratch.bytes() > 0) FERRY_RETURN_IF_ERROR(device_synchronize(dev));
   return ok_status();
@@ -129,7 +129,22 @@ Status ReloadEngine::process(Layer& layer) {
     for (size_t i : registry_.layer_tensors(layer.name)) views.push_back(registry_.tensors()[i].view);
     FERRY_RETURN_IF_ERROR(snapshots_.take(index, views).with_context("rollback snapshot of layer " + layer.name));
   }
-  for (uint32_t q : layer.params) FERRY_RETURN_IF_ERROR(process_param(params_[q], spec_.params[q]));
+  kernels::Exec exec = options_.exec;
+  if (streams_ != nullptr) {
+    if (!forked_) FERRY_RETURN_IF_ERROR(streams_->fork());
+    forked_ = true;
+    exec.stream = streams_->stream(index);
+  }
+  Status st;
+  for (uint32_t q : layer.params) {
+    st = process_param(params_[q], spec_.params[q], exec);
+    if (!st.ok()) break;
+  }
+  // Joined even after an error: what the layer queued is ordered before later work all the same.
+  if (streams_ != nullptr) {
+    if (Status joined = streams_->join(index); st.ok()) st = joined;
+  }
+  FERRY_RETURN_IF_ERROR(st);
   layer.processed = true;
   release(layer);
   report_.layers += 1;

@@ -1,5 +1,6 @@
 #include "reload/processing.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -53,6 +54,69 @@ Status device_synchronize(Device device) {
   return Status::unavailable("CUDA device: ferry was built without CUDA");
 #endif
 }
+
+#if FERRY_HAVE_CUDA
+struct ProcessStreams::Impl {
+  int device = 0;
+  std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> done;  // one per stream, recorded by join()
+  cudaEvent_t forked = nullptr;
+  ~Impl() {
+    ScopedDevice d(device);
+    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    if (forked != nullptr) cudaEventDestroy(forked);
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
+  }
+};
+
+Result<std::unique_ptr<ProcessStreams>> ProcessStreams::create(int device, int count) {
+  std::unique_ptr<ProcessStreams> ps(new ProcessStreams());
+  ps->impl_ = std::make_unique<Impl>();
+  Impl& m = *ps->impl_;
+  m.device = device;
+  ScopedDevice d(device);
+  if (!d.ok()) return Status::unavailable(fmt::format("process streams: cannot use cuda:{}", device));
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&m.forked, cudaEventDisableTiming));
+  for (int i = 0; i < std::max(count, 1); ++i) {
+    // Non-blocking: the legacy default stream orders them only through fork() and join().
+    cudaStream_t s = nullptr;
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    m.streams.push_back(s);
+    cudaEvent_t e = nullptr;
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    m.done.push_back(e);
+  }
+  return ps;
+}
+
+ProcessStreams::~ProcessStreams() = default;
+
+Status ProcessStreams::fork() {
+  ScopedDevice d(impl_->device);
+  FERRY_CUDA_CHECK(cudaEventRecord(impl_->forked, cudaStreamLegacy));
+  for (cudaStream_t s : impl_->streams) FERRY_CUDA_CHECK(cudaStreamWaitEvent(s, impl_->forked, 0));
+  return ok_status();
+}
+
+void* ProcessStreams::stream(size_t layer) const { return impl_->streams[layer % impl_->streams.size()]; }
+
+Status ProcessStreams::join(size_t layer) {
+  const size_t i = layer % impl_->streams.size();
+  ScopedDevice d(impl_->device);
+  FERRY_CUDA_CHECK(cudaEventRecord(impl_->done[i], impl_->streams[i]));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, impl_->done[i], 0));
+  return ok_status();
+}
+#else
+struct ProcessStreams::Impl {};
+Result<std::unique_ptr<ProcessStreams>> ProcessStreams::create(int, int) {
+  return Status::unavailable("process streams: ferry was built without CUDA");
+}
+ProcessStreams::~ProcessStreams() = default;
+Status ProcessStreams::fork() { return Status::unavailable("process streams: ferry was built without CUDA"); }
+void* ProcessStreams::stream(size_t) const { return nullptr; }
+Status ProcessStreams::join(size_t) { return Status::unavailable("process streams: ferry was built without CUDA"); }
+#endif
 
 Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<const TensorView> full, int64_t row0,
                                              int64_t rows) {

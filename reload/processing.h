@@ -76,4 +76,29 @@ Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_devi
 // Waits for the work enqueued on `device` (nothing on the CPU).
 Status device_synchronize(Device device);
 
+// A few streams of a CUDA device that an engine's layers are processed on, one layer to a stream in
+// turn, so that the kernels of one layer (and their tails: most of a layer's tensors fill the GPU for
+// a few microseconds) overlap the next layer's. They fork from and join back to the device's legacy
+// default stream: fork() makes them wait for what was queued there before (the paused engine's own
+// work, when an update begins), and join(layer) makes what is queued there afterwards wait for the
+// layer (a device bucket's payload copy about to reuse a buffer the layer read: coordinator/
+// device_bucket.cc), so the engine's ordering with other work is what it was on the legacy stream.
+class ProcessStreams {
+ public:
+  // Unavailable without CUDA.
+  static Result<std::unique_ptr<ProcessStreams>> create(int device, int count);
+  ~ProcessStreams();
+  ProcessStreams(const ProcessStreams&) = delete;
+  ProcessStreams& operator=(const ProcessStreams&) = delete;
+
+  Status fork();
+  void* stream(size_t layer) const;  // a cudaStream_t
+  Status join(size_t layer);
+
+ private:
+  ProcessStreams() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace ferry::reload

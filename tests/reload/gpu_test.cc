@@ -3,7 +3,11 @@
 // (audit clean, census 0/N); the tiny decoder's decode step as a CUDA graph. Skips without a device.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "examples/tiny_decoder/decoder.h"
 #include "reload/captured_program.h"
@@ -180,6 +184,45 @@ TEST(Gpu, DecoderStepIsACudaGraphThatFollowsUpdates) {
     EXPECT_EQ(*updated, *fresh) << scheme << ": the graph does not read the updated storage";
     EXPECT_TRUE(audit((*graph)->program(), dev.engine->registry(), dev.storage->tensors()).clean()) << scheme;
   }
+}
+
+// The streams complete layers are processed on keep the engine's ordering with the legacy default
+// stream: fork() makes them wait for work queued there before, join() makes work queued there
+// afterwards wait for theirs. Each side is held back 100 ms by a host function on its stream, so
+// without the ordering the other side reads the old bytes.
+void CUDART_CB hold_back(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+
+TEST(Gpu, ProcessStreamsForkAfterAndJoinBeforeTheLegacyStream) {
+  SKIP_WITHOUT_GPU();
+  auto streams = ProcessStreams::create(0, 3);
+  ASSERT_TRUE(streams.ok()) << streams.status().to_string();
+  constexpr size_t kBytes = 1 << 20;
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(a, 0, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(b, 0, kBytes), cudaSuccess);
+  // Fork: legacy work (late) writes a; a process stream copies a to b after the fork.
+  ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold_back, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(a, 0x5A, kBytes, cudaStreamLegacy), cudaSuccess);
+  ASSERT_TRUE((*streams)->fork().ok());
+  auto s1 = static_cast<cudaStream_t>((*streams)->stream(1));
+  ASSERT_EQ(cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice, s1), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+  std::vector<uint8_t> host(kBytes);
+  ASSERT_EQ(cudaMemcpy(host.data(), b, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::count(host.begin(), host.end(), 0x5A), static_cast<long>(kBytes)) << "the fork did not wait";
+  // Join: a process stream (late) writes a; legacy work queued after the join reads it.
+  auto s2 = static_cast<cudaStream_t>((*streams)->stream(2));
+  ASSERT_EQ(cudaLaunchHostFunc(s2, hold_back, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(a, 0x3C, kBytes, s2), cudaSuccess);
+  ASSERT_TRUE((*streams)->join(2).ok());
+  ASSERT_EQ(cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(host.data(), b, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::count(host.begin(), host.end(), 0x3C), static_cast<long>(kBytes)) << "the join did not order";
+  cudaFree(a);
+  cudaFree(b);
 }
 
 }  // namespace
