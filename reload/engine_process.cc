@@ -133,6 +133,15 @@ Status ReloadEngine::process(Layer& layer) {
   if (streams_ != nullptr) {
     if (!forked_) FERRY_RETURN_IF_ERROR(streams_->fork());
     forked_ = true;
+    // Device bytes someone else owns (a pooled buffer that a gather or a payload copy on the legacy
+    // stream filled) are read after that work; bytes read in place need no wait.
+    bool owned = false;
+    for (uint32_t q : layer.params) {
+      for (const auto* list : {&params_[q].lent, &params_[q].whole}) {
+        for (const Param::Lent& l : *list) owned = owned || (l.owner != nullptr && l.rows.device().is_cuda());
+      }
+    }
+    if (owned) FERRY_RETURN_IF_ERROR(streams_->fork(index));
     exec.stream = streams_->stream(index);
   }
   Status st;

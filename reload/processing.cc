@@ -38,6 +38,11 @@ Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_devi
   }
 #if FERRY_HAVE_CUDA
   FERRY_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  // cudaMemcpy into device memory may return before the bytes land (from pageable host memory once
+  // they are staged for the DMA; device to device at once), ordered only before later work on the
+  // legacy default stream. Callers read them from other streams (the engine's process streams) and
+  // other processes (a colocated rank reading a trainer's weights), so the copy is complete here.
+  if (!dst_device.is_cpu()) FERRY_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   return ok_status();
 #else
   return Status::unavailable("copy to or from a CUDA device: ferry was built without CUDA");
@@ -98,6 +103,13 @@ Status ProcessStreams::fork() {
   return ok_status();
 }
 
+Status ProcessStreams::fork(size_t layer) {
+  ScopedDevice d(impl_->device);
+  FERRY_CUDA_CHECK(cudaEventRecord(impl_->forked, cudaStreamLegacy));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(impl_->streams[layer % impl_->streams.size()], impl_->forked, 0));
+  return ok_status();
+}
+
 void* ProcessStreams::stream(size_t layer) const { return impl_->streams[layer % impl_->streams.size()]; }
 
 Status ProcessStreams::join(size_t layer) {
@@ -114,6 +126,7 @@ Result<std::unique_ptr<ProcessStreams>> ProcessStreams::create(int, int) {
 }
 ProcessStreams::~ProcessStreams() = default;
 Status ProcessStreams::fork() { return Status::unavailable("process streams: ferry was built without CUDA"); }
+Status ProcessStreams::fork(size_t) { return Status::unavailable("process streams: ferry was built without CUDA"); }
 void* ProcessStreams::stream(size_t) const { return nullptr; }
 Status ProcessStreams::join(size_t) { return Status::unavailable("process streams: ferry was built without CUDA"); }
 #endif

@@ -71,7 +71,7 @@ using KernelFactory = std::function<Result<std::unique_ptr<ProcessingKernel>>(co
 Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<const TensorView> full, int64_t row0,
                                              int64_t rows);
 
-// Byte copy between host and device memory (either side may be either).
+// Byte copy between host and device memory (either side may be either), complete on return.
 Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Waits for the work enqueued on `device` (nothing on the CPU).
 Status device_synchronize(Device device);
@@ -91,7 +91,11 @@ class ProcessStreams {
   ProcessStreams(const ProcessStreams&) = delete;
   ProcessStreams& operator=(const ProcessStreams&) = delete;
 
-  Status fork();
+  Status fork();  // every stream waits for the legacy stream's work so far
+  // The stream of `layer` alone waits for it: the layer reads bytes that work queued there wrote
+  // (a gathered or copied piece in a pooled buffer); that work comes after the earlier layers'
+  // joins, so such a layer starts after them, as on the legacy stream.
+  Status fork(size_t layer);
   void* stream(size_t layer) const;  // a cudaStream_t
   Status join(size_t layer);
 

@@ -225,5 +225,30 @@ TEST(Gpu, ProcessStreamsForkAfterAndJoinBeforeTheLegacyStream) {
   cudaFree(b);
 }
 
+// copy_bytes into device memory is complete when it returns, not only ordered before later work on
+// the legacy stream: a stream of its own (the engine's) reads the bytes at once. The legacy stream
+// is held back 100 ms first, so a copy left queued there would be read before it ran.
+TEST(Gpu, CopyBytesIntoDeviceMemoryIsCompleteOnReturn) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kBytes = 1 << 20;
+  void* src = nullptr;
+  void* dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dst, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(src, 0x77, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dst, 0, kBytes), cudaSuccess);
+  cudaStream_t own = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold_back, nullptr), cudaSuccess);
+  ASSERT_TRUE(copy_bytes(dst, Device::cuda(0), src, Device::cuda(0), kBytes).ok());
+  std::vector<uint8_t> host(kBytes);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), dst, kBytes, cudaMemcpyDeviceToHost, own), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
+  EXPECT_EQ(std::count(host.begin(), host.end(), 0x77), static_cast<long>(kBytes));
+  cudaStreamDestroy(own);
+  cudaFree(src);
+  cudaFree(dst);
+}
+
 }  // namespace
 }  // namespace ferry::reload
