@@ -10,25 +10,30 @@
 namespace ferry::kernels::detail {
 namespace {
 
-Status check_outputs(std::string_view what, const std::vector<StorageTensor>& layout,
-                     std::span<const TensorView> views, Device device) {
+// `what` names the tensors in errors; it is only called to build one (a kernel call that passes
+// costs no string).
+template <typename What>
+Status check_outputs(const What& what, const std::vector<StorageTensor>& layout, std::span<const TensorView> views,
+                     Device device) {
   if (views.size() != layout.size()) {
     std::string names;
     for (const auto& t : layout) names += (names.empty() ? "" : ", ") + t.suffix;
     return Status::invalid_argument(
-        fmt::format("{}: {} tensors given where the layout has {} ({})", what, views.size(), layout.size(), names));
+        fmt::format("{}: {} tensors given where the layout has {} ({})", what(), views.size(), layout.size(), names));
   }
   for (size_t i = 0; i < views.size(); ++i) {
-    const std::string name = fmt::format("{} '{}'", what, layout[i].suffix);
-    FERRY_RETURN_IF_ERROR(expect_tensor(views[i], name, layout[i].dtype, layout[i].shape));
-    if (views[i].device() != device) {
+    const TensorView& v = views[i];
+    if (v.dtype() == layout[i].dtype && v.shape() == layout[i].shape && v.is_contiguous() && v.device() == device &&
+        (v.numel() == 0 || v.data() != nullptr)) {
+      continue;
+    }
+    const std::string name = fmt::format("{} '{}'", what(), layout[i].suffix);
+    FERRY_RETURN_IF_ERROR(expect_tensor(v, name, layout[i].dtype, layout[i].shape));
+    if (v.device() != device) {
       return Status::invalid_argument(
-          fmt::format("{}: on {} while the other tensors are on {}", name, views[i].device().to_string(),
-                      device.to_string()));
+          fmt::format("{}: on {} while the other tensors are on {}", name, v.device().to_string(), device.to_string()));
     }
-    if (views[i].numel() > 0 && views[i].data() == nullptr) {
-      return Status::invalid_argument(fmt::format("{}: null data", name));
-    }
+    return Status::invalid_argument(fmt::format("{}: null data", name));
   }
   return ok_status();
 }
@@ -71,8 +76,8 @@ Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::sp
   if (input.numel() > 0 && input.empty()) return Status::invalid_argument("quantize input: null data");
   if (outputs.empty()) return Status::invalid_argument("quantize: no output tensors given");
   FERRY_ASSIGN_OR_RETURN(auto layout, storage_layout(scheme, input.shape(), shard_rows, outputs[0].dtype()));
-  FERRY_RETURN_IF_ERROR(check_outputs(fmt::format("quantize {} output", scheme_name(scheme)), layout, outputs,
-                                      input.device()));
+  FERRY_RETURN_IF_ERROR(check_outputs([&] { return fmt::format("quantize {} output", scheme_name(scheme)); }, layout,
+                                      outputs, input.device()));
   QuantArgs a;
   a.scheme = scheme;
   a.in = input.data();
@@ -101,7 +106,8 @@ Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> stora
     logical = w0.shape();
   }
   FERRY_ASSIGN_OR_RETURN(auto layout, storage_layout(scheme, logical, shard_rows, w0.dtype()));
-  FERRY_RETURN_IF_ERROR(check_outputs(fmt::format("{} storage", scheme_name(scheme)), layout, storage, device));
+  FERRY_RETURN_IF_ERROR(
+      check_outputs([&] { return fmt::format("{} storage", scheme_name(scheme)); }, layout, storage, device));
   const Geometry g = geometry(scheme, logical);
   WeightArgs w;
   w.scheme = scheme;
@@ -130,9 +136,9 @@ Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales,
   const int64_t k = qweight.dim(0) * kGptqPackFactor;
   FERRY_ASSIGN_OR_RETURN(auto in_layout, gptq_checkpoint_layout({n, k}));
   const TensorView ins[] = {qweight, scales, g_idx};
-  FERRY_RETURN_IF_ERROR(check_outputs("gptq_reload checkpoint", in_layout, ins, qweight.device()));
+  FERRY_RETURN_IF_ERROR(check_outputs([] { return std::string("gptq_reload checkpoint"); }, in_layout, ins, qweight.device()));
   FERRY_ASSIGN_OR_RETURN(auto out_layout, gptq_storage_layout({n, k}));
-  FERRY_RETURN_IF_ERROR(check_outputs("gptq_reload output", out_layout, outputs, qweight.device()));
+  FERRY_RETURN_IF_ERROR(check_outputs([] { return std::string("gptq_reload output"); }, out_layout, outputs, qweight.device()));
   GptqArgs a;
   a.qweight = qweight.data_as<const int32_t>();
   a.scales = scales.data_as<const uint16_t>();
