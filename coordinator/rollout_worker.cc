@@ -298,6 +298,10 @@ class RolloutWorkerImpl final : public RolloutWorker {
         data = static_cast<const uint8_t*>(kept->data());
       }
     }
+    // A host bucket the transport hands over (tcp) is lent the same way when that saves the engine
+    // its scratch and copy-in: the bucket's buffer stays alive until the pieces' layers are done.
+    std::shared_ptr<const void> handed_over;
+    if (st.ok() && !kept && !where.is_cuda() && engine_->lends_host_pieces()) handed_over = transport::bucket_owner();
     for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
       const auto& p = header.pieces(i);
       auto dt = parse_dtype(p.dtype());
@@ -310,6 +314,8 @@ class RolloutWorkerImpl final : public RolloutWorker {
         st = apply_direct(header.sender_nonce(), p, dst, *dt);
       } else if (kept) {
         st = engine_->lend_piece(p.param(), 0, dst, *dt, kept, data + p.offset(), p.bytes(), payload_device);
+      } else if (handed_over) {
+        st = engine_->lend_piece(p.param(), 0, dst, *dt, handed_over, data + p.offset(), p.bytes());
       } else {
         st = engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());
       }

@@ -149,6 +149,8 @@ std::vector<kernels::StorageTensor> ReloadEngine::input_layout(uint32_t param) c
   return param < params_.size() ? params_[param].inputs : std::vector<kernels::StorageTensor>{};
 }
 
+bool ReloadEngine::lends_host_pieces() const { return storage_.device().is_cpu() && max_staging_ == 0; }
+
 Status ReloadEngine::begin(uint64_t version) {
   abort();
   version_ = version;

@@ -102,6 +102,10 @@ class ReloadEngine {
   // trainer's tensors), whole rows or a whole input; other device pieces are staged through host.
   Status lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, std::shared_ptr<const void> owner,
                     const void* data, size_t bytes, Device data_device = Device::cpu());
+  // True when lending host pieces saves work: the storage is on the host (lent rows are quantized
+  // straight into it, with no scratch and no copy-in) and no staging limit is set (lent bytes count
+  // as staging, at full precision).
+  bool lends_host_pieces() const;
   // Ends the update: every layer complete, no piece for an unknown tensor, census moved 0/N;
   // otherwise an error naming what is missing, unknown or moved. Incomplete layers keep their
   // previous storage untouched.

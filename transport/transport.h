@@ -75,6 +75,24 @@ class Connection {
 // unless capabilities().device_memory is set and host_memory is not (cuda_ipc, nccl): then they
 // are device memory on the receiver's current device.
 using BucketCallback = std::function<Status(const uint8_t* data, size_t size)>;
+
+// During a BucketCallback: the owner of the bucket's bytes when the transport hands them over, else
+// null. A receiver that holds a copy of it keeps the bytes valid past the callback (the transport
+// reads the next bucket into another buffer), so it can read them in place later instead of copying
+// them now. tcp hands its host buffers over; the others do not (their bytes live in a ring, or in
+// device memory the rank keeps by copying).
+std::shared_ptr<const void> bucket_owner();
+// Set by a transport around its BucketCallback (this thread only).
+class BucketOwnerScope {
+ public:
+  explicit BucketOwnerScope(std::shared_ptr<const void> owner);
+  ~BucketOwnerScope();
+  BucketOwnerScope(const BucketOwnerScope&) = delete;
+  BucketOwnerScope& operator=(const BucketOwnerScope&) = delete;
+
+ private:
+  std::shared_ptr<const void> previous_;
+};
 // Called when a sending peer's connection ends (OK for a clean close).
 using PeerClosedCallback = std::function<void(const Status& why)>;
 

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
 #include <cstdlib>
 #include <deque>
 #include <future>
@@ -299,6 +302,59 @@ TEST_P(Conformance, CloseWithBucketsUndelivered) {
   if (!inbox_->closed().empty()) {
     EXPECT_TRUE(inbox_->closed()[0].ok()) << inbox_->closed()[0].to_string();
   }
+}
+
+// tcp hands each bucket's buffer over (bucket_owner()): a receiver that keeps it reads the bytes
+// after later buckets have arrived, unchanged; one that does not keep it sees the buffer reused.
+// Regression for the handover: a receiver that reused its one buffer overwrote kept buckets.
+TEST(TcpHandover, KeptBucketsOutliveLaterOnes) {
+  auto rx = create_transport("tcp");
+  auto tx = create_transport("tcp");
+  ASSERT_TRUE(rx.ok() && tx.ok());
+  constexpr size_t kBucket = 1 << 20;
+  constexpr int kCount = 6;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<const void>> owners;
+  std::vector<const uint8_t*> seen;
+  auto blob = (*rx)->listen(
+      [&](const uint8_t* data, size_t size) {
+        std::lock_guard<std::mutex> lock(mu);
+        EXPECT_EQ(size, kBucket);
+        seen.push_back(data);
+        // Keep the even buckets only.
+        if (seen.size() % 2 == 1) owners.push_back(bucket_owner());
+        EXPECT_NE(bucket_owner(), nullptr);
+        cv.notify_all();
+        return ok_status();
+      },
+      [](const Status&) {});
+  ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+  auto conn = (*tx)->connect(*blob, in(10s));
+  ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+  std::vector<uint8_t> src(kBucket * kCount);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i / kBucket * 37 + i % 251);
+  auto region = (*tx)->register_memory(src.data(), src.size(), Device::cpu());
+  ASSERT_TRUE(region.ok());
+  for (int k = 0; k < kCount; ++k) {
+    auto h = (*conn)->post(**region, static_cast<size_t>(k) * kBucket, kBucket);
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE((*h)->wait(in(30s)).ok());
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_until(lock, in(30s), [&] { return seen.size() == kCount; }));
+  }
+  EXPECT_EQ(bucket_owner(), nullptr) << "the owner is set only during a callback";
+  for (int k = 0; k < kCount; k += 2) {
+    EXPECT_EQ(std::memcmp(seen[static_cast<size_t>(k)], src.data() + static_cast<size_t>(k) * kBucket, kBucket), 0)
+        << "kept bucket " << k << " changed after later buckets arrived";
+  }
+  // A bucket nobody kept leaves its buffer to the next one.
+  EXPECT_EQ(seen[1], seen[2]) << "an unkept buffer was not reused";
+  conn->reset();
+  (*tx)->shutdown();
+  (*rx)->shutdown();
 }
 
 TEST_P(Conformance, MalformedBlobFails) {
