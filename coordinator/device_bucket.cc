@@ -24,36 +24,11 @@ Status decode_device_bucket(const uint8_t* data, size_t size, Device device, wir
   return check_payload(*header, data, device);
 }
 
-PayloadPool::PayloadPool() : state_(std::make_shared<State>()) {}
-
-size_t PayloadPool::idle() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->free.size();
-}
+PayloadPool::PayloadPool() : buffers_(kMaxIdle) {}
 
 Result<std::shared_ptr<const Buffer>> PayloadPool::take(size_t bytes, Device device) {
-  Buffer buf;
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    for (auto it = state_->free.begin(); it != state_->free.end(); ++it) {
-      if (it->device() == device && it->size() >= bytes) {
-        buf = std::move(*it);
-        state_->free.erase(it);
-        break;
-      }
-    }
-  }
-  if (buf.data() == nullptr) {
-    FERRY_ASSIGN_OR_RETURN(buf, Buffer::allocate(std::max<size_t>(bytes, 1), device));
-  }
-  std::weak_ptr<State> pool = state_;
-  return std::shared_ptr<const Buffer>(new Buffer(std::move(buf)), [pool](const Buffer* b) {
-    std::unique_ptr<Buffer> owned(const_cast<Buffer*>(b));
-    if (auto s = pool.lock()) {
-      std::lock_guard<std::mutex> lock(s->mu);
-      if (s->free.size() < kMaxIdle) s->free.push_back(std::move(*owned));
-    }
-  });
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> b, buffers_.take(bytes, device));
+  return std::shared_ptr<const Buffer>(std::move(b));
 }
 
 Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, size_t bytes, Device from, Device to) {

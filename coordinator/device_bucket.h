@@ -4,10 +4,9 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
-#include <vector>
 
 #include "core/buffer.h"
+#include "core/shared_buffers.h"
 #include "core/status.h"
 #include "proto/ferry.pb.h"
 
@@ -27,14 +26,10 @@ class PayloadPool {
   // A buffer of at least `bytes` on `device`, for the caller to fill with work queued on the
   // device's legacy default stream (ordered after the kernels that read the buffer last).
   Result<std::shared_ptr<const Buffer>> take(size_t bytes, Device device);
-  size_t idle() const;
+  size_t idle() const { return buffers_.idle(); }
 
  private:
-  struct State {
-    mutable std::mutex mu;
-    std::vector<Buffer> free;
-  };
-  std::shared_ptr<State> state_;
+  SharedBufferPool buffers_;
 };
 
 }  // namespace ferry::coordinator

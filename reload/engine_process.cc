@@ -135,12 +135,11 @@ Status ReloadEngine::process(Layer& layer) {
     forked_ = true;
     // Device bytes someone else owns (a pooled buffer that a gather or a payload copy on the legacy
     // stream filled) are read after that work; bytes read in place need no wait.
-    bool owned = false;
-    for (uint32_t q : layer.params) {
-      for (const auto* list : {&params_[q].lent, &params_[q].whole}) {
-        for (const Param::Lent& l : *list) owned = owned || (l.owner != nullptr && l.rows.device().is_cuda());
-      }
-    }
+    const auto filled = [](const Param::Lent& l) { return l.owner != nullptr && l.rows.device().is_cuda(); };
+    const bool owned = std::any_of(layer.params.begin(), layer.params.end(), [&](uint32_t q) {
+      const Param& p = params_[q];
+      return std::any_of(p.lent.begin(), p.lent.end(), filled) || std::any_of(p.whole.begin(), p.whole.end(), filled);
+    });
     if (owned) FERRY_RETURN_IF_ERROR(streams_->fork(index));
     exec.stream = streams_->stream(index);
   }

@@ -97,9 +97,7 @@ Result<std::unique_ptr<ProcessStreams>> ProcessStreams::create(int device, int c
 ProcessStreams::~ProcessStreams() = default;
 
 Status ProcessStreams::fork() {
-  ScopedDevice d(impl_->device);
-  FERRY_CUDA_CHECK(cudaEventRecord(impl_->forked, cudaStreamLegacy));
-  for (cudaStream_t s : impl_->streams) FERRY_CUDA_CHECK(cudaStreamWaitEvent(s, impl_->forked, 0));
+  for (size_t i = 0; i < impl_->streams.size(); ++i) FERRY_RETURN_IF_ERROR(fork(i));
   return ok_status();
 }
 

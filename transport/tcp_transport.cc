@@ -5,7 +5,6 @@
 #include <future>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/shared_buffers.h"
 #include "core/settings.h"
 #include "transport/handle.h"
 
@@ -34,41 +34,6 @@ void tune(tcp::socket& s) {
 Status net_error(std::string_view what, const boost::system::error_code& ec) {
   return Status::unavailable(fmt::format("tcp {}: {}", what, ec.message()));
 }
-
-// Receive buffers: a bucket's buffer is handed to the callback (bucket_owner()); one the callback
-// kept goes back to the idle list when its last holder lets go, and the next bucket takes an idle
-// one (its pages already touched) or a new one.
-class ReceiveBuffers {
- public:
-  using Bytes = std::vector<uint8_t>;
-  std::shared_ptr<Bytes> take(size_t n) {
-    Bytes v;
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      if (!state_->idle.empty()) {
-        v = std::move(state_->idle.back());
-        state_->idle.pop_back();
-      }
-    }
-    v.resize(n);
-    std::weak_ptr<State> pool = state_;
-    return std::shared_ptr<Bytes>(new Bytes(std::move(v)), [pool](Bytes* b) {
-      std::unique_ptr<Bytes> owned(b);
-      if (auto s = pool.lock()) {
-        std::lock_guard<std::mutex> lock(s->mu);
-        if (s->idle.size() < kMaxIdle) s->idle.push_back(std::move(*owned));
-      }
-    });
-  }
-
- private:
-  static constexpr size_t kMaxIdle = 4;
-  struct State {
-    std::mutex mu;
-    std::vector<Bytes> idle;
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
-};
 
 // Receives buckets from one sender.
 class Receiver : public std::enable_shared_from_this<Receiver> {
@@ -94,24 +59,26 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
         return self->finish(Status::resource_exhausted(
             fmt::format("tcp: peer announced a {}-byte bucket; the limit is {}", n, self->max_bucket_)));
       }
-      // The last bucket's buffer again, unless the callback kept it.
-      if (self->body_ == nullptr || self->body_.use_count() > 1) {
-        self->body_ = self->buffers_.take(n);
-      } else {
-        self->body_->resize(n);
+      // The last bucket's buffer again, unless the callback kept it (or it is too small).
+      if (self->body_ == nullptr || self->body_.use_count() > 1 || self->body_->size() < n) {
+        auto b = self->buffers_.take(n);
+        if (!b.ok()) return self->finish(b.status().with_context("tcp: a receive buffer"));
+        self->body_ = std::move(*b);
       }
+      self->body_bytes_ = n;
       self->read_body();
     });
   }
 
   void read_body() {
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(*body_), transfer_all_large, [self](boost::system::error_code ec, size_t) {
+    asio::async_read(socket_, asio::buffer(body_->data(), body_bytes_), transfer_all_large,
+                     [self](boost::system::error_code ec, size_t) {
       if (ec) return self->finish(net_error("receive", ec));
       Status st;
       {
         BucketOwnerScope handed_over(self->body_);
-        st = self->on_bucket_(self->body_->data(), self->body_->size());
+        st = self->on_bucket_(self->body_->data_as<uint8_t>(), self->body_bytes_);
       }
       if (!st.ok()) return self->finish(st);
       self->read_header();
@@ -128,8 +95,11 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
   std::array<uint8_t, 8> header_{};
-  ReceiveBuffers buffers_;
-  std::shared_ptr<std::vector<uint8_t>> body_;
+  // A bucket's buffer is handed to the callback (bucket_owner()); one it kept returns here when its
+  // last holder lets go, and the next bucket takes an idle one (pages already touched) or a new one.
+  SharedBufferPool buffers_{4};
+  std::shared_ptr<Buffer> body_;
+  size_t body_bytes_ = 0;
 };
 
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {

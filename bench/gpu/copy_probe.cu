@@ -1,6 +1,6 @@
 // copy_probe: how close simple streaming kernels come to cudaMemcpy on this GPU, to tell the cost
 // of a kernel's memory access pattern from the cost of its arithmetic. Standalone (nvcc only):
-//   nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o copy_probe bench/gpu/copy_probe.cu && ./copy_probe
+//   nvcc -O3 -I. -gencode=arch=compute_90,code=sm_90 -o copy_probe bench/gpu/copy_probe.cu && ./copy_probe
 // Prints one JSON line per variant: bytes moved (read + written) per second, and the ratio to
 // cudaMemcpyAsync device-to-device of the same input bytes measured in the same run.
 #include <cuda_runtime.h>
@@ -10,14 +10,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e));             \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "bench/gpu/probe_util.cuh"
 
 // 16 bytes per thread per step, grid-stride, `U` steps unrolled with all loads first.
 template <int U, bool kStreaming>
@@ -69,26 +62,6 @@ __global__ void narrow(const uint4* __restrict__ in, uint2* __restrict__ out, in
       }
     }
   }
-}
-
-template <typename F>
-double time_ms(F f) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  f();
-  std::vector<float> s;
-  for (int i = 0; i < 9; ++i) {
-    CK(cudaEventRecord(a));
-    f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    s.push_back(ms);
-  }
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
 }
 
 int main() {

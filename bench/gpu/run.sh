@@ -145,7 +145,7 @@ if want torch && [ -f bench/gpu/torch_baseline.py ]; then
 fi
 want colocated && python3 bench/gpu/plot_colocated.py "$out/results.jsonl" "$out/colocated.png" >> "$out/tests.log" 2>&1
 if want probe && command -v nvcc > /dev/null; then
-  nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/copy_probe bench/gpu/copy_probe.cu >> "$out/tests.log" 2>&1 &&
+  nvcc -O3 -I. -gencode=arch=compute_90,code=sm_90 -o /tmp/copy_probe bench/gpu/copy_probe.cu >> "$out/tests.log" 2>&1 &&
     /tmp/copy_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"
   nvcc -O3 -std=c++20 -I. -gencode=arch=compute_90,code=sm_90 -o /tmp/quant_probe bench/gpu/quant_probe.cu \
     >> "$out/tests.log" 2>&1 && /tmp/quant_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"

@@ -86,11 +86,12 @@ __global__ void __launch_bounds__(kThreads) block_vec_kernel(const void* in, uin
   }
 }
 
-// ops::int4_scale_f16 with the hardware's conversions, which give the same bits (amax / 7 is finite
-// and non-negative; both round to nearest even, overflow to inf and keep subnormals): every lane of
-// a group computes its scale, and the software conversions cost those lanes more than their codes.
+// ops::int4_scale_f16 with the hardware's conversion (to_f16 above), which gives the same bits
+// (amax / 7 is finite and non-negative; both round to nearest even, overflow to inf and keep
+// subnormals): every lane of a group computes its scale, and the software conversion costs those
+// lanes more than their codes.
 __device__ __forceinline__ uint16_t int4_scale_f16_hw(float amax) {
-  const uint16_t h = __half_as_ushort(__float2half_rn(amax / 7.0f));
+  const uint16_t h = to_f16(amax / 7.0f);
   return h == 0 ? ops::kF16One : (h >= ops::kF16Inf ? ops::kF16Max : h);
 }
 

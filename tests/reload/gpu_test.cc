@@ -192,17 +192,22 @@ TEST(Gpu, DecoderStepIsACudaGraphThatFollowsUpdates) {
 // without the ordering the other side reads the old bytes.
 void CUDART_CB hold_back(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
 
+// `bytes` of cuda:0 memory, every byte `value`.
+Result<Buffer> device_bytes(size_t bytes, int value) {
+  FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(bytes, Device::cuda(0)));
+  if (cudaMemset(b.data(), value, bytes) != cudaSuccess) return Status::internal("cudaMemset failed");
+  return b;
+}
+
 TEST(Gpu, ProcessStreamsForkAfterAndJoinBeforeTheLegacyStream) {
   SKIP_WITHOUT_GPU();
   auto streams = ProcessStreams::create(0, 3);
   ASSERT_TRUE(streams.ok()) << streams.status().to_string();
   constexpr size_t kBytes = 1 << 20;
-  void* a = nullptr;
-  void* b = nullptr;
-  ASSERT_EQ(cudaMalloc(&a, kBytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&b, kBytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(a, 0, kBytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(b, 0, kBytes), cudaSuccess);
+  auto a_buf = device_bytes(kBytes, 0), b_buf = device_bytes(kBytes, 0);
+  ASSERT_TRUE(a_buf.ok() && b_buf.ok());
+  void* a = a_buf->data();
+  void* b = b_buf->data();
   // Fork: legacy work (late) writes a; a process stream copies a to b after the fork.
   ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold_back, nullptr), cudaSuccess);
   ASSERT_EQ(cudaMemsetAsync(a, 0x5A, kBytes, cudaStreamLegacy), cudaSuccess);
@@ -221,8 +226,6 @@ TEST(Gpu, ProcessStreamsForkAfterAndJoinBeforeTheLegacyStream) {
   ASSERT_EQ(cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(host.data(), b, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(std::count(host.begin(), host.end(), 0x3C), static_cast<long>(kBytes)) << "the join did not order";
-  cudaFree(a);
-  cudaFree(b);
 }
 
 // copy_bytes into device memory is complete when it returns, not only ordered before later work on
@@ -231,23 +234,17 @@ TEST(Gpu, ProcessStreamsForkAfterAndJoinBeforeTheLegacyStream) {
 TEST(Gpu, CopyBytesIntoDeviceMemoryIsCompleteOnReturn) {
   SKIP_WITHOUT_GPU();
   constexpr size_t kBytes = 1 << 20;
-  void* src = nullptr;
-  void* dst = nullptr;
-  ASSERT_EQ(cudaMalloc(&src, kBytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dst, kBytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(src, 0x77, kBytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dst, 0, kBytes), cudaSuccess);
+  auto src = device_bytes(kBytes, 0x77), dst = device_bytes(kBytes, 0);
+  ASSERT_TRUE(src.ok() && dst.ok());
   cudaStream_t own = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
   ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold_back, nullptr), cudaSuccess);
-  ASSERT_TRUE(copy_bytes(dst, Device::cuda(0), src, Device::cuda(0), kBytes).ok());
+  ASSERT_TRUE(copy_bytes(dst->data(), Device::cuda(0), src->data(), Device::cuda(0), kBytes).ok());
   std::vector<uint8_t> host(kBytes);
-  ASSERT_EQ(cudaMemcpyAsync(host.data(), dst, kBytes, cudaMemcpyDeviceToHost, own), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), dst->data(), kBytes, cudaMemcpyDeviceToHost, own), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(own), cudaSuccess);
   EXPECT_EQ(std::count(host.begin(), host.end(), 0x77), static_cast<long>(kBytes));
   cudaStreamDestroy(own);
-  cudaFree(src);
-  cudaFree(dst);
 }
 
 }  // namespace
