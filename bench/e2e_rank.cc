@@ -17,6 +17,7 @@
 #include "bench/e2e_probe.h"
 #include "core/asio.h"
 #include "core/log.h"
+#include "core/settings.h"
 #include "coordinator/channel.h"
 #include "coordinator/rollout_worker.h"
 #include "examples/demo/llama_config.h"
@@ -66,8 +67,10 @@ class ControlEcho {
 
 // This rank's pieces as a bucket delivers them (one per slice, bf16, new values before every run,
 // as every update brings), processed through a reload engine of its own over storage of its own;
-// median seconds of `runs` whole updates (begin, every piece, finalize).
+// median seconds of `runs` whole updates (begin, every piece, finalize). The pieces are borrowed
+// for a bucket's worth of FERRY_BUCKET_BYTES at a time, as a rank borrows a host bucket's.
 Result<std::pair<uint64_t, double>> process_probe(const sharding::RankSpec& spec, int runs) {
+  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
   FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
   FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, storage));
   struct Piece {
@@ -93,9 +96,17 @@ Result<std::pair<uint64_t, double>> process_probe(const sharding::RankSpec& spec
     }
     const auto t0 = Clock::now();
     FERRY_RETURN_IF_ERROR(engine->begin(static_cast<uint64_t>(r + 1)));
+    uint64_t in_bucket = 0;
     for (const auto& pc : pieces) {
-      FERRY_RETURN_IF_ERROR(engine->apply_piece(pc.param, pc.dst, DType::kBF16, pc.data.data(), pc.data.size() * 2));
+      const size_t n = pc.data.size() * 2;
+      if (in_bucket > 0 && in_bucket + n > bucket_bytes) {
+        FERRY_RETURN_IF_ERROR(engine->release_borrowed());
+        in_bucket = 0;
+      }
+      in_bucket += n;
+      FERRY_RETURN_IF_ERROR(engine->borrow_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data.data(), n));
     }
+    FERRY_RETURN_IF_ERROR(engine->release_borrowed());
     FERRY_RETURN_IF_ERROR(engine->finalize().status());
     if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }

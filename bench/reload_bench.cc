@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/region_copy.h"
+#include "core/settings.h"
 #include "examples/tiny_decoder/model.h"
 #include "kernels/gptq.h"
 #include "reload/checkpoint_loader.h"
@@ -122,19 +123,36 @@ Status bench_scheme(bool json, const std::string& scheme) {
   // Lent: the rank owns its received buckets and lends them until their layer is processed (the
   // pieces here outlive every update). Copied: the buckets are the transport's, so every piece is
   // copied (staged, or processed into scratch) before its layer completes.
-  auto update = [&](bool lend) -> Status {
+  // Borrowed: the buckets are the transport's, valid during their callback: pieces are borrowed
+  // and released at the end of every FERRY_BUCKET_BYTES of them.
+  enum class Mode { kLent, kCopied, kBorrowed };
+  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  auto update = [&](Mode mode) -> Status {
     FERRY_RETURN_IF_ERROR(engine->begin(++version));
+    uint64_t in_bucket = 0;
     for (const auto& p : pieces) {
-      FERRY_RETURN_IF_ERROR(lend ? engine->lend_piece(p.param, p.input, p.dst, p.dtype, nullptr, p.bytes.data(),
-                                                      p.bytes.size())
-                                 : engine->apply_input_piece(p.param, p.input, p.dst, p.dtype, p.bytes.data(),
-                                                             p.bytes.size()));
+      if (mode == Mode::kLent) {
+        FERRY_RETURN_IF_ERROR(
+            engine->lend_piece(p.param, p.input, p.dst, p.dtype, nullptr, p.bytes.data(), p.bytes.size()));
+      } else if (mode == Mode::kCopied) {
+        FERRY_RETURN_IF_ERROR(
+            engine->apply_input_piece(p.param, p.input, p.dst, p.dtype, p.bytes.data(), p.bytes.size()));
+      } else {
+        if (in_bucket > 0 && in_bucket + p.bytes.size() > bucket_bytes) {
+          FERRY_RETURN_IF_ERROR(engine->release_borrowed());
+          in_bucket = 0;
+        }
+        in_bucket += p.bytes.size();
+        FERRY_RETURN_IF_ERROR(engine->borrow_piece(p.param, p.input, p.dst, p.dtype, p.bytes.data(), p.bytes.size()));
+      }
     }
+    if (mode == Mode::kBorrowed) FERRY_RETURN_IF_ERROR(engine->release_borrowed());
     return engine->finalize().status();
   };
   // One update of each first: staging pools and page tables are warm in a running rank.
-  FERRY_RETURN_IF_ERROR(update(true));
-  FERRY_RETURN_IF_ERROR(update(false));
+  FERRY_RETURN_IF_ERROR(update(Mode::kLent));
+  FERRY_RETURN_IF_ERROR(update(Mode::kCopied));
+  FERRY_RETURN_IF_ERROR(update(Mode::kBorrowed));
 
   // The bare kernels: every parameter's whole input, already assembled, straight into storage.
   std::vector<std::vector<TensorView>> ins, outs;
@@ -174,9 +192,10 @@ Status bench_scheme(bool json, const std::string& scheme) {
     }
     return ok_status();
   };
-  FERRY_ASSIGN_OR_RETURN(auto medians, interleaved_medians(kRuns, {[&] { return update(true); },
-                                                                   [&] { return update(false); }, bare}));
-  const double engine_s = medians[0], copied_s = medians[1], bare_s = medians[2];
+  FERRY_ASSIGN_OR_RETURN(auto medians, interleaved_medians(kRuns, {[&] { return update(Mode::kLent); },
+                                                                   [&] { return update(Mode::kCopied); },
+                                                                   [&] { return update(Mode::kBorrowed); }, bare}));
+  const double engine_s = medians[0], copied_s = medians[1], borrowed_s = medians[2], bare_s = medians[3];
 
   std::vector<uint8_t> dst(in_bytes);
   FERRY_ASSIGN_OR_RETURN(double copy_s, median_seconds(kRuns, [&]() -> Status {
@@ -190,6 +209,7 @@ Status bench_scheme(bool json, const std::string& scheme) {
   const double base_gbps = 2.0 * static_cast<double>(in_bytes) / copy_s / 1e9;
   print(json, scheme, bytes, engine_s, base_gbps);
   print(json, scheme + "/copied", bytes, copied_s, base_gbps);
+  print(json, scheme + "/borrowed", bytes, borrowed_s, base_gbps);
   print(json, scheme + "/kernels", bytes, bare_s, base_gbps);
   return ok_status();
 }

@@ -11,7 +11,10 @@ namespace ferry {
 //   {"bench":"reload","case":"<scheme>","device":"cpu","bytes":N,"seconds":S,"gbps":G,
 //    "baseline":"memcpy","baseline_gbps":B,"ratio":R}
 //     the engine fed by lend_piece() (a rank that owns its received buckets);
-//   the same with "case":"<scheme>/copied": fed by apply_input_piece() (borrowed bytes, copied);
+//   the same with "case":"<scheme>/copied": fed by apply_input_piece() (bytes valid during the
+//     call only: whatever waits for its layer is copied);
+//   the same with "case":"<scheme>/borrowed": fed by borrow_piece(), with release_borrowed() after
+//     every FERRY_BUCKET_BYTES of pieces (a rank whose transport keeps its buckets);
 //   the same with "case":"<scheme>/kernels": the bare processing kernels over the same parameters,
 //   so that the engine's overhead over its kernels reads off the lines.
 // bytes: piece bytes received plus storage bytes written; seconds: median of the timed updates

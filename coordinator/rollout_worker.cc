@@ -302,6 +302,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     // its scratch and copy-in: the bucket's buffer stays alive until the pieces' layers are done.
     std::shared_ptr<const void> handed_over;
     if (st.ok() && !kept && !where.is_cuda() && engine_->lends_host_pieces()) handed_over = transport::bucket_owner();
+    bool borrowed = false;
     for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
       const auto& p = header.pieces(i);
       auto dt = parse_dtype(p.dtype());
@@ -317,8 +318,15 @@ class RolloutWorkerImpl final : public RolloutWorker {
       } else if (handed_over) {
         st = engine_->lend_piece(p.param(), 0, dst, *dt, handed_over, data + p.offset(), p.bytes());
       } else {
-        st = engine_->apply_piece(p.param(), dst, *dt, data + p.offset(), p.bytes());
+        // Valid until this callback returns: a layer the bucket completes is processed from it in
+        // place; the rest is copied by release_borrowed() below.
+        st = engine_->borrow_piece(p.param(), 0, dst, *dt, data + p.offset(), p.bytes());
+        borrowed = true;
       }
+    }
+    if (borrowed) {
+      Status released = engine_->release_borrowed();
+      if (st.ok()) st = released;
     }
     if (!st.ok() && bucket_error_.ok()) bucket_error_ = st;
     ++received_;

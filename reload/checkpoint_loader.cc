@@ -1,6 +1,7 @@
 #include "reload/checkpoint_loader.h"
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include <fmt/format.h>
@@ -83,11 +84,29 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
   }
   FERRY_RETURN_IF_ERROR(engine.begin(version));
   std::vector<uint8_t> buf;
+  std::vector<uint8_t> bucket(options.borrow_bucket_bytes);
+  size_t filled = 0;
+  // Ends the bucket's borrows and spoils its bytes: whatever the engine read later would show.
+  auto next_bucket = [&]() -> Status {
+    Status st = engine.release_borrowed();
+    std::memset(bucket.data(), 0xff, filled);
+    filled = 0;
+    return st;
+  };
   for (const Piece& p : order) {
     const DType dt = p.src.dtype();
     buf.resize(dtype_bytes(dt, p.src_region.numel()));
     Status st = pack_region(p.src, p.src_region, buf.data(), buf.size());
-    if (st.ok() && options.lend_from.is_cuda()) {
+    if (st.ok() && options.borrow_bucket_bytes > 0) {
+      if (filled + buf.size() > bucket.size()) st = next_bucket();
+      if (st.ok() && buf.size() > bucket.size()) bucket.resize(buf.size());
+      if (st.ok()) {
+        uint8_t* at = bucket.data() + filled;
+        std::memcpy(at, buf.data(), buf.size());
+        filled += buf.size();
+        st = engine.borrow_piece(p.param, p.input, p.dst, dt, at, buf.size());
+      }
+    } else if (st.ok() && options.lend_from.is_cuda()) {
       auto dev = Buffer::allocate(std::max<size_t>(buf.size(), 1), options.lend_from);
       st = dev.status();
       if (st.ok()) st = copy_bytes(dev->data(), options.lend_from, buf.data(), Device::cpu(), buf.size());
@@ -104,6 +123,12 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
       st = engine.apply_input_piece(p.param, p.input, p.dst, dt, buf.data(), buf.size());
     }
     if (!st.ok()) {
+      engine.abort();
+      return st;
+    }
+  }
+  if (options.borrow_bucket_bytes > 0) {
+    if (Status st = next_bucket(); !st.ok()) {
       engine.abort();
       return st;
     }

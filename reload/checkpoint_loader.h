@@ -26,6 +26,11 @@ struct LoadOptions {
   // Host pieces are lent (lend_piece(), each packed piece owned by the engine until its layer is
   // processed) instead of copied (apply_input_piece()): a rank that owns its received buckets.
   bool lend = false;
+  // Non-zero: pieces are packed one after another into a bucket of this many bytes (a larger piece
+  // fills one of its own) and borrowed (borrow_piece()) until the bucket is full; then
+  // release_borrowed(), and the bucket is overwritten with 0xff bytes before it is reused, the way a
+  // transport reuses its receive buffer once the bucket's callback returned.
+  uint64_t borrow_bucket_bytes = 0;
 };
 
 // begin(version), every piece, finalize().

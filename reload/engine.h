@@ -14,7 +14,9 @@
 // must keep its previous weights. Instead, such row pieces are processed straight into registered
 // storage at completion, with no scratch and no copy-in, when their bytes are still there: the
 // piece that completes a layer (its bytes are valid during the call that processes the layer), and
-// pieces the caller lends with lend_piece() (kept until the layer is processed or the update ends).
+// pieces the caller lends with lend_piece() (kept until the layer is processed or the update ends),
+// and pieces it borrows with borrow_piece() (kept until release_borrowed(): a transport's bucket
+// during its callback, so that every layer the bucket completes is processed from it in place).
 // Of a kept piece the kernel cannot take whole (a vocabulary shard ending inside a 128-row band),
 // the run of rows it can take is processed the same way; only the rows around it are staged.
 //
@@ -106,6 +108,16 @@ class ReloadEngine {
   // straight into it, with no scratch and no copy-in) and no staging limit is set (lent bytes count
   // as staging, at full precision).
   bool lends_host_pieces() const;
+  // apply_input_piece() for host bytes that stay valid until the caller's next release_borrowed()
+  // (a transport's bucket during its callback): they are kept like lent bytes, so a layer that
+  // becomes complete before then is processed straight from them into storage, with no scratch and
+  // no copy-in. Borrowed bytes are the caller's, so they do not count as staging.
+  Status borrow_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes);
+  // Ends every borrow: what the engine still holds of borrowed bytes (their layers not yet complete)
+  // is copied now, staged or processed into scratch as apply_input_piece() would have done, and the
+  // engine never reads the borrowed bytes again. An error (the staging limit) refuses the layer it
+  // names; every borrow ends either way. Called again without borrows in between, it does nothing.
+  Status release_borrowed();
   // Ends the update: every layer complete, no piece for an unknown tensor, census moved 0/N;
   // otherwise an error naming what is missing, unknown or moved. Incomplete layers keep their
   // previous storage untouched.
@@ -163,6 +175,7 @@ class ReloadEngine {
       TensorView rows;  // whole rows from `row0`, the caller's bytes (on the storage device or host)
       int64_t row0 = 0;
       std::shared_ptr<const void> owner;
+      bool borrowed = false;  // valid only until release_borrowed()
     };
     std::vector<Lent> lent;  // processed at completion, straight into the target
     std::vector<Lent> whole;  // per input: a kept piece covering all of it, read in place of staging
@@ -179,10 +192,12 @@ class ReloadEngine {
   Status account(Layer& layer, uint32_t param, uint32_t input, Held held, uint64_t bytes);
   Status stage_input(Layer& layer, Param& p, uint32_t input);
   Status stage_piecewise(Layer& layer, Param& p);
+  // `owner` non-null: lent; `borrowed`: valid until release_borrowed(); neither: during the call.
   Status apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes,
-               const std::shared_ptr<const void>* owner, Device data_device = Device::cpu());
+               const std::shared_ptr<const void>* owner, Device data_device = Device::cpu(), bool borrowed = false);
   Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
-              const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes);
+              const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes,
+              bool borrowed = false);
   // A complete layer into storage (engine_process.cc).
   Status process(Layer& layer);
   Status process_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
@@ -198,6 +213,15 @@ class ReloadEngine {
   std::vector<Layer> layers_;
   std::map<std::string, uint32_t> by_name_;
   std::vector<std::string> unknown_;
+  // Borrowed bytes the engine still holds (or whose layers completed since), as hold() kept them.
+  struct Borrowed {
+    uint32_t param = 0, input = 0;
+    Region dst;
+    const void* data = nullptr;
+    size_t bytes = 0;
+    bool rows = false;
+  };
+  std::vector<Borrowed> borrowed_;
   uint64_t version_ = 0;
   uint64_t complete_version_ = 0;
   bool in_update_ = false;

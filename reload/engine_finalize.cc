@@ -92,6 +92,7 @@ void ReloadEngine::abort() {
   // Kernels still reading lent pieces finish before their owners may reuse the bytes.
   if (Status st = device_synchronize(storage_.device()); !st.ok()) FERRY_LOG_WARN("abort: {}", st.message());
   for (Layer& l : layers_) release(l);
+  borrowed_.clear();
   in_update_ = false;
 }
 

@@ -90,7 +90,7 @@ Status ReloadEngine::stage_piecewise(Layer& layer, Param& p) {
 // it on its own) and `kept` (its bytes stay valid until then) allow.
 Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data,
                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device, bool rows,
-                          bool kept, bool completes) {
+                          bool kept, bool completes, bool borrowed) {
   Param& p = params_[param];
   const auto& in = p.inputs[input];
   const DType dtype = in.dtype;
@@ -108,7 +108,7 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     st = stage_input(layer, p, input);
   } else if (how == Hold::kScratch) {
     st = stage_piecewise(layer, p);
-  } else if (!completes) {
+  } else if (!completes && !borrowed) {
     st = account(layer, param, input, Held::kLent, bytes);
   }
   if (!st.ok()) {
@@ -117,13 +117,16 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     release(layer);
     return st;
   }
+  if ((how == Hold::kWhole || how == Hold::kKept) && borrowed && !completes) {
+    borrowed_.push_back(Borrowed{param, input, dst, data, bytes, rows});
+  }
   if (how == Hold::kWhole) {
     if (p.whole.size() != p.inputs.size()) p.whole.resize(p.inputs.size());
     p.whole[input] = Param::Lent{TensorView(const_cast<void*>(data), dtype, in.shape, data_device), 0,
-                                 owner != nullptr ? *owner : nullptr};
+                                 owner != nullptr ? *owner : nullptr, borrowed};
   } else if (how == Hold::kKept) {
     p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size, data_device), dst.offset[0],
-                                 owner != nullptr ? *owner : nullptr});
+                                 owner != nullptr ? *owner : nullptr, borrowed});
   } else if (how == Hold::kScratch) {
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
     TensorView input_rows(const_cast<void*>(data), dtype, dst.size);
@@ -177,8 +180,34 @@ Status ReloadEngine::lend_piece(uint32_t param, uint32_t input, const Region& ds
   return apply(param, input, dst, dtype, data, bytes, &owner, data_device);
 }
 
+Status ReloadEngine::borrow_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
+                                  size_t bytes) {
+  return apply(param, input, dst, dtype, data, bytes, nullptr, Device::cpu(), true);
+}
+
+Status ReloadEngine::release_borrowed() {
+  Status first = ok_status();
+  std::vector<Borrowed> borrowed;
+  borrowed.swap(borrowed_);
+  if (!in_update_) return first;  // the update ended: its layers hold nothing any more
+  // Every borrowed entry of a parameter is dropped at once, then each borrowed piece is held again
+  // as a copied one would have been.
+  for (const Borrowed& b : borrowed) {
+    Param& p = params_[b.param];
+    Layer& layer = layers_[p.layer];
+    if (layer.processed || layer.refused) continue;
+    std::erase_if(p.lent, [](const Param::Lent& l) { return l.borrowed; });
+    for (Param::Lent& w : p.whole) {
+      if (w.borrowed) w = Param::Lent{};
+    }
+    Status st = hold(layer, b.param, b.input, b.dst, b.data, b.bytes, nullptr, Device::cpu(), b.rows, false, false);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
+}
+
 Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
-                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device) {
+                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device, bool borrowed) {
   if (!in_update_) return Status::failed_precondition("piece received outside an update");
   const bool on_device = !data_device.is_cpu();
   if (on_device && (owner == nullptr || data_device != storage_.device())) {
@@ -220,7 +249,7 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
                     p.kernel->can_process_rows(dst);
   bool completes = true;
   for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
-  const bool kept = owner != nullptr || completes;
+  const bool kept = owner != nullptr || completes || borrowed;
   if (!rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1) {
     // A kept piece of whole rows that the kernel cannot take as it is (a vocabulary shard that ends
     // inside a 128-row band, rows across per-tensor shards) may still hold a run of rows that it
@@ -238,13 +267,14 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
         part.size[0] = bounds[k + 1] - bounds[k];
         const auto* at = static_cast<const char*>(data) + static_cast<size_t>(bounds[k] - dst.offset[0]) * row_bytes;
         FERRY_RETURN_IF_ERROR(hold(layer, param, input, part, at, static_cast<size_t>(part.size[0]) * row_bytes, owner,
-                                   data_device, k == 1, kept, completes));
+                                   data_device, k == 1, kept, completes, borrowed));
       }
     } else {
-      FERRY_RETURN_IF_ERROR(hold(layer, param, input, dst, data, bytes, owner, data_device, false, kept, completes));
+      FERRY_RETURN_IF_ERROR(
+          hold(layer, param, input, dst, data, bytes, owner, data_device, false, kept, completes, borrowed));
     }
   } else {
-    FERRY_RETURN_IF_ERROR(hold(layer, param, input, dst, data, bytes, owner, data_device, rows, kept, completes));
+    FERRY_RETURN_IF_ERROR(hold(layer, param, input, dst, data, bytes, owner, data_device, rows, kept, completes, borrowed));
   }
   report_.bytes += bytes;
   report_.pieces += 1;

@@ -118,6 +118,20 @@ std::vector<Case> cases() {
     lent_rows.chunk_rows = 96;
     lent_rows.shuffle_seed = 5;
     out.push_back({s, lent_rows, "padded_rows96_shuffled_lent", 1000});
+    // Borrowed from buckets that are spoiled once released: layers a bucket completes are
+    // processed from it; the rest must have been copied by release_borrowed().
+    LoadOptions borrowed_rows;
+    borrowed_rows.borrow_bucket_bytes = 40 << 10;
+    borrowed_rows.chunk_rows = 16;
+    out.push_back({s, borrowed_rows, "rows16_borrowed40k"});
+    LoadOptions borrowed_padded;
+    borrowed_padded.borrow_bucket_bytes = 100 << 10;
+    borrowed_padded.chunk_rows = 96;
+    borrowed_padded.shuffle_seed = 3;
+    out.push_back({s, borrowed_padded, "padded_rows96_shuffled_borrowed100k", 1000});
+    LoadOptions borrowed_whole;
+    borrowed_whole.borrow_bucket_bytes = 4 << 20;
+    out.push_back({s, borrowed_whole, "whole_borrowed4m"});
   }
   return out;
 }

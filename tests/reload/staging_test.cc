@@ -127,5 +127,66 @@ TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   EXPECT_NE(testing::contents(rank->storage), v1);
 }
 
+// Borrowed pieces are the caller's bytes until release_borrowed(): a bucket that holds whole layers
+// stages nothing and processes every piece straight into storage; buckets smaller than a layer hold
+// only what release_borrowed() copies of the layers they leave incomplete, within one layer.
+TEST(Staging, BorrowedBucketsStageOnlyLayersTheyLeaveIncomplete) {
+  const tiny::Config cfg;
+  for (const std::string scheme : {"fp8_per_tensor", "fp8_per_channel", "int4_group"}) {
+    auto rank = make_rank(cfg, scheme);
+    auto w = tiny::Weights::random(cfg, rank->spec, 4);
+    LoadOptions whole;
+    whole.borrow_bucket_bytes = 64 << 20;
+    auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, whole);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->peak_staging_bytes, 0u) << scheme;
+    EXPECT_EQ(r->piecewise_pieces, 0u) << scheme;
+    EXPECT_GT(r->direct_pieces, 0u) << scheme;
+
+    LoadOptions small;
+    small.borrow_bucket_bytes = 24 << 10;
+    small.chunk_rows = 16;
+    auto s = load_checkpoint(*rank->engine, w->checkpoint(), 2, small);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_GT(s->peak_staging_bytes, 0u) << scheme;
+    EXPECT_LE(s->peak_staging_bytes, largest_layer(rank->spec)) << scheme;
+    EXPECT_EQ(s->out_of_order_layers, 0u) << scheme;
+    EXPECT_EQ(rank->engine->staging_bytes(), 0u);
+  }
+}
+
+// The staging limit applies to what release_borrowed() copies: over it, the layer is refused, named,
+// and keeps its weights, and no borrow outlives the call.
+TEST(Staging, BorrowedPiecesCopiedOverTheLimitRefuseTheirLayer) {
+  const tiny::Config cfg;
+  ASSERT_EQ(setenv("FERRY_MAX_STAGING_BYTES", "4096", 1), 0);
+  auto rank = make_rank(cfg, "fp8_per_tensor");
+  ASSERT_EQ(unsetenv("FERRY_MAX_STAGING_BYTES"), 0);
+  auto a = tiny::Weights::random(cfg, rank->spec, 1);
+  auto b = tiny::Weights::random(cfg, rank->spec, 2);
+  LoadOptions whole;
+  whole.borrow_bucket_bytes = 64 << 20;  // every layer completes inside the bucket: nothing staged
+  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1, whole).ok());
+  const auto v1 = testing::contents(rank->storage);
+  LoadOptions small;
+  small.borrow_bucket_bytes = 24 << 10;
+  small.chunk_rows = 5;
+  auto r = load_checkpoint(*rank->engine, b->checkpoint(), 2, small);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
+  const std::string msg = r.status().to_string();
+  std::string refused;
+  for (const auto& l : rank->engine->registry().layers()) {
+    if (msg.find("layer " + l + " is refused") != std::string::npos) refused = l;
+  }
+  ASSERT_FALSE(refused.empty()) << msg;
+  const auto v2 = testing::contents(rank->storage);
+  for (size_t i : rank->engine->registry().layer_tensors(refused)) {
+    const auto& name = rank->engine->registry().tensors()[i].name;
+    EXPECT_EQ(v2.at(name), v1.at(name)) << name;
+  }
+  EXPECT_EQ(rank->engine->staging_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace ferry::reload
