@@ -1,5 +1,6 @@
 // shm, receiving end and the transport: one thread serves every sender's ring, so callbacks never
-// run concurrently; a whole bucket in one slot is handed over in place, fragments are assembled.
+// run concurrently; a whole bucket in one slot goes to the callback in place, and one larger than a
+// slot is assembled from its fragments into a pooled buffer that is handed over (bucket_owner()).
 #include "transport/shm_transport.h"
 
 #include <unistd.h>
@@ -14,6 +15,7 @@
 
 #include "core/log.h"
 #include "core/settings.h"
+#include "core/shared_buffers.h"
 #include "transport/handle.h"
 #include "transport/shm_ring.h"
 
@@ -51,7 +53,10 @@ class ShmReceiver {
     RingHeader* rh;
     ListenerEntry* entry;
     uint64_t record = 0;
-    std::vector<uint8_t> assembly;
+    // The bucket being assembled from fragments (assembly_total bytes, assembled so far), in a
+    // buffer from assembly_buffers_.
+    std::shared_ptr<Buffer> assembly;
+    uint64_t assembly_total = 0;
     uint64_t assembled = 0;
   };
 
@@ -105,25 +110,40 @@ class ShmReceiver {
       if (len > h.slot_bytes || off > total || len > total - off) {
         st = Status::data_loss(fmt::format("shm: malformed slot ({} bytes at {} of {})", len, off, total));
       } else if (off == 0 && len == total) {
+        // In place, with no owner (bucket_owner() stays null): the slot is the sender's again once
+        // the callback returns, and the ring's slots go round in order, so a slot kept past the
+        // callback would stall the sender at it (and every bucket behind it) until let go.
         st = on_bucket_(data, len);
       } else {
         if (off == 0) {
+          p.assembly.reset();
+          p.assembled = 0;
           if (total > max_bucket_) {
             st = Status::resource_exhausted(fmt::format("shm: a {}-byte bucket; the limit is {}", total, max_bucket_));
           } else {
-            p.assembly.resize(total);
-            p.assembled = 0;
+            auto b = assembly_buffers_.take(total);
+            if (b.ok()) {
+              p.assembly = std::move(*b);
+              p.assembly_total = total;
+            } else {
+              st = b.status().with_context(fmt::format("shm: a buffer for a {}-byte bucket", total));
+            }
           }
         }
-        if (st.ok() && (off != p.assembled || p.assembly.size() != total)) {
+        if (st.ok() && (p.assembly == nullptr || off != p.assembled || p.assembly_total != total)) {
           st = Status::data_loss("shm: bucket fragments out of order");
         }
         if (st.ok()) {
-          std::memcpy(p.assembly.data() + off, data, len);
+          std::memcpy(p.assembly->data_as<uint8_t>() + off, data, len);
           p.assembled = off + len;
           if (p.assembled == total) {
-            st = on_bucket_(p.assembly.data(), total);
-            std::vector<uint8_t>().swap(p.assembly);  // memory stays bounded by the buckets in flight
+            {
+              BucketOwnerScope handed_over(p.assembly);
+              st = on_bucket_(p.assembly->data_as<uint8_t>(), total);
+            }
+            // Ours no longer: a buffer the callback did not keep goes back to the pool now, one it
+            // kept when its last holder lets go (on any thread, even after this receiver is gone).
+            p.assembly.reset();
             p.assembled = 0;
           }
         }
@@ -181,6 +201,9 @@ class ShmReceiver {
   uint64_t max_bucket_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
+  // Buffers buckets larger than a slot are assembled in. Memory stays bounded: a few idle ones are
+  // kept (pages already touched), the rest are freed when let go.
+  SharedBufferPool assembly_buffers_{2};
   std::atomic<bool> stop_{false};
   std::vector<std::unique_ptr<Peer>> peers_;  // touched by the thread, then by stop() after the join
   std::thread thread_;

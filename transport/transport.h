@@ -79,8 +79,12 @@ using BucketCallback = std::function<Status(const uint8_t* data, size_t size)>;
 // During a BucketCallback: the owner of the bucket's bytes when the transport hands them over, else
 // null. A receiver that holds a copy of it keeps the bytes valid past the callback (the transport
 // reads the next bucket into another buffer), so it can read them in place later instead of copying
-// them now. tcp hands its host buffers over; the others do not (their bytes live in a ring, or in
-// device memory the rank keeps by copying).
+// them now. The holder may drop it on any thread, at any time, even after the transport is shut down
+// and destroyed. tcp hands every bucket over; ucx the buckets it receives into its own buffers
+// (rendezvous ones, and eager ones queued behind a rendezvous) but not eager ones delivered in place
+// from UCX's buffer; shm the buckets larger than a ring slot (assembled) but not those it delivers in
+// place from a slot; cuda_ipc and nccl none (their bytes are device memory in a ring or a buffer the
+// transport reuses, which the rank keeps by copying).
 std::shared_ptr<const void> bucket_owner();
 // Set by a transport around its BucketCallback (this thread only).
 class BucketOwnerScope {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "core/buffer.h"
@@ -15,6 +16,14 @@ namespace ferry::transport::ucx {
 // Receive buffers for rendezvous buckets, kept and reused: each is allocated and mapped with the
 // UCP context once, and UCX writes the bucket straight into it (no fresh pages, no registration per
 // bucket). At most kKeep idle ones stay.
+//
+// A delivered bucket's block is handed over (bucket_owner()), so it comes back whenever its last
+// holder lets go: on any thread, possibly after the receiver stopped and the transport is gone. So
+// take() and give() lock, and the pool holds the Engine: every Pending holds the pool, so the UCP
+// context outlives every block mapped with it, and the last block's release unmaps it, then frees the
+// pool, then maybe the Engine (whose progress thread the transport has joined by then). Mapping and
+// unmapping from a thread other than the progress thread is allowed: the context is created with
+// mt_workers_shared (ucx_engine.h), and neither touches the worker.
 class BufferPool {
  public:
   struct Block {
@@ -25,17 +34,22 @@ class BufferPool {
   ~BufferPool() {
     for (auto& b : idle_) engine_->unmap(b->memh);
   }
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
 
-  // A block of at least `size` bytes (size > 0), or nullptr if the memory cannot be had.
+  // A block of at least `size` bytes (size > 0), or nullptr if the memory cannot be had. Any thread.
   std::unique_ptr<Block> take(size_t size) {
-    auto best = idle_.end();
-    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-      if ((*it)->buffer.size() >= size && (best == idle_.end() || (*it)->buffer.size() < (*best)->buffer.size())) best = it;
-    }
-    if (best != idle_.end()) {
-      auto b = std::move(*best);
-      idle_.erase(best);
-      return b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto best = idle_.end();
+      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+        if ((*it)->buffer.size() >= size && (best == idle_.end() || (*it)->buffer.size() < (*best)->buffer.size())) best = it;
+      }
+      if (best != idle_.end()) {
+        auto b = std::move(*best);
+        idle_.erase(best);
+        return b;
+      }
     }
     auto buf = Buffer::allocate(size);
     if (!buf.ok()) return nullptr;
@@ -45,21 +59,28 @@ class BufferPool {
     return b;
   }
 
+  // Any thread.
   void give(std::unique_ptr<Block> b) {
     if (!b) return;
-    idle_.push_back(std::move(b));
-    if (idle_.size() > kKeep) {
-      // Keep the largest: buckets are of one size, and a larger block serves a smaller bucket.
-      auto smallest = std::min_element(idle_.begin(), idle_.end(),
-                                       [](const auto& x, const auto& y) { return x->buffer.size() < y->buffer.size(); });
-      engine_->unmap((*smallest)->memh);
-      idle_.erase(smallest);
+    std::unique_ptr<Block> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      idle_.push_back(std::move(b));
+      if (idle_.size() > kKeep) {
+        // Keep the largest: buckets are of one size, and a larger block serves a smaller bucket.
+        auto smallest = std::min_element(idle_.begin(), idle_.end(),
+                                         [](const auto& x, const auto& y) { return x->buffer.size() < y->buffer.size(); });
+        dropped = std::move(*smallest);
+        idle_.erase(smallest);
+      }
     }
+    if (dropped) engine_->unmap(dropped->memh);  // then its buffer is freed
   }
 
  private:
   static constexpr size_t kKeep = 2;
-  std::shared_ptr<Engine> engine_;
+  const std::shared_ptr<Engine> engine_;
+  std::mutex mu_;
   std::vector<std::unique_ptr<Block>> idle_;
 };
 
@@ -68,6 +89,8 @@ struct Inbound {
   ucp_ep_h ep = nullptr;
   bool bye = false;
   bool closed = false;
+  // A bucket received into memory of ours, handed over when delivered: the callback may keep it
+  // (bucket_owner()) and drop it later on any thread; its block then returns to the pool.
   struct Pending {
     std::shared_ptr<BufferPool> pool;
     std::unique_ptr<BufferPool::Block> block;  // rendezvous buckets
@@ -208,7 +231,12 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     }
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     if (!rndv && in->queue.empty()) {
-      self->deliver(*in, static_cast<const uint8_t*>(data), length);  // in place
+      // In place, from UCX's own receive buffer, with no owner (bucket_owner() stays null): that
+      // buffer is UCX's and valid only during this handler (keeping it would mean returning
+      // UCS_INPROGRESS and a ucp_am_data_release() on the progress thread later, which a holder
+      // dropping it on any thread cannot do). Eager buckets are those under UCX's rendezvous
+      // threshold, the small ones; a receiver that wants them past the callback copies them.
+      self->deliver(*in, static_cast<const uint8_t*>(data), length, nullptr);
       return UCS_OK;
     }
     auto pending = std::make_shared<Inbound::Pending>();
@@ -260,13 +288,18 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     while (!in->closed && !in->queue.empty() && in->queue.front()->ready) {
       auto front = in->queue.front();
       in->queue.pop_front();
-      deliver(*in, front->data(), front->size);
+      deliver(*in, front->data(), front->size, front);  // handed over: `front` owns the bytes
     }
     if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status());
   }
 
-  void deliver(Inbound& in, const uint8_t* data, size_t size) {
-    Status st = on_bucket_(data, size);
+  // `owner` (null for bytes that are not ours to give) is the callback's bucket_owner().
+  void deliver(Inbound& in, const uint8_t* data, size_t size, std::shared_ptr<const void> owner) {
+    Status st;
+    {
+      BucketOwnerScope handed_over(std::move(owner));
+      st = on_bucket_(data, size);
+    }
     if (!st.ok()) close(in, st);
   }
 

@@ -5,9 +5,10 @@
 // then uses only transports that report peer failures (on UCX 1.13: tcp and the RDMA ones, not its
 // shared-memory transports or cma), so on one node the bytes go over UCX's tcp. Memory a sender
 // registers is mapped with the context once (ucp_mem_map) and each post passes that mapping; the
-// receiver lands rendezvous buckets in pooled buffers mapped once. The user's UCX_* variables are read
-// as they are (ucp_config_read) and never written. Device memory goes through a pinned host mirror
-// when this UCX build cannot move CUDA memory itself (checked at run time).
+// receiver lands rendezvous buckets in pooled buffers mapped once and hands them over
+// (bucket_owner()). The user's UCX_* variables are read as they are (ucp_config_read) and never
+// written. Device memory goes through a pinned host mirror when this UCX build cannot move CUDA
+// memory itself (checked at run time).
 #include "transport/ucx_transport.h"
 
 #include <arpa/inet.h>
