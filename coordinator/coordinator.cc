@@ -64,7 +64,7 @@ class CoordinatorImpl final : public Coordinator {
     if (mport) {
       FERRY_ASSIGN_OR_RETURN(metrics_, MetricsServer::start(io_, host, *mport, [this] { return render_metrics(); }));
     }
-    thread_ = std::thread([this] { io_.run(); });
+    thread_ = std::thread([this] { run_io(io_); });
     FERRY_LOG_INFO("coordinator listening on {}{}", address_, token_.empty() ? "" : " (token required)");
     return ok_status();
   }

@@ -1,13 +1,16 @@
 // Replies from the coordinator, waited on by body type with a deadline.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "core/settings.h"
 #include "core/status.h"
 #include "proto/ferry.pb.h"
 
@@ -29,8 +32,11 @@ class Mailbox {
     }
     cv_.notify_all();
   }
+  // The first envelope of type `body`. Polls for io_spin() before it sleeps: a reply mostly comes
+  // within that time, and a sleeping thread takes a wake-up for it.
   Result<wire::Envelope> wait(wire::Envelope::BodyCase body, std::chrono::steady_clock::time_point deadline,
                               const char* what) {
+    const auto spin_until = std::min(deadline, std::chrono::steady_clock::now() + io_spin());
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       for (auto it = box_.begin(); it != box_.end(); ++it) {
@@ -41,6 +47,12 @@ class Mailbox {
         }
       }
       if (!closed_.ok()) return closed_.with_context(fmt::format("waiting for {}", what));
+      if (std::chrono::steady_clock::now() < spin_until) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+        continue;
+      }
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
         return Status::deadline_exceeded(fmt::format("no {} from the coordinator before the deadline", what));
       }

@@ -78,7 +78,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       transports_.push_back(std::move(t));
     }
     if (transports_.empty()) return Status::unavailable("no data transport could listen on this rank");
-    thread_ = std::thread([this] { io_.run(); });
+    thread_ = std::thread([this] { run_io(io_); });
     FERRY_ASSIGN_OR_RETURN(auto socket, connect_control(io_, address, timeout_ms_));
     channel_ = std::make_shared<Channel>(std::move(socket), max_frame);
     channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { on_message(e); },

@@ -82,7 +82,7 @@ class TrainerImpl final : public Trainer {
       address = embedded_->address();
     }
     address_ = address;
-    thread_ = std::thread([this] { io_.run(); });
+    thread_ = std::thread([this] { run_io(io_); });
     FERRY_ASSIGN_OR_RETURN(auto socket, connect_control(io_, address, timeout_ms_));
     channel_ = std::make_shared<Channel>(std::move(socket), max_frame);
     channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { mailbox_.push(std::move(e)); },

@@ -1,5 +1,7 @@
 #include "core/settings.h"
 
+#include <algorithm>
+
 #include <charconv>
 #include <cstdlib>
 #include <limits>
@@ -29,6 +31,8 @@ constexpr SettingInfo kSettings[] = {
      "host: keep a host copy of each layer before it is overwritten; an aborted update restores it and the "
      "replica resumes on its previous version",
      "off host"},
+    {"FERRY_IO_SPIN_US", SettingType::kInt, "200",
+     "microseconds a control-plane thread polls after a message before it sleeps (0: sleeps at once)", ""},
     {"FERRY_METRICS_PORT", SettingType::kInt, "0", "serve Prometheus metrics over HTTP on this port (0: off)", ""},
 };
 
@@ -136,6 +140,14 @@ Status validate_settings() {
     FERRY_RETURN_IF_ERROR(setting_string(s.name).status());
   }
   return ok_status();
+}
+
+std::chrono::microseconds io_spin() {
+  static const std::chrono::microseconds spin = [] {
+    auto v = setting_int("FERRY_IO_SPIN_US");
+    return std::chrono::microseconds(v.ok() ? std::clamp<int64_t>(*v, 0, 1'000'000) : 0);
+  }();
+  return spin;
 }
 
 }  // namespace ferry

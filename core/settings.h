@@ -3,6 +3,7 @@
 // names the variable and the value.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -39,5 +40,9 @@ Result<uint64_t> parse_bytes(std::string_view text);
 
 // Checks every declared variable that is set in the environment; the first malformed one fails.
 Status validate_settings();
+
+// FERRY_IO_SPIN_US, read once (0 when malformed, which validate_settings() reports): how long a
+// control-plane thread keeps polling after a message before it sleeps.
+std::chrono::microseconds io_spin();
 
 }  // namespace ferry
