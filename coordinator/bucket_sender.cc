@@ -70,6 +70,7 @@ struct BucketSender::Destination {
   std::deque<std::pair<std::unique_ptr<transport::TransferHandle>, size_t>> in_flight;
   std::vector<size_t> free;
   int open = -1;  // builder being filled
+  uint64_t open_ref_bytes = 0;  // weight bytes the open bucket's direct pieces reference
   uint64_t buckets = 0;
   uint64_t seq = 0;
   bool direct = false;               // reads this trainer's device tensors in place
@@ -241,6 +242,7 @@ Status BucketSender::flush(Destination& d) {
   if (d.open < 0) return ok_status();
   const size_t k = static_cast<size_t>(d.open);
   d.open = -1;
+  d.open_ref_bytes = 0;
   BucketBuilder& b = *d.pool[k];
   if (b.piece_count() == 0) {
     d.free.push_back(k);
@@ -303,6 +305,11 @@ Result<bool> BucketSender::send_direct(Destination& d, const sharding::Piece& pi
                    ref.offset + runs->first, runs->second, rows);
   bytes_ += piece.bytes;
   direct_bytes_ += piece.bytes;
+  // A bucket goes once it references a bucket's worth of weights, so that the rank starts on the
+  // first layers while later ones are still being described (references alone would fill a bucket
+  // only after the whole model, leaving the rank's GPU idle until then).
+  d.open_ref_bytes += piece.bytes;
+  if (d.open_ref_bytes >= settings_.bucket_bytes) FERRY_RETURN_IF_ERROR(flush(d));
   return true;
 }
 

@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/asio.h"
@@ -46,6 +47,13 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::string body_;
   std::deque<std::string> out_;
   bool closed_ = false;
+  // A frame goes out from the sending thread itself when nothing is queued before it, so that a
+  // request wakes no I/O thread on its way out; `mu_` orders that with the I/O thread's writes and
+  // with close.
+  std::mutex mu_;
+  int fd_ = -1;
+  size_t pending_ = 0;      // frames handed to the I/O thread and not yet written; guarded by mu_
+  bool fd_closed_ = false;  // guarded by mu_
 };
 
 // Connects to "host:port" within `timeout_ms`, on `io`.

@@ -31,7 +31,7 @@ constexpr SettingInfo kSettings[] = {
      "host: keep a host copy of each layer before it is overwritten; an aborted update restores it and the "
      "replica resumes on its previous version",
      "off host"},
-    {"FERRY_IO_SPIN_US", SettingType::kInt, "200",
+    {"FERRY_IO_SPIN_US", SettingType::kInt, "1000",
      "microseconds a control-plane thread polls after a message before it sleeps (0: sleeps at once)", ""},
     {"FERRY_METRICS_PORT", SettingType::kInt, "0", "serve Prometheus metrics over HTTP on this port (0: off)", ""},
 };

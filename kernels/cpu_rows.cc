@@ -3,12 +3,14 @@
 // through target_clones; an ifunc picks one when the library loads. The file is built with
 // -ffp-contract=off (no FMA may fuse a rounding away) and -fno-trapping-math (lets GCC turn the
 // selects around float ops into blends; no result changes, ferry never reads FP exception flags).
+// No clones under ASan or TSan: their ifunc resolvers run before the sanitizer runtime is set up.
 #include "kernels/cpu_rows.h"
 
 #include "core/float_convert.h"
 #include "kernels/scalar_ops.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
 #define FERRY_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define FERRY_CLONES

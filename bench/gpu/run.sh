@@ -62,6 +62,8 @@ run "$bin/ferry-demo"
 # Colocated on one GPU: the ranks read the trainer's device tensors in place, verified bit-exact.
 run "$bin/ferry-demo" --device cuda:0 --tp 1
 run "$bin/ferry-demo" --device cuda:0 --tp 2
+# References to a bucket's worth of weights travel in a bucket of their own: many buckets here.
+run env FERRY_BUCKET_BYTES=64K "$bin/ferry-demo" --device cuda:0 --tp 2
 # Buckets in device memory (cuda_ipc): packed on the trainer's GPU, kept and lent on the ranks'.
 run env FERRY_TRANSPORT=cuda_ipc FERRY_DIRECT=off "$bin/ferry-demo" --device cuda:0 --tp 2
 run env FERRY_TRANSPORT=cuda_ipc FERRY_VERIFY=1 "$bin/ferry-demo" --device cuda:0 --tp 1
