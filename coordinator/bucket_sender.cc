@@ -195,7 +195,10 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     // Direct reads need the rank on this node (shm reached it) with device storage.
     d.direct = settings_.direct && d.transport->name() == "shm" && storage_devices[i].starts_with("cuda");
     d.buckets = 0;
+    // A bucket a failed update left open (finish() sends nothing then) goes back to the pool.
+    if (d.open >= 0) d.free.push_back(static_cast<size_t>(d.open));
     d.open = -1;
+    d.open_ref_bytes = 0;
     // Transports that move device memory only (nccl, cuda_ipc) send buckets built on their device.
     const Device where = transport::bucket_device(d.transport->capabilities());
     const size_t want =
@@ -248,9 +251,18 @@ Status BucketSender::flush(Destination& d) {
     d.free.push_back(k);
     return ok_status();
   }
-  FERRY_ASSIGN_OR_RETURN(size_t size, b.seal(settings_.verify));
-  FERRY_ASSIGN_OR_RETURN(auto handle, d.conn->post(*d.regions[k], 0, size));
-  d.in_flight.emplace_back(std::move(handle), k);
+  // A bucket that cannot be sealed or posted goes back to the pool (the update fails).
+  auto size = b.seal(settings_.verify);
+  if (!size.ok()) {
+    d.free.push_back(k);
+    return size.status();
+  }
+  auto handle = d.conn->post(*d.regions[k], 0, *size);
+  if (!handle.ok()) {
+    d.free.push_back(k);
+    return handle.status();
+  }
+  d.in_flight.emplace_back(std::move(*handle), k);
   ++d.buckets;
   on_posted_();
   return ok_status();

@@ -70,12 +70,14 @@ void Channel::send(const wire::Envelope& env) {
       if (n > 0) frame.erase(0, static_cast<size_t>(n));
     }
     ++pending_;
+    // Posted under the lock: frames reach the I/O thread in the order they were counted, so a
+    // partly written one is finished before the next (posting does not block).
+    asio::post(socket_.get_executor(), [self = shared_from_this(), frame = std::move(frame)]() mutable {
+      if (self->closed_) return;
+      self->out_.push_back(std::move(frame));
+      if (self->out_.size() == 1) self->write_next();
+    });
   }
-  asio::post(socket_.get_executor(), [self = shared_from_this(), frame = std::move(frame)]() mutable {
-    if (self->closed_) return;
-    self->out_.push_back(std::move(frame));
-    if (self->out_.size() == 1) self->write_next();
-  });
 }
 
 void Channel::write_next() {

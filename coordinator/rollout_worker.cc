@@ -303,6 +303,14 @@ class RolloutWorkerImpl final : public RolloutWorker {
     std::shared_ptr<const void> handed_over;
     if (st.ok() && !kept && !where.is_cuda() && engine_->lends_host_pieces()) handed_over = transport::bucket_owner();
     bool borrowed = false;
+    // Borrows end before this callback returns, also when something throws.
+    struct EndBorrows {
+      reload::ReloadEngine& engine;
+      bool& borrowed;
+      ~EndBorrows() {
+        if (borrowed) engine.release_borrowed().ignore_error();
+      }
+    } end_borrows{*engine_, borrowed};
     for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
       const auto& p = header.pieces(i);
       auto dt = parse_dtype(p.dtype());
@@ -325,6 +333,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       }
     }
     if (borrowed) {
+      borrowed = false;
       Status released = engine_->release_borrowed();
       if (st.ok()) st = released;
     }

@@ -198,8 +198,9 @@ class ReloadEngine {
   Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
               const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes,
               bool borrowed = false);
-  // A complete layer into storage (engine_process.cc).
+  // A complete layer into storage (engine_process.cc); on failure the layer is refused and released.
   Status process(Layer& layer);
+  Status process_layer(Layer& layer);
   Status process_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
   Result<const Buffer*> input_buffer(Param& p, uint32_t input);
   Status process_param(Param& p, const sharding::ParamSpec& spec, const kernels::Exec& exec);

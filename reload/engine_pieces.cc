@@ -200,8 +200,20 @@ Status ReloadEngine::release_borrowed() {
     for (Param::Lent& w : p.whole) {
       if (w.borrowed) w = Param::Lent{};
     }
-    Status st = hold(layer, b.param, b.input, b.dst, b.data, b.bytes, nullptr, Device::cpu(), b.rows, false, false);
-    if (!st.ok() && first.ok()) first = st;
+    // Rows the kernel takes on their own go into scratch, unless the input is staged already (the
+    // run of whole bands of a split piece): then into staging, as a copied piece would.
+    const bool staged = b.input < p.staging.size() && p.staging[b.input].data() != nullptr;
+    Status st = hold(layer, b.param, b.input, b.dst, b.data, b.bytes, nullptr, Device::cpu(), b.rows && !staged, false,
+                     false);
+    if (!st.ok()) {
+      // Its borrowed rows are gone: the layer cannot complete correctly now.
+      if (!layer.refused) {
+        layer.refused = true;
+        release(layer);
+        st = st.with_context(fmt::format("layer {} is refused", layer.name));
+      }
+      if (first.ok()) first = st;
+    }
   }
   return first;
 }

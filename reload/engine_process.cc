@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "core/log.h"
+
 namespace ferry::reload {
 
 Result<const Buffer*> ReloadEngine::input_buffer(Param& p, uint32_t i) {
@@ -121,6 +123,20 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps, cons
 }
 
 Status ReloadEngine::process(Layer& layer) {
+  Status st = process_layer(layer);
+  if (!st.ok() && !layer.processed) {
+    // The layer cannot complete now: it is refused (finalize() names it) and keeps none of its
+    // pieces, so lent or borrowed bytes are never read again, once the work it queued is done.
+    if (Status synced = device_synchronize(storage_.device()); !synced.ok()) {
+      FERRY_LOG_WARN("layer {}: {}", layer.name, synced.message());
+    }
+    layer.refused = true;
+    release(layer);
+  }
+  return st;
+}
+
+Status ReloadEngine::process_layer(Layer& layer) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto index = static_cast<uint32_t>(&layer - layers_.data());
   if (rollback_ == RollbackMode::kHost && !snapshots_.holds(index)) {

@@ -162,6 +162,28 @@ TEST(Update, SendOfWrongShapeIsRefused) {
   EXPECT_FALSE(c.trainer().finish_weight_update().ok());
 }
 
+// A failed update leaves its open bucket unsent; the next update returns it to the pool. (It was
+// lost: after FERRY_BUCKETS_IN_FLIGHT failed updates no bucket was left, and the sender waited on
+// an empty queue.)
+TEST(Update, FailedUpdatesDoNotLoseBuckets) {
+  setenv("FERRY_BUCKETS_IN_FLIGHT", "2", 1);
+  Cluster c(1);
+  const Status started = c.start();
+  unsetenv("FERRY_BUCKETS_IN_FLIGHT");
+  ASSERT_TRUE(started.ok()) << started.to_string();
+  Checkpoint a(c.manifest(), 1);
+  std::vector<uint16_t> small(10);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    ASSERT_TRUE(c.trainer().start_weight_update(v, c.manifest()).ok());
+    ASSERT_TRUE(c.trainer().send(a.views.begin()->first, a.views.begin()->second).ok());  // opens a bucket
+    EXPECT_FALSE(c.trainer().send("model.norm.weight", TensorView(small.data(), DType::kBF16, {10})).ok());
+    EXPECT_FALSE(c.trainer().finish_weight_update().ok());
+  }
+  auto r = c.update(5, a);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(c.rank(0).worker->consistent());
+}
+
 TEST(Update, IncompleteUpdateNamesTheLayerAndLeavesRanksInconsistentUntilTheNextOne) {
   Cluster c(2);
   ASSERT_TRUE(c.start().ok());

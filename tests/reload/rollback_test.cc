@@ -228,6 +228,72 @@ TEST(Rollback, LayerHalfWrittenByAFailingKernelIsRestored) {
   EXPECT_EQ(rank->engine->census().moved, 0u);
 }
 
+// A layer whose processing fails is refused and keeps none of its pieces: its borrowed bytes are
+// not read again after release_borrowed() (finalize() used to process the complete layer again,
+// from the released bucket, and report success).
+TEST(Borrowed, ALayerThatFailsIsRefusedAndItsBorrowedBytesAreNotReadAgain) {
+  const tiny::Config cfg;
+  bool fail = false;
+  EngineOptions o;
+  o.kernel_factory = [&fail](const sharding::ParamSpec& p) -> Result<std::unique_ptr<ProcessingKernel>> {
+    FERRY_ASSIGN_OR_RETURN(auto k, scheme_kernel(p));
+    if (p.name != "model.layers.1.mlp.down_proj.weight") return k;
+    // Fails once, then processes normally (whole parameters only: no piece-by-piece processing).
+    struct FailOnce final : ProcessingKernel {
+      FailOnce(std::unique_ptr<ProcessingKernel> k, bool* f) : ok(std::move(k)), fail(f) {}
+      std::string name() const override { return ok->name(); }
+      std::vector<kernels::StorageTensor> inputs() const override { return ok->inputs(); }
+      Status process(std::span<const TensorView> in, std::span<const TensorView> out, ScratchArena& s,
+                     const kernels::Exec& e) override {
+        if (*fail) {
+          *fail = false;
+          return Status::internal("injected processing failure");
+        }
+        return ok->process(in, out, s, e);
+      }
+      std::unique_ptr<ProcessingKernel> ok;
+      bool* fail;
+    };
+    return std::unique_ptr<ProcessingKernel>(new FailOnce(std::move(k), &fail));
+  };
+  auto rank = make_rank(cfg, "fp8_per_tensor", std::move(o));
+  auto a = tiny::Weights::random(cfg, rank->spec, 1);
+  auto b = tiny::Weights::random(cfg, rank->spec, 2);
+  ASSERT_OK(load_checkpoint(*rank->engine, a->checkpoint(), 1).status());
+  const auto layer1 = layer_bytes(*rank->engine, rank->storage, "model.layers.1");
+
+  // Every piece of update 2 borrowed from one bucket.
+  std::vector<Piece> pieces;
+  for (const auto& l : rank->engine->registry().layers()) {
+    for (auto& p : pieces_of(*rank->engine, b->checkpoint(), l)) pieces.push_back(p);
+  }
+  size_t total = 0;
+  for (const Piece& p : pieces) total += dtype_bytes(p.src.dtype(), p.src_region.numel());
+  std::vector<uint8_t> bucket(total);
+  fail = true;
+  ASSERT_OK(rank->engine->begin(2));
+  Status first;
+  size_t at = 0;
+  for (const Piece& p : pieces) {
+    const size_t n = dtype_bytes(p.src.dtype(), p.src_region.numel());
+    ASSERT_OK(pack_region(p.src, p.src_region, bucket.data() + at, n));
+    Status st = rank->engine->borrow_piece(p.param, p.input, p.dst, p.src.dtype(), bucket.data() + at, n);
+    if (first.ok()) first = st;
+    at += n;
+  }
+  EXPECT_NE(first.to_string().find("injected"), std::string::npos) << first.to_string();
+  EXPECT_FALSE(fail) << "the failure was injected";
+  (void)rank->engine->release_borrowed();
+  std::memset(bucket.data(), 0xff, bucket.size());  // the transport reuses its buffer
+  auto r = rank->engine->finalize();
+  ASSERT_FALSE(r.ok()) << "a refused layer fails the update";
+  EXPECT_NE(r.status().to_string().find("model.layers.1"), std::string::npos) << r.status().to_string();
+  // The parameters before the failing one were written (rollback restores those); the failing one
+  // wrote nothing, and nothing wrote it afterwards.
+  const std::string down = "model.layers.1.mlp.down_proj.weight";
+  EXPECT_EQ(layer_bytes(*rank->engine, rank->storage, "model.layers.1").at(down), layer1.at(down));
+}
+
 TEST(LentPieces, SameStorageAsCopiedPiecesAndOwnersAreReleased) {
   const tiny::Config cfg;
   for (const std::string& scheme : testing::all_schemes()) {
