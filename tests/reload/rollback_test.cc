@@ -187,32 +187,44 @@ TEST_P(RollbackTest, SnapshotsSpanFailedUpdatesUntilACompleteOne) {
 INSTANTIATE_TEST_SUITE_P(EveryScheme, RollbackTest, ::testing::ValuesIn(testing::all_schemes()),
                          [](const auto& info) { return info.param; });
 
+enum class Inject { kScribbleAndFail, kFailOnce };
+
+// The scheme's kernels, except that model.layers.1.mlp.down_proj.weight fails while `*fail` is set
+// (whole parameters only: no piece-by-piece processing). kScribbleAndFail first writes garbage over
+// its storage; kFailOnce clears `*fail`, so the next attempt processes normally.
+KernelFactory failing_down_proj(bool* fail, Inject how) {
+  return [fail, how](const sharding::ParamSpec& p) -> Result<std::unique_ptr<ProcessingKernel>> {
+    FERRY_ASSIGN_OR_RETURN(auto k, scheme_kernel(p));
+    if (p.name != "model.layers.1.mlp.down_proj.weight") return k;
+    struct Failing final : ProcessingKernel {
+      Failing(std::unique_ptr<ProcessingKernel> k, bool* f, Inject h) : ok(std::move(k)), fail(f), how(h) {}
+      std::string name() const override { return ok->name(); }
+      std::vector<kernels::StorageTensor> inputs() const override { return ok->inputs(); }
+      Status process(std::span<const TensorView> in, std::span<const TensorView> out, ScratchArena& s,
+                     const kernels::Exec& e) override {
+        if (!*fail) return ok->process(in, out, s, e);
+        if (how == Inject::kScribbleAndFail) {
+          for (const TensorView& t : out) std::memset(t.data(), 0x5a, t.nbytes());
+        } else {
+          *fail = false;
+        }
+        return Status::internal("injected processing failure");
+      }
+      std::unique_ptr<ProcessingKernel> ok;
+      bool* fail;
+      Inject how;
+    };
+    return std::unique_ptr<ProcessingKernel>(new Failing(std::move(k), fail, how));
+  };
+}
+
 TEST(Rollback, LayerHalfWrittenByAFailingKernelIsRestored) {
   const tiny::Config cfg;
   bool fail = false;
   EngineOptions o = with_rollback(RollbackMode::kHost);
   // The layer's last parameter, once `fail` is set, writes garbage over its storage and fails
   // after the earlier parameters of the layer were written.
-  o.kernel_factory = [&fail](const sharding::ParamSpec& p) -> Result<std::unique_ptr<ProcessingKernel>> {
-    FERRY_ASSIGN_OR_RETURN(auto k, scheme_kernel(p));
-    if (p.name != "model.layers.1.mlp.down_proj.weight") return k;
-    struct Switch final : ProcessingKernel {
-      Switch(std::unique_ptr<ProcessingKernel> k, bool* f) : ok(std::move(k)), fail(f) {}
-      std::string name() const override { return ok->name(); }
-      std::vector<kernels::StorageTensor> inputs() const override { return ok->inputs(); }
-      Status process(std::span<const TensorView> in, std::span<const TensorView> out, ScratchArena& s,
-                     const kernels::Exec& e) override {
-        if (*fail) {
-          for (const TensorView& t : out) std::memset(t.data(), 0x5a, t.nbytes());
-          return Status::internal("injected processing failure");
-        }
-        return ok->process(in, out, s, e);
-      }
-      std::unique_ptr<ProcessingKernel> ok;
-      bool* fail;
-    };
-    return std::unique_ptr<ProcessingKernel>(new Switch(std::move(k), &fail));
-  };
+  o.kernel_factory = failing_down_proj(&fail, Inject::kScribbleAndFail);
   auto rank = make_rank(cfg, "fp8_per_tensor", std::move(o));
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
@@ -235,27 +247,7 @@ TEST(Borrowed, ALayerThatFailsIsRefusedAndItsBorrowedBytesAreNotReadAgain) {
   const tiny::Config cfg;
   bool fail = false;
   EngineOptions o;
-  o.kernel_factory = [&fail](const sharding::ParamSpec& p) -> Result<std::unique_ptr<ProcessingKernel>> {
-    FERRY_ASSIGN_OR_RETURN(auto k, scheme_kernel(p));
-    if (p.name != "model.layers.1.mlp.down_proj.weight") return k;
-    // Fails once, then processes normally (whole parameters only: no piece-by-piece processing).
-    struct FailOnce final : ProcessingKernel {
-      FailOnce(std::unique_ptr<ProcessingKernel> k, bool* f) : ok(std::move(k)), fail(f) {}
-      std::string name() const override { return ok->name(); }
-      std::vector<kernels::StorageTensor> inputs() const override { return ok->inputs(); }
-      Status process(std::span<const TensorView> in, std::span<const TensorView> out, ScratchArena& s,
-                     const kernels::Exec& e) override {
-        if (*fail) {
-          *fail = false;
-          return Status::internal("injected processing failure");
-        }
-        return ok->process(in, out, s, e);
-      }
-      std::unique_ptr<ProcessingKernel> ok;
-      bool* fail;
-    };
-    return std::unique_ptr<ProcessingKernel>(new FailOnce(std::move(k), &fail));
-  };
+  o.kernel_factory = failing_down_proj(&fail, Inject::kFailOnce);
   auto rank = make_rank(cfg, "fp8_per_tensor", std::move(o));
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);

@@ -22,6 +22,21 @@ uint64_t largest_layer(const sharding::RankSpec& spec) {
   return m;
 }
 
+// `msg` names a refused layer, and none of that layer's registered tensors differs from `before`.
+void expect_refused_layer_untouched(const testing::Rank& rank, const std::string& msg,
+                                    const std::map<std::string, std::vector<uint8_t>>& before) {
+  std::string refused;
+  for (const auto& l : rank.engine->registry().layers()) {
+    if (msg.find("layer " + l + " is refused") != std::string::npos) refused = l;
+  }
+  ASSERT_FALSE(refused.empty()) << msg;
+  const auto now = testing::contents(rank.storage);
+  for (size_t i : rank.engine->registry().layer_tensors(refused)) {
+    const auto& name = rank.engine->registry().tensors()[i].name;
+    EXPECT_EQ(now.at(name), before.at(name)) << name;
+  }
+}
+
 TEST(Staging, PlanOrderHoldsAtMostOneLayer) {
   const tiny::Config cfg;
   for (const std::string scheme : {"fp8_per_tensor", "fp8_per_channel", "gptq_int4"}) {
@@ -110,16 +125,7 @@ TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   const std::string msg = r.status().to_string();
   EXPECT_NE(msg.find("FERRY_MAX_STAGING_BYTES"), std::string::npos) << msg;
   // The refused layer is named; none of its registered tensors was written.
-  std::string refused;
-  for (const auto& l : rank->engine->registry().layers()) {
-    if (msg.find("layer " + l + " is refused") != std::string::npos) refused = l;
-  }
-  ASSERT_FALSE(refused.empty()) << msg;
-  const auto v2 = testing::contents(rank->storage);
-  for (size_t i : rank->engine->registry().layer_tensors(refused)) {
-    const auto& name = rank->engine->registry().tensors()[i].name;
-    EXPECT_EQ(v2.at(name), v1.at(name)) << name;
-  }
+  expect_refused_layer_untouched(*rank, msg, v1);
   EXPECT_EQ(rank->engine->staging_bytes(), 0u);
   // A complete update in plan order lands afterwards.
   auto again = load_checkpoint(*rank->engine, b->checkpoint(), 3);
@@ -175,16 +181,7 @@ TEST(Staging, BorrowedPiecesCopiedOverTheLimitRefuseTheirLayer) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
   const std::string msg = r.status().to_string();
-  std::string refused;
-  for (const auto& l : rank->engine->registry().layers()) {
-    if (msg.find("layer " + l + " is refused") != std::string::npos) refused = l;
-  }
-  ASSERT_FALSE(refused.empty()) << msg;
-  const auto v2 = testing::contents(rank->storage);
-  for (size_t i : rank->engine->registry().layer_tensors(refused)) {
-    const auto& name = rank->engine->registry().tensors()[i].name;
-    EXPECT_EQ(v2.at(name), v1.at(name)) << name;
-  }
+  expect_refused_layer_untouched(*rank, msg, v1);
   EXPECT_EQ(rank->engine->staging_bytes(), 0u);
 }
 

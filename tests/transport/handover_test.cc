@@ -1,0 +1,264 @@
+// Bucket handover (bucket_owner()): buckets a receiver keeps stay intact after later ones arrive and
+// after the transport is gone, for every transport that hands buckets over; and ucx's eager buckets
+// queued behind a rendezvous. Part of the conformance suite's binary (harness in conformance.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/transport/conformance.h"
+
+namespace ferry::transport::testing {
+namespace {
+
+// Transports that hand buckets over (bucket_owner()), each with buckets it hands over.
+struct HandoverCase {
+  std::string name;
+  std::string label;
+  size_t bucket;             // bytes of the first handed-over bucket; later ones are a little smaller
+  std::string bucket_bytes;  // FERRY_BUCKET_BYTES at both ends ("": as set)
+  std::string ucx_tls;       // UCX_TLS, unless the user set one
+  bool small_owned;          // whether a small bucket is handed over too (not delivered in place)
+};
+
+void PrintTo(const HandoverCase& c, std::ostream* os) { *os << c.label; }
+
+std::vector<HandoverCase> handover_cases() {
+  std::vector<HandoverCase> cases;
+  for (const auto& f : transport_factories()) {
+    const std::string n(f.name);
+    if (n == "tcp") {
+      cases.push_back({n, n, size_t{1} << 20, "", "", true});
+    } else if (n == "shm") {
+      // Slots of 1 MiB + 64 KiB (a bucket's size plus 1 MiB of slack): these buckets travel as
+      // three fragments and are assembled; a small one fits a slot and goes in place.
+      cases.push_back({n, n, (size_t{3} << 20) + 13, "64K", "", false});
+    } else if (n == "ucx") {
+      // Rendezvous-size buckets, received into the pool's blocks; a small one is eager, in place.
+      if (std::getenv("UCX_TLS") != nullptr) {
+        cases.push_back({n, n, (size_t{1} << 20) + 13, "", "", false});
+      } else {
+        cases.push_back({n, "ucx_tcp", (size_t{1} << 20) + 13, "", "tcp", false});
+        cases.push_back({n, "ucx_shm", (size_t{1} << 20) + 13, "", "sm,self,tcp", false});
+      }
+    }
+  }
+  return cases;
+}
+
+class Handover : public ::testing::TestWithParam<HandoverCase> {};
+
+// The expected bytes of handover bucket `k`: a pattern of its own (sender and sequence number in
+// front), so a bucket overwritten by another, or torn, does not compare equal.
+constexpr uint64_t kHandoverSender = 0x4f;
+std::vector<uint8_t> handover_payload(size_t size, uint64_t k) {
+  std::vector<uint8_t> v(size);
+  fill_payload(v.data(), size, kHandoverSender, k);
+  return v;
+}
+
+// A receiver that keeps a bucket's owner reads its bytes after later buckets have arrived, and
+// after the transport is shut down and destroyed, unchanged; the owners may then be dropped on
+// another thread (under ASan: nothing freed twice or too early, nothing left). A bucket nobody kept
+// leaves its buffer to the next one. Regressions: tcp reused its one receive buffer and overwrote
+// kept buckets; ucx and shm handed nothing over (bucket_owner() was null).
+TEST_P(Handover, KeptBucketsOutliveLaterOnes) {
+  const HandoverCase& c = GetParam();
+  std::optional<ScopedEnv> bucket_bytes, tls;
+  if (!c.bucket_bytes.empty()) bucket_bytes.emplace("FERRY_BUCKET_BYTES", c.bucket_bytes);
+  if (!c.ucx_tls.empty() && std::getenv("UCX_TLS") == nullptr) tls.emplace("UCX_TLS", c.ucx_tls);
+  auto rx = create_transport(c.name);
+  ASSERT_TRUE(rx.ok()) << rx.status().to_string();
+  auto tx = create_transport(c.name);
+  ASSERT_TRUE(tx.ok()) << tx.status().to_string();
+
+  constexpr size_t kCount = 6;  // handed-over buckets, then one small one
+  std::vector<size_t> sizes;
+  for (size_t k = 0; k < kCount; ++k) sizes.push_back(c.bucket - 7 * k);  // each fits the last one's buffer
+  sizes.push_back(4096 + 5);
+  struct Seen {
+    const uint8_t* data;
+    size_t size;
+    bool owned;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Seen> seen;
+  std::vector<std::shared_ptr<const void>> kept;  // the even buckets' owners
+  auto blob = (*rx)->listen(
+      [&](const uint8_t* data, size_t size) {
+        std::shared_ptr<const void> owner = bucket_owner();
+        std::lock_guard<std::mutex> lock(mu);
+        if (seen.size() % 2 == 0 && seen.size() < kCount && owner) kept.push_back(owner);
+        seen.push_back({data, size, owner != nullptr});
+        cv.notify_all();
+        return ok_status();
+      },
+      [](const Status&) {});
+  ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+  auto conn = (*tx)->connect(*blob, in(10s));
+  ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  std::vector<uint8_t> src(total);
+  auto region = (*tx)->register_memory(src.data(), src.size(), Device::cpu());
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  // One at a time, each delivered before the next is posted: nothing queues behind anything.
+  size_t off = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    fill_payload(src.data() + off, sizes[k], kHandoverSender, k);
+    auto h = (*conn)->post(**region, off, sizes[k]);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE((*h)->wait(in(30s)).ok()) << "bucket " << k;
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_until(lock, in(30s), [&] { return seen.size() == k + 1; })) << "bucket " << k << " never arrived";
+    off += sizes[k];
+  }
+  EXPECT_EQ(bucket_owner(), nullptr) << "the owner is set only during a callback";
+  std::lock_guard<std::mutex> lock(mu);  // the receivers are done; this quiets TSan about `seen`
+  ASSERT_EQ(seen.size(), sizes.size());
+  for (size_t k = 0; k < kCount; ++k) {
+    EXPECT_EQ(seen[k].size, sizes[k]);
+    EXPECT_TRUE(seen[k].owned) << c.label << " did not hand bucket " << k << " (" << sizes[k] << " bytes) over";
+  }
+  // After owned ones, on the same receiving thread: the scope was put back after each callback.
+  EXPECT_EQ(seen[kCount].owned, c.small_owned) << "a small bucket's owner";
+  ASSERT_EQ(kept.size(), kCount / 2);
+  auto check_kept = [&](const char* when) {
+    for (size_t k = 0; k < kCount; k += 2) {
+      EXPECT_EQ(std::memcmp(seen[k].data, handover_payload(sizes[k], k).data(), sizes[k]), 0)
+          << "kept bucket " << k << " changed " << when;
+    }
+  };
+  check_kept("after later buckets arrived");
+  // A bucket nobody kept leaves its buffer to the next one (a pool, not a buffer per bucket).
+  EXPECT_EQ(seen[1].data, seen[2].data) << "an unkept buffer was not reused";
+
+  conn->reset();
+  (*tx)->shutdown();
+  (*rx)->shutdown();
+  rx->reset();
+  tx->reset();
+  check_kept("after the transport was destroyed");
+  // The last holders let go on a thread of their own, after everything else is gone.
+  std::thread([owners = std::move(kept)]() mutable { owners.clear(); }).join();
+  seen.clear();
+}
+
+INSTANTIATE_TEST_SUITE_P(HandingOver, Handover, ::testing::ValuesIn(handover_cases()),
+                         [](const ::testing::TestParamInfo<HandoverCase>& info) { return info.param.label; });
+
+// ucx: an eager bucket that arrives while a rendezvous ahead of it is still coming is copied and
+// queued behind it; that copy is handed over too. The receiver is held in the callback of a first
+// bucket while a rendezvous bucket and an eager one are sent: the rendezvous cannot move until the
+// receiver answers it, so the eager one is there first and queues.
+TEST(UcxHandover, EagerBehindRendezvousIsHandedOver) {
+  const bool built = std::any_of(transport_factories().begin(), transport_factories().end(),
+                                 [](const TransportFactory& f) { return f.name == "ucx"; });
+  if (!built) GTEST_SKIP() << "ucx is not built into this ferry";
+  std::optional<ScopedEnv> tls;
+  if (std::getenv("UCX_TLS") == nullptr) tls.emplace("UCX_TLS", "tcp");
+  auto rx = create_transport("ucx");
+  ASSERT_TRUE(rx.ok()) << rx.status().to_string();
+  auto tx = create_transport("ucx");
+  ASSERT_TRUE(tx.ok()) << tx.status().to_string();
+  const std::vector<size_t> sizes = {4096 + 5, (size_t{1} << 20) + 3, 2048 + 1, (size_t{1} << 20) + 3};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool gate_open = false;
+  struct Seen {
+    const uint8_t* data;
+    size_t size;
+    std::shared_ptr<const void> owner;
+  };
+  std::vector<Seen> seen;
+  auto blob = (*rx)->listen(
+      [&](const uint8_t* data, size_t size) {
+        std::unique_lock<std::mutex> lock(mu);
+        seen.push_back({data, size, bucket_owner()});
+        cv.notify_all();
+        if (!cv.wait_until(lock, in(60s), [&] { return gate_open; })) return Status::deadline_exceeded("gate stayed shut");
+        return ok_status();
+      },
+      [](const Status&) {});
+  ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+  auto conn = (*tx)->connect(*blob, in(10s));
+  ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+  // On the way out, before the connection closes: a failed assertion leaves no receiver held.
+  struct OpenGate {
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& open;
+    ~OpenGate() {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+      cv.notify_all();
+    }
+  } open_gate_on_exit{mu, cv, gate_open};
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  std::vector<uint8_t> src(total);
+  auto region = (*tx)->register_memory(src.data(), src.size(), Device::cpu());
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  std::vector<std::unique_ptr<TransferHandle>> handles;
+  size_t off = 0;
+  auto post = [&](size_t k) {
+    fill_payload(src.data() + off, sizes[k], kHandoverSender, k);
+    auto h = (*conn)->post(**region, off, sizes[k]);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(std::move(*h));
+    off += sizes[k];
+  };
+  post(0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_until(lock, in(30s), [&] { return seen.size() == 1; }));
+  }
+  // The receiver is held in bucket 0's callback now.
+  post(1);
+  post(2);
+  ASSERT_TRUE(handles[2]->wait(in(30s)).ok()) << "the eager bucket did not leave while the receiver was held";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    gate_open = true;
+    cv.notify_all();
+  }
+  post(3);
+  for (auto& h : handles) ASSERT_TRUE(h->wait(in(30s)).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_until(lock, in(30s), [&] { return seen.size() == sizes.size(); }));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(seen[0].owner, nullptr) << "an eager bucket delivered in place has no owner";
+  EXPECT_NE(seen[1].owner, nullptr) << "a rendezvous bucket was not handed over";
+  EXPECT_NE(seen[2].owner, nullptr) << "the eager bucket queued behind a rendezvous was not handed over";
+  EXPECT_NE(seen[3].owner, nullptr);
+  for (size_t k = 1; k < sizes.size(); ++k) {
+    ASSERT_EQ(seen[k].size, sizes[k]);
+    if (seen[k].owner == nullptr) continue;  // its bytes are gone: nothing to read
+    EXPECT_EQ(std::memcmp(seen[k].data, handover_payload(sizes[k], k).data(), sizes[k]), 0) << "bucket " << k;
+  }
+  conn->reset();
+  (*tx)->shutdown();
+  (*rx)->shutdown();
+  rx->reset();
+  tx->reset();
+  for (size_t k = 1; k < sizes.size(); ++k) {
+    if (seen[k].owner == nullptr) continue;
+    EXPECT_EQ(std::memcmp(seen[k].data, handover_payload(sizes[k], k).data(), sizes[k]), 0)
+        << "bucket " << k << " after the transport was destroyed";
+  }
+  std::thread([s = std::move(seen)]() mutable { s.clear(); }).join();
+}
+
+}  // namespace
+}  // namespace ferry::transport::testing
