@@ -13,5 +13,6 @@ Status dequantize(const WeightArgs&, float*, void*) { return unavailable(); }
 Status gemm(const GemmArgs&, void*) { return unavailable(); }
 Status gemm_check(const int32_t*, int64_t, void*) { return unavailable(); }
 Status gptq_reload(const GptqArgs&, void*) { return unavailable(); }
+uint64_t fused_per_tensor_launches() { return 0; }
 
 }  // namespace ferry::kernels::detail::cuda

@@ -109,6 +109,8 @@ Status gemm(const GemmArgs& a, void* stream);  // enqueues only
 // Waits for `stream`, then reads the gptq workspace: counters (len - 1) and the error flag.
 Status gemm_check(const int32_t* workspace, int64_t len, void* stream);
 Status gptq_reload(const GptqArgs& a, void* stream);
+// fp8_per_tensor kernels launched in one piece (quantize_tensor.cu) by this process so far.
+uint64_t fused_per_tensor_launches();
 }  // namespace cuda
 
 }  // namespace ferry::kernels::detail

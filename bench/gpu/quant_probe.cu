@@ -149,6 +149,77 @@ int main() {
       const double ms = time_ms([&] { v.launch(out, scale); });
       report("fp8_per_tensor", v.name, ms, moved, diff(n, 4));
     }
+    // The fused kernel (one cooperative launch): its workspace, zeroed once; the kernel leaves it
+    // zeroed. [0] amax, [2] blocks past the barrier, [3] blocks done.
+    unsigned* ws = nullptr;
+    CK(cudaMalloc(&ws, 32));
+    CK(cudaMemset(ws, 0, 32));
+    unsigned long long* times = nullptr;
+    CK(cudaMalloc(&times, 3 * 8 * 1024));
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    auto fused_v = [&](const char* scheme, const char* name, auto kernel, int threads, size_t smem) {
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      int per = 0;
+      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, threads, smem));
+      if (per < 1) {
+        std::fprintf(stderr, "%s: does not fit an SM\n", name);
+        return;
+      }
+      auto launch = [&](uint8_t* o, float* s, unsigned long long* t) {
+        const uint4* in_c = in;
+        int64_t nv_c = nv;
+        float* slot = reinterpret_cast<float*>(ws);
+        unsigned* counter = ws + 2;
+        void* args[] = {&in_c, &o, &nv_c, &slot, &counter, &s, &t};
+        CK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(sms), dim3(threads), args, smem, 0));
+      };
+      const double ms = time_ms([&] { launch(out, scale, nullptr); });
+      report(scheme, name, ms, moved, diff(n, 4));
+      // Phase times of one more launch: start, after the grid barrier, end (ns, per block).
+      launch(out, scale, times);
+      std::vector<unsigned long long> t(3 * static_cast<size_t>(sms));
+      CK(cudaMemcpy(t.data(), times, t.size() * 8, cudaMemcpyDeviceToHost));
+      unsigned long long t0 = ~0ull, b0 = ~0ull, b1 = 0, e1 = 0;
+      for (int i = 0; i < sms; ++i) {
+        t0 = std::min(t0, t[3 * i]);
+        b0 = std::min(b0, t[3 * i + 1]);
+        b1 = std::max(b1, t[3 * i + 1]);
+        e1 = std::max(e1, t[3 * i + 2]);
+      }
+      std::printf("{\"probe\":\"quant\",\"case\":\"%s\",\"variant\":\"%s\",\"phase1_us\":%.1f,"
+                  "\"barrier_spread_us\":%.1f,\"phase2_us\":%.1f}\n",
+                  scheme, name, (b0 - t0) / 1e3, (b1 - b0) / 1e3, (e1 - b1) / 1e3);
+    };
+    using namespace fused;
+    constexpr size_t kRing = 7 * 2048 * 16;
+    // Tie-heavy input (scale 1): the codes of every variant but "const" must equal cur's.
+    fused_v("fp8_per_tensor", "fused_div", tensor_fused<512, 7, 2048, 1, 8, kEncDiv>, 512, kRing);
+    fused_v("fp8_per_tensor", "fused_fma", tensor_fused<512, 7, 2048, 1, 8, kEncFma>, 512, kRing);
+    fused_v("fp8_per_tensor", "fused_fma_16k_chunks", tensor_fused<512, 13, 1024, 1, 16, kEncFma>, 512, 13 * 1024 * 16);
+    fused_v("fp8_per_tensor", "fused_fma_1024_threads", tensor_fused<1024, 7, 2048, 1, 8, kEncFma>, 1024, kRing);
+    fused_v("fp8_per_tensor", "fused_fma_no_l2_hint", tensor_fused<512, 7, 2048, 0, 0, kEncFma>, 512, kRing);
+    fused_v("fp8_per_tensor", "fused_const", tensor_fused<512, 7, 2048, 1, 8, kEncConst>, 512, kRing);
+    {  // -0 and subnormals among the tie-heavy values
+      std::vector<uint16_t> g = h_fp8;
+      for (int64_t i = 1; i < n; i += 4099) g[i] = 0x8000;
+      for (int64_t i = 3; i < n; i += 65537) g[i] = 0x0001 | static_cast<uint16_t>((i & 1) << 15);
+      CK(cudaMemcpy(in, g.data(), in_bytes, cudaMemcpyHostToDevice));
+      vs[0].launch(ref, ref_scale);
+      CK(cudaDeviceSynchronize());
+      fused_v("fp8_per_tensor_negzero_subnormal", "fused_fma", tensor_fused<512, 7, 2048, 1, 8, kEncFma>, 512, kRing);
+    }
+    {  // weights as a model has them (normal, no planted scale of 1: ties are rare)
+      std::vector<uint16_t> g(n);
+      std::normal_distribution<float> nd(0.0f, 0.02f);
+      for (int64_t i = 0; i < n; ++i) g[i] = bf16(nd(rng));
+      CK(cudaMemcpy(in, g.data(), in_bytes, cudaMemcpyHostToDevice));
+      vs[0].launch(ref, ref_scale);
+      CK(cudaDeviceSynchronize());
+      report("fp8_per_tensor_normal", "cur", time_ms([&] { vs[0].launch(out, scale); }), moved, diff(n, 4));
+      fused_v("fp8_per_tensor_normal", "fused_fma", tensor_fused<512, 7, 2048, 1, 8, kEncFma>, 512, kRing);
+    }
+    CK(cudaMemcpy(in, h_fp8.data(), in_bytes, cudaMemcpyHostToDevice));
     const unsigned ag = occupancy_grid(tensor_amax<4, false>);
     report("fp8_per_tensor", "amax_pass_only(read bytes)",
            time_ms([&] { tensor_amax<4, false><<<ag, kT>>>(in, nv, 0, scale); }), 2.0 * n, 0);

@@ -114,7 +114,7 @@ fi
 
 # compute-sanitizer on the CUDA paths (the tests compare CUDA against the CPU bit for bit).
 if want sanitizer && command -v compute-sanitizer > /dev/null; then
-  for t in "kernels_quantize_test --gtest_filter=*Cuda*:*PerTensorLargerThanL2*" "kernels_gptq_test --gtest_filter=*Cuda*" \
+  for t in "kernels_quantize_test --gtest_filter=*Cuda*:*PerTensorLargerThanL2*:*PerTensorOnePiece*" "kernels_gptq_test --gtest_filter=*Cuda*" \
            "kernels_gemm_test --gtest_filter=*Cuda*" "reload_gpu_test"; do
     set -- $t
     [ -x "$bin/$1" ] || continue

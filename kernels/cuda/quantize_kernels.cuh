@@ -16,6 +16,14 @@ enum RowMode : int { kFp8Channel, kInt8Channel, kAmaxOnly, kFp8Given };
 Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st);
 Status quantize_per_tensor(const QuantArgs& a, cudaStream_t st);
 
+// fp8_per_tensor in one cooperative kernel per shard (quantize_tensor.cu), for 16-byte aligned
+// inputs whose shards all start on a vector and hold at least 4 MiB; `begin`: S + 1 element
+// offsets. kNotUsed: nothing was launched (too small, a capturing stream, a device before sm_90 or
+// with fewer SMs than it reports); the caller takes the two-kernel path. kFailed: `error` says why.
+enum class FusedResult { kUsed, kNotUsed, kFailed };
+FusedResult quantize_per_tensor_fused(const QuantArgs& a, const int64_t* begin, size_t shards, cudaStream_t st,
+                                      cudaError_t* error);
+
 // One block per row (per 128x128 tile), any alignment, rows of any length.
 Status generic_rows(const QuantArgs& a, cudaStream_t st);  // fp8_per_channel, int8_per_channel
 Status generic_per_tensor(const QuantArgs& a, cudaStream_t st);

@@ -1,6 +1,6 @@
 // CUDA row-scaled quantize kernels: fp8_per_channel and int8_per_channel (one pass: each row's raw
-// 16-byte vectors stay in registers between the amax and the encode) and fp8_per_tensor (two
-// passes: amax, then encode).
+// 16-byte vectors stay in registers between the amax and the encode) and fp8_per_tensor's two-kernel
+// path (amax, then encode).
 //
 // Why they are shaped this way (memory speed on H100/H200 needs ~40 KB in flight per SM):
 //  - every thread issues all of its row's loads before it uses any (kVecs 16-byte loads in flight
@@ -11,12 +11,11 @@
 //    barrier with another's loads, which a persistent grid of few resident blocks could not (0.46 of
 //    the copy bandwidth persistent, on the H200); inputs are read with evict-first hints and codes
 //    written with streaming stores;
-//  - fp8_per_tensor: two kernels, amax then encode, the encode in reverse order of the amax pass so
-//    that the tail of the input may still be in L2. Each runs near memory speed on the H200 (0.98 and
-//    0.92 of the device copy), so the pair reaches 0.55 of it: the input is read twice. One
-//    cooperative kernel that held the end of every block's range in shared memory and asked L2 to
-//    keep the part before it (evict-last) measured slower in every configuration (0.45 to 0.48), and
-//    an evict-last hint on the two kernels gained 0.02 (bench/gpu/quant_probe.cu): not kept.
+//  - fp8_per_tensor, shards of at least 4 MiB on sm_90 and later: one cooperative kernel per shard
+//    (quantize_tensor.cu). Smaller shards and older devices: two kernels, amax then encode, the
+//    encode in reverse order of the amax pass so that the tail of the input may still be in L2.
+//    Each runs near memory speed on the H200 (0.98 and 0.92 of the device copy), so the pair
+//    reaches 0.55 of it: the input is read twice.
 // Rows longer than 256 threads x 8 vectors, and unaligned rows, take the generic kernels in
 // quantize_generic.cu.
 #include <limits>
@@ -200,6 +199,12 @@ Status per_tensor_typed(const QuantArgs& a, cudaStream_t st) {
     vec = vec && p.begin[s] % E == 0;
   }
   if (!vec) return generic_per_tensor(a, st);
+  cudaError_t error = cudaSuccess;
+  switch (quantize_per_tensor_fused(a, p.begin, shards, st, &error)) {
+    case FusedResult::kUsed: return ok_status();
+    case FusedResult::kFailed: FERRY_CUDA_CHECK(error); return Status::internal("fp8_per_tensor: launch failed");
+    case FusedResult::kNotUsed: break;
+  }
   const int64_t total = a.rows * a.cols;
   FERRY_CUDA_CHECK(cudaMemsetAsync(a.scale, 0, shards * sizeof(float), st));
   if (total > 0) {

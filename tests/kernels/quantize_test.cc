@@ -6,9 +6,11 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/float_convert.h"
+#include "kernels/internal.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/gpu_util.h"
 #include "tests/kernels/ref_quantize.h"
@@ -219,28 +221,95 @@ TEST(FastQuant, EveryBf16UnderSeveralScalesMatchesCpu) {
 }
 
 // Fused expert weights [E, rows, cols]: one set of scales per matrix, E in front.
-// fp8_per_tensor on a tensor larger than L2 (128 MB of bf16, so the encode pass reads part of its
-// input from HBM and part from L2 again), with three shards of different sizes.
-TEST(FastQuant, PerTensorLargerThanL2MatchesCpu) {
-  FERRY_SKIP_WITHOUT_GPU();
-  const Shape shape{8192, 8192};
-  HostTensor in = make_input(DType::kBF16, shape, 77);
-  const std::vector<int64_t> shards = {4096, 1024, 3072};
-  auto layout = storage_layout(Scheme::kFp8PerTensor, shape, shards, DType::kBF16);
-  ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+// fp8_per_tensor of `in` on the GPU against the CPU kernels, bit for bit; returns how many
+// one-piece kernels (quantize_tensor.cu) the call launched.
+uint64_t expect_per_tensor_matches_cpu(HostTensor in, const std::vector<int64_t>& shards) {
+  auto layout = storage_layout(Scheme::kFp8PerTensor, in.shape, shards, in.dtype);
+  EXPECT_TRUE(layout.ok()) << layout.status().to_string();
+  if (!layout.ok()) return 0;
   Outputs cpu = make_outputs(*layout);
-  ASSERT_TRUE(quantize(Scheme::kFp8PerTensor, in.view(), shards, cpu.views).ok());
-  DeviceTensor din = to_device(in.bytes, in.dtype, shape, 0);
+  EXPECT_TRUE(quantize(Scheme::kFp8PerTensor, in.view(), shards, cpu.views).ok());
+  DeviceTensor din = to_device(in.bytes, in.dtype, in.shape, 0);
   std::vector<DeviceTensor> douts;
   std::vector<TensorView> dviews;
   for (const auto& t : *layout) {
     douts.push_back(to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0xEE), t.dtype, t.shape));
     dviews.push_back(douts.back().view);
   }
+  const uint64_t before = detail::cuda::fused_per_tensor_launches();
   const Status st = quantize(Scheme::kFp8PerTensor, din.view, shards, dviews);
-  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(st.ok()) << st.to_string();
   for (size_t i = 0; i < dviews.size(); ++i) {
     EXPECT_TRUE(same_bytes(dviews[i].dtype(), to_host(dviews[i]), cpu.tensors[i].bytes)) << (*layout)[i].suffix;
+  }
+  return detail::cuda::fused_per_tensor_launches() - before;
+}
+
+bool device_is_hopper_or_later() {
+#if defined(FERRY_HAVE_CUDA)
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
+#else
+  return false;
+#endif
+}
+
+// fp8_per_tensor on a tensor larger than L2 (128 MB of bf16): one kernel per shard on Hopper, each
+// block's tail kept in shared memory and the encode reading part of the rest from L2, with three
+// shards of different sizes.
+TEST(FastQuant, PerTensorLargerThanL2MatchesCpu) {
+  FERRY_SKIP_WITHOUT_GPU();
+  const uint64_t launched =
+      expect_per_tensor_matches_cpu(make_input(DType::kBF16, {8192, 8192}, 77), {4096, 1024, 3072});
+  if (device_is_hopper_or_later()) {
+    EXPECT_EQ(launched, 3u) << "one kernel per shard of at least 4 MiB";
+  }
+}
+
+// The same for f16 and f32 inputs (their own amax bits and vector widths), two shards each.
+TEST(FastQuant, PerTensorOnePieceF16AndF32MatchCpu) {
+  FERRY_SKIP_WITHOUT_GPU();
+  for (DType d : {DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(std::string(dtype_name(d)));
+    const uint64_t launched = expect_per_tensor_matches_cpu(make_input(d, {3072, 2048}, 5), {2048, 1024});
+    if (device_is_hopper_or_later()) {
+      EXPECT_EQ(launched, 2u);
+    }
+  }
+}
+
+// The one-piece kernel's division (x * y corrected with one fma, no per-element range test) and
+// its fallbacks, exhaustively: every finite bf16 of magnitude up to A (-0 and subnormals included),
+// spread over a 16 MiB tensor, under scales from several A (s = A / 448; 3e38 and 1e-37 put s
+// outside [2^-60, 2^60], where every element takes the exact division); then with one -inf and
+// one NaN, which must be left out of the amax (taken again in floats) and send every element to
+// the exact division.
+TEST(FastQuant, PerTensorOnePieceEveryBf16MatchesCpu) {
+  FERRY_SKIP_WITHOUT_GPU();
+  const int64_t rows = 1024, cols = 8192;
+  for (float a : {448.0f, 1.0f, 3.0f, 613.0f, 1e-3f, 7.5e4f, 3e38f, 1e-37f}) {
+    const uint16_t ab = f32_to_bf16(a);
+    std::vector<uint16_t> vals;
+    for (uint32_t b = 0; b < 0x10000; ++b) {
+      const float v = bf16_to_f32(static_cast<uint16_t>(b));
+      if (v == v && std::fabs(v) <= bf16_to_f32(ab)) vals.push_back(static_cast<uint16_t>(b));
+    }
+    std::vector<uint16_t> data(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < data.size(); ++i) data[i] = vals[(i * 7919) % vals.size()];
+    data[12345] = ab;
+    for (bool nonfinite : {false, true}) {
+      SCOPED_TRACE("A=" + std::to_string(a) + (nonfinite ? " with inf and NaN" : ""));
+      if (nonfinite) {
+        data[777] = 0xFF80;
+        data[data.size() - 3] = 0x7FC1;
+      }
+      HostTensor in{DType::kBF16, Shape{rows, cols}, std::vector<uint8_t>(data.size() * 2), {}};
+      std::memcpy(in.bytes.data(), data.data(), in.bytes.size());
+      const uint64_t launched = expect_per_tensor_matches_cpu(std::move(in), {});
+      if (device_is_hopper_or_later()) {
+        EXPECT_EQ(launched, 1u);
+      }
+    }
   }
 }
 

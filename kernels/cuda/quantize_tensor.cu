@@ -1,0 +1,401 @@
+// fp8_per_tensor in one cooperative kernel per shard (sm_90 and later): the input is read from HBM
+// once and a half times, not twice.
+//
+// One block per SM owns an equal contiguous range of the shard. Its last kHeldChunks chunks are read
+// straight into registers (17 MB over the H200's SMs); the rest streams through a ring of shared
+// memory slots with bulk copies (TMA), many bytes in flight per SM without registers. Pass 1 takes
+// the amax; the last kStages chunks of the ring stay in shared memory (30 MB), and the kL2Chunks
+// before them are loaded with an L2 evict_last policy. After a grid barrier, pass 2 encodes the
+// chunks in registers and shared memory first, then the rest of the range from its end back to its
+// start, so the chunks read last in pass 1 (the likeliest still in L2) are read first.
+//
+// The encode divides the way the hardware division's fast path does (y: the scale's reciprocal
+// refined once; per element q = x*y, r = x - s*q exactly, q' = q + r*y), without that path's
+// per-element range test and branch, which cost this kernel its memory speed (bench/gpu/quant_probe.cu,
+// H200: encode pass 57 us with the division, 39 us with this, 38 us writing constants). The test
+// passes for every x when s lies in [2^-60, 2^60] and no element is inf or NaN: quotients below
+// 2^-12 may come out inexact, but they are signed zeros in e4m3 either way (copysign mends -0, for
+// which q' is +0). Otherwise (pass 1 flags any inf or NaN; the scale is checked) every element
+// takes ops::quant_fp8. With an inf or NaN present the amax is also taken again, from HBM, in
+// floats (finite_abs), since the integer max of pass 1 cannot leave them out.
+//
+// Workspace (per device, 32 bytes, zero between launches; the launches of one device are ordered
+// by an event): [0] grid-barrier arrivals, [1] blocks done, [2] amax bits, [3] inf/NaN seen,
+// [4] amax bits of the float recount. The last block out zeroes it.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <type_traits>
+
+#include "kernels/cuda/bulk_copy.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/quantize_kernels.cuh"
+#include "kernels/internal.h"
+#include "kernels/scalar_ops.h"
+
+namespace ferry::kernels::detail::cuda {
+namespace {
+
+constexpr int kFThreads = 512;
+constexpr int kStages = 7;
+constexpr int kChunkVecs = 2048;  // 32 KiB
+constexpr int kL2Chunks = 8;
+// Read into registers (64 per thread): 0.633 of the device copy against 0.617 without, on the H200.
+constexpr int kHeldChunks = 4;
+constexpr size_t kRingBytes = size_t{kStages} * kChunkVecs * 16;
+// Shards below this many input bytes take the two-kernel path (they fit in L2 anyway).
+constexpr int64_t kFusedMinBytes = int64_t{4} << 20;
+
+struct TensorParams {
+  const uint4* in;  // the shard's first vector
+  uint8_t* out;     // the shard's first code
+  float* scale;     // the shard's scale
+  int64_t nv;       // 16-byte vectors in the shard
+  uint32_t* ws;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// Running max of the magnitude bits of D's elements (non-negative floats order like their bits).
+template <DType D>
+__device__ __forceinline__ uint32_t magnitude_max(uint32_t acc, const uint4& r) {
+  if constexpr (D == DType::kF32) {
+    acc = max(acc, r.x & 0x7FFFFFFFu);
+    acc = max(acc, r.y & 0x7FFFFFFFu);
+    acc = max(acc, r.z & 0x7FFFFFFFu);
+    return max(acc, r.w & 0x7FFFFFFFu);
+  } else {
+    acc = __vmaxu2(acc, r.x & 0x7FFF7FFFu);
+    acc = __vmaxu2(acc, r.y & 0x7FFF7FFFu);
+    acc = __vmaxu2(acc, r.z & 0x7FFF7FFFu);
+    return __vmaxu2(acc, r.w & 0x7FFF7FFFu);
+  }
+}
+
+// The largest magnitude in `acc`, and whether it is an inf or NaN.
+template <DType D>
+__device__ __forceinline__ float magnitude_value(uint32_t acc, bool& nonfinite) {
+  if constexpr (D == DType::kF32) {
+    nonfinite = acc >= 0x7F800000u;
+    return __uint_as_float(acc);
+  } else {
+    const uint32_t m = max(acc & 0xFFFFu, acc >> 16);
+    nonfinite = m >= (D == DType::kBF16 ? 0x7F80u : 0x7C00u);
+    return D == DType::kBF16 ? __uint_as_float(m << 16) : f16_to_f32(static_cast<uint16_t>(m));
+  }
+}
+
+// The block's max of v, in thread 0.
+__device__ __forceinline__ float fused_block_max(float v, float* part) {
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kFThreads / 32; ++w) v = fmaxf(v, part[w]);
+  }
+  return v;
+}
+
+__device__ __forceinline__ uint32_t cvt_e4m3x2(float hi, float lo) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// The codes of one vector: kFast as the file comment says, else ops::quant_fp8 per element.
+template <DType D, bool kFast>
+__device__ __forceinline__ void encode_vec(const uint4& raw, float s, float y, uint8_t* dst) {
+  constexpr int E = kPerVec<D>;
+  float f[E];
+  unpack<D>(raw, f);
+  if constexpr (kFast) {
+    float v[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float q = f[e] * y;
+      v[e] = copysignf(fmaf(fmaf(-s, q, f[e]), y, q), f[e]);
+    }
+    const uint32_t lo = cvt_e4m3x2(v[1], v[0]) | (cvt_e4m3x2(v[3], v[2]) << 16);
+    if constexpr (E == 4) {
+      __stcs(reinterpret_cast<unsigned int*>(dst), lo);
+    } else {
+      const uint32_t hi = cvt_e4m3x2(v[5], v[4]) | (cvt_e4m3x2(v[7], v[6]) << 16);
+      __stcs(reinterpret_cast<uint2*>(dst), make_uint2(lo, hi));
+    }
+  } else {
+    uint8_t b[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) b[e] = ops::quant_fp8(f[e], s);
+    store_codes<E>(dst, b);
+  }
+}
+
+#endif
+
+template <DType D>
+__global__ void __launch_bounds__(kFThreads, 1) tensor_kernel(TensorParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int E = kPerVec<D>;
+  constexpr int kPer = kChunkVecs / kFThreads;  // vectors per thread per chunk
+  extern __shared__ __align__(128) uint4 ring[];
+  __shared__ uint64_t bars[kStages];
+  __shared__ float part[kFThreads / 32];
+  __shared__ float s_scale;
+  __shared__ uint32_t s_nonfinite;
+  // The block's vectors [v0, v1), in chunks of kChunkVecs from v0 (the last one may be short). The
+  // last `held` chunks are read straight into registers; the m chunks before them stream through the
+  // ring.
+  // (starts on 1 KiB: bulk copies from addresses only 16-byte aligned ran 10% slower on the H200)
+  const int64_t v0 = (p.nv * blockIdx.x / gridDim.x) & ~int64_t{63};
+  const int64_t v1 = blockIdx.x + 1 == gridDim.x ? p.nv : (p.nv * (blockIdx.x + 1) / gridDim.x) & ~int64_t{63};
+  const int64_t all = (v1 - v0 + kChunkVecs - 1) / kChunkVecs;
+  const int held = static_cast<int>(imin(kHeldChunks, all));
+  const int64_t m = all - held;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < kStages; ++k) mbar_init(&bars[k]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto vecs = [&](int64_t c) { return static_cast<int>(imin(kChunkVecs, v1 - v0 - c * kChunkVecs)); };
+  auto issue = [&](int64_t c, uint64_t policy) {
+    const int k = static_cast<int>(c % kStages);
+    bulk_load(ring + int64_t{k} * kChunkVecs, p.in + v0 + c * kChunkVecs, static_cast<uint32_t>(vecs(c)) * 16u,
+              &bars[k], policy);
+  };
+  const uint64_t first = l2_evict_first(), last = l2_evict_last();
+  auto pass1_policy = [&](int64_t c) { return c < m - kStages && c >= m - kStages - kL2Chunks ? last : first; };
+  uint32_t parity = 0;  // bit k: the phase slot k waits for next
+
+  // Pass 1: the amax.
+  if (threadIdx.x == 0) {
+    for (int64_t c = 0; c < m && c < kStages; ++c) issue(c, pass1_policy(c));
+  }
+  uint4 reg[kHeldChunks][kPer];
+#pragma unroll
+  for (int h = 0; h < kHeldChunks; ++h) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = j * kFThreads + static_cast<int>(threadIdx.x);
+      reg[h][j] = h < held && i < vecs(m + h) ? __ldcs(p.in + v0 + (m + h) * kChunkVecs + i) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  uint32_t acc = 0;
+  for (int64_t c = 0; c < m; ++c) {
+    const int k = static_cast<int>(c % kStages);
+    mbar_wait(&bars[k], (parity >> k) & 1u);
+    parity ^= 1u << k;
+    const uint4* src = ring + int64_t{k} * kChunkVecs;
+    const int n = vecs(c);
+    for (int i = threadIdx.x; i < n; i += kFThreads) acc = magnitude_max<D>(acc, src[i]);
+    if (c + kStages < m) {
+      __syncthreads();  // every thread is done with slot k
+      if (threadIdx.x == 0) {
+        fence_proxy_async();
+        issue(c + kStages, pass1_policy(c + kStages));
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kHeldChunks; ++h) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) acc = magnitude_max<D>(acc, reg[h][j]);  // zeros where nothing was read
+  }
+  bool nonfinite = false;
+  float mx = magnitude_value<D>(acc, nonfinite);
+  const bool block_nonfinite = __syncthreads_or(nonfinite);
+  mx = fused_block_max(nonfinite ? 0.0f : mx, part);
+  if (threadIdx.x == 0) {
+    atomicMax(p.ws + 2, __float_as_uint(mx));
+    if (block_nonfinite) atomicOr(p.ws + 3, 1u);
+  }
+  grid_barrier(p.ws, 1);
+  if (threadIdx.x == 0) s_nonfinite = load_acquire(p.ws + 3);
+  __syncthreads();
+  int amax_word = 2;
+  if (s_nonfinite != 0) {
+    // The amax again, in floats, leaving inf and NaN out (finite_abs).
+    float f_max = 0.0f;
+    for (int64_t v = v0 + threadIdx.x; v < v1; v += kFThreads) {
+      float f[E];
+      unpack<D>(__ldg(p.in + v), f);
+#pragma unroll
+      for (int e = 0; e < E; ++e) f_max = fmaxf(f_max, ops::finite_abs(f[e]));
+    }
+    f_max = fused_block_max(f_max, part);
+    if (threadIdx.x == 0) atomicMax(p.ws + 4, __float_as_uint(f_max));
+    grid_barrier(p.ws, 2);
+    amax_word = 4;
+  }
+  if (threadIdx.x == 0) {
+    s_scale = ops::fp8_scale(__uint_as_float(load_acquire(p.ws + amax_word)));
+    if (blockIdx.x == 0) *p.scale = s_scale;
+  }
+  __syncthreads();
+  const float s = s_scale;
+  const bool fast = s_nonfinite == 0 && s >= 0x1p-60f && s <= 0x1p60f;
+  float y = 0.0f;
+  if (fast) {
+    float y0;
+    asm("rcp.approx.f32 %0, %1;" : "=f"(y0) : "f"(s));
+    y = fmaf(y0, fmaf(-s, y0, 1.0f), y0);
+  }
+  uint8_t* out = p.out + v0 * E;
+  // Pass 2: the chunks held in registers, then chunks m-1 down to 0, chunk c in slot c % kStages
+  // (the last kStages of them already are). One copy of the loops per division, no branch in them.
+  // (Encoding the registers' chunks after the shared-memory ones, while their slots load again,
+  // measured 121 us against 79 on the H200: the registers' live range then spans the loop.)
+  auto pass2 = [&](auto fast_v) {
+    constexpr bool kFast = decltype(fast_v)::value;
+#pragma unroll
+    for (int h = 0; h < kHeldChunks; ++h) {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = j * kFThreads + static_cast<int>(threadIdx.x);
+        if (h < held && i < vecs(m + h)) encode_vec<D, kFast>(reg[h][j], s, y, out + ((m + h) * kChunkVecs + i) * E);
+      }
+    }
+    for (int64_t c = m - 1; c >= 0; --c) {
+      const int k = static_cast<int>(c % kStages);
+      if (c < m - kStages) {
+        mbar_wait(&bars[k], (parity >> k) & 1u);
+        parity ^= 1u << k;
+      }
+      const uint4* src = ring + int64_t{k} * kChunkVecs;
+      const int n = vecs(c);
+      uint8_t* dst = out + c * kChunkVecs * E;
+      for (int i = threadIdx.x; i < n; i += kFThreads) encode_vec<D, kFast>(src[i], s, y, dst + int64_t{i} * E);
+      if (c >= kStages) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          fence_proxy_async();
+          issue(c - kStages, first);
+        }
+      }
+    }
+  };
+  if (fast) {
+    pass2(std::true_type{});
+  } else {
+    pass2(std::false_type{});
+  }
+  // The last block out leaves the workspace zeroed for the next launch (every block has passed the
+  // barriers and read the amax by now).
+  if (threadIdx.x == 0 && atomicAdd(p.ws + 1, 1u) == gridDim.x - 1) {
+    for (int w = 0; w < 8; ++w) p.ws[w] = 0;
+    __threadfence();
+  }
+#endif
+}
+
+// What one device needs: the workspace, the event that orders its launches, the grid size.
+struct DeviceState {
+  std::mutex mu;
+  bool probed = false;
+  bool usable = false;
+  bool zeroed = false;
+  uint32_t* ws = nullptr;
+  cudaEvent_t done = nullptr;
+  unsigned blocks = 0;  // co-resident blocks of one kernel (the same for the three dtypes)
+};
+
+DeviceState& device_state(int dev) {
+  static std::array<DeviceState, 64> states;
+  return states[static_cast<size_t>(dev) % states.size()];
+}
+
+template <DType D>
+const void* kernel_of() {
+  return reinterpret_cast<const void*>(tensor_kernel<D>);
+}
+
+// Called with st.mu held.
+void probe(DeviceState& st, int dev) {
+  st.probed = true;
+  int major = 0, sms = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 9) return;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return;
+  int per_sm = 0;
+  for (const void* k : {kernel_of<DType::kBF16>(), kernel_of<DType::kF16>(), kernel_of<DType::kF32>()}) {
+    // Built without sm_90 code (its body is empty then), or unable to hold the ring: two kernels.
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, k) != cudaSuccess || attr.ptxVersion < 90 ||
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRingBytes)) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kFThreads, kRingBytes) != cudaSuccess || per_sm < 1) {
+      (void)cudaGetLastError();
+      return;
+    }
+  }
+  if (cudaMalloc(&st.ws, 32) != cudaSuccess) {
+    (void)cudaGetLastError();
+    st.ws = nullptr;
+    return;
+  }
+  if (cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  st.blocks = static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm);
+  st.usable = true;
+}
+
+std::atomic<uint64_t> g_launches{0};
+
+}  // namespace
+
+uint64_t fused_per_tensor_launches() { return g_launches.load(); }
+
+FusedResult quantize_per_tensor_fused(const QuantArgs& a, const int64_t* begin, size_t shards, cudaStream_t stream,
+                                      cudaError_t* error) {
+  *error = cudaSuccess;
+  const int64_t elem = a.in_dtype == DType::kF32 ? 4 : 2, per_vec = 16 / elem;
+  for (size_t s = 0; s < shards; ++s) {
+    if ((begin[s + 1] - begin[s]) * elem < kFusedMinBytes) return FusedResult::kNotUsed;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return FusedResult::kNotUsed;  // the event that orders the launches cannot be waited on in a capture
+  }
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return FusedResult::kNotUsed;
+  DeviceState& st = device_state(dev);
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!st.probed) probe(st, dev);
+  if (!st.usable) return FusedResult::kNotUsed;
+  if (!st.zeroed) {
+    if ((*error = cudaMemsetAsync(st.ws, 0, 32, stream)) != cudaSuccess) return FusedResult::kFailed;
+    st.zeroed = true;
+  }
+  if ((*error = cudaStreamWaitEvent(stream, st.done, 0)) != cudaSuccess) return FusedResult::kFailed;
+  const void* kernel = a.in_dtype == DType::kBF16  ? kernel_of<DType::kBF16>()
+                       : a.in_dtype == DType::kF16 ? kernel_of<DType::kF16>()
+                                                   : kernel_of<DType::kF32>();
+  for (size_t s = 0; s < shards; ++s) {
+    const int64_t nv = (begin[s + 1] - begin[s]) / per_vec;
+    const int64_t chunks = (nv + kChunkVecs - 1) / kChunkVecs;  // at least one per block
+    TensorParams p{reinterpret_cast<const uint4*>(static_cast<const char*>(a.in) + begin[s] * elem),
+                   static_cast<uint8_t*>(a.out) + begin[s], static_cast<float*>(a.scale) + s, nv, st.ws};
+    void* args[] = {&p};
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(st.blocks, chunks));
+    const cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(kFThreads), args, kRingBytes, stream);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (s == 0 && e == cudaErrorCooperativeLaunchTooLarge) {
+        st.usable = false;  // fewer SMs than the device reports (MPS, green contexts): two kernels instead
+        return FusedResult::kNotUsed;
+      }
+      *error = e;
+      if (s > 0) (void)cudaEventRecord(st.done, stream);  // order the shards that did start
+      return FusedResult::kFailed;
+    }
+    g_launches.fetch_add(1);
+  }
+  if ((*error = cudaEventRecord(st.done, stream)) != cudaSuccess) return FusedResult::kFailed;
+  return FusedResult::kUsed;
+}
+
+}  // namespace ferry::kernels::detail::cuda
