@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/scalar_ops.h"
 
 namespace ops = ferry::kernels::ops;
@@ -339,40 +340,11 @@ namespace fused {
 
 __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)));
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ uint64_t policy_first() {
-  uint64_t p;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_last() {
-  uint64_t p;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
+using ferry::kernels::detail::cuda::bulk_load;
+using ferry::kernels::detail::cuda::mbar_init;
+using ferry::kernels::detail::cuda::mbar_wait;
+__device__ __forceinline__ uint64_t policy_first() { return ferry::kernels::detail::cuda::l2_evict_first(); }
+__device__ __forceinline__ uint64_t policy_last() { return ferry::kernels::detail::cuda::l2_evict_last(); }
 __device__ __forceinline__ uint64_t policy_normal() {
   uint64_t p;
   asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));

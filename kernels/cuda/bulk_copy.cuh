@@ -9,7 +9,8 @@
 
 namespace ferry::kernels::detail::cuda {
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Declared for the host pass and sm_90+ device passes (older device passes cannot assemble them).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

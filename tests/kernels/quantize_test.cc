@@ -166,6 +166,16 @@ TEST_P(QuantizeTest, CudaMatchesCpu) {
   }
 }
 
+// Every finite bf16 (both zeros and the subnormals included) of magnitude up to that of `ab`.
+std::vector<uint16_t> finite_bf16_up_to(uint16_t ab) {
+  std::vector<uint16_t> vals;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float v = bf16_to_f32(static_cast<uint16_t>(b));
+    if (v == v && std::fabs(v) <= bf16_to_f32(ab)) vals.push_back(static_cast<uint16_t>(b));
+  }
+  return vals;
+}
+
 // The CUDA kernels' fast paths (an integer amax of bf16 magnitudes, and x * (1/s) in place of
 // x / s away from rounding midpoints) against the CPU, exhaustively: every finite bf16 of
 // magnitude up to A, under scales from several A (s = A / 448: powers of two, thirds, a huge and a
@@ -175,11 +185,7 @@ TEST(FastQuant, EveryBf16UnderSeveralScalesMatchesCpu) {
   const int64_t cols = 8192;
   for (float a : {448.0f, 1.0f, 3.0f, 613.0f, 1e-3f, 7.5e4f, 3e38f, 1e-37f}) {
     const uint16_t ab = f32_to_bf16(a);
-    std::vector<uint16_t> vals;
-    for (uint32_t b = 0; b < 0x10000; ++b) {
-      const float v = bf16_to_f32(static_cast<uint16_t>(b));
-      if (v == v && std::fabs(v) <= bf16_to_f32(ab)) vals.push_back(static_cast<uint16_t>(b));
-    }
+    const std::vector<uint16_t> vals = finite_bf16_up_to(ab);
     const int64_t per_row = cols - 1;
     const int64_t rows = static_cast<int64_t>((vals.size() + per_row - 1) / per_row) + 1;
     std::vector<uint16_t> data(static_cast<size_t>(rows * cols), 0);
@@ -289,11 +295,7 @@ TEST(FastQuant, PerTensorOnePieceEveryBf16MatchesCpu) {
   const int64_t rows = 1024, cols = 8192;
   for (float a : {448.0f, 1.0f, 3.0f, 613.0f, 1e-3f, 7.5e4f, 3e38f, 1e-37f}) {
     const uint16_t ab = f32_to_bf16(a);
-    std::vector<uint16_t> vals;
-    for (uint32_t b = 0; b < 0x10000; ++b) {
-      const float v = bf16_to_f32(static_cast<uint16_t>(b));
-      if (v == v && std::fabs(v) <= bf16_to_f32(ab)) vals.push_back(static_cast<uint16_t>(b));
-    }
+    const std::vector<uint16_t> vals = finite_bf16_up_to(ab);
     std::vector<uint16_t> data(static_cast<size_t>(rows * cols));
     for (size_t i = 0; i < data.size(); ++i) data[i] = vals[(i * 7919) % vals.size()];
     data[12345] = ab;
