@@ -122,6 +122,9 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     h.id = kByeId;
     h.cb = &Receiver::on_bye;
     if (st == UCS_OK) st = ucp_worker_set_am_recv_handler(engine_->worker(), &h);
+    h.id = kAbortId;
+    h.cb = &Receiver::on_abort;
+    if (st == UCS_OK) st = ucp_worker_set_am_recv_handler(engine_->worker(), &h);
     if (st != UCS_OK) return done->complete(ucs_error("set handler", st));
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
@@ -141,7 +144,9 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     st = ucp_listener_query(listener_, &attr);
     if (st != UCS_OK) return done->complete(ucs_error("query listener", st));
     const auto* bound = reinterpret_cast<const sockaddr_in*>(&attr.sockaddr);
+    // The boot id tells a sender whether it is on this host (ucx_transport.cc).
     *blob = fmt::format("ucx://{}:{}", host, ntohs(bound->sin_port));
+    if (!host_identity().empty()) *blob += "/" + host_identity();
     self_ = shared_from_this();
     done->complete(ok_status());
   }
@@ -159,7 +164,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     ucp_am_handler_param_t h{};
     h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
     h.cb = nullptr;
-    for (unsigned id : {kDataId, kByeId}) {
+    for (unsigned id : {kDataId, kByeId, kAbortId}) {
       h.id = id;
       (void)ucp_worker_set_am_recv_handler(engine_->worker(), &h);
     }
@@ -167,12 +172,15 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   }
 
  private:
+  // The accepted endpoint takes the sender's error handling mode (UCX carries it in the connection
+  // request and refuses a different one): peer error handling from another host, none from this
+  // one (ucx_transport.cc says why). The error handler is installed in both: UCX calls it when the
+  // connection to the sender drops.
   static void on_connect(ucp_conn_request_h req, void* arg) {
     auto* self = static_cast<Receiver*>(arg);
     ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p.conn_request = req;
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     p.err_handler.cb = &Receiver::on_ep_error;
     p.err_handler.arg = self;
     ucp_ep_h ep = nullptr;
@@ -182,25 +190,75 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     self->inbound_[ep] = in;
   }
 
+  // Handled once the worker is drained: on one host the buckets and the goodbye come through shared
+  // memory and the connection's close through UCX's connection manager, which can overtake them.
+  // Whatever the sender sent before it closed has arrived by then, so a clean close stays clean.
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st) {
     auto* self = static_cast<Receiver*>(arg);
     auto it = self->inbound_.find(ep);
     if (it == self->inbound_.end()) return;
-    // A sender that said goodbye was closed here when the goodbye arrived with nothing still
-    // arriving; one still found here failed before its last buckets came in.
-    auto in = it->second;
-    self->close(*in, ucs_error(in->bye ? "sender endpoint failed with buckets still arriving" : "sender endpoint failed", st));
+    std::weak_ptr<Inbound> weak = it->second;
+    self->engine_->after_drain([r = self->shared_from_this(), weak, st] {
+      auto in = weak.lock();
+      if (!in || r->inbound_.count(in->ep) == 0) return;  // closed meanwhile, or the receiver stopped
+      // A sender that said goodbye was closed here when the goodbye arrived with nothing still
+      // arriving; one still open here failed before its last buckets came in (or, if it was
+      // reported already, is the aborted or refused sender closing its end).
+      r->close(*in, ucs_error(in->bye ? "sender endpoint failed with buckets still arriving" : "sender endpoint failed", st),
+               EpClose::kNow);
+    });
   }
 
-  void close(Inbound& in, Status why) {
-    if (in.closed) return;
-    in.closed = true;
-    in.queue.clear();
-    const ucp_ep_h ep = in.ep;
-    inbound_.erase(ep);  // `in` may go with it
-    // After a goodbye nothing more is to come: the sender's flushing close completes with this one.
-    engine_->close_ep(ep, true);
-    if (on_closed_) on_closed_(why);
+  // The sender aborted: what it still had on the way is dropped, and the close is reported as such.
+  static ucs_status_t on_abort(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Receiver*>(arg);
+    auto in = self->find(param);
+    if (in && !in->closed) self->close(*in, Status::aborted("ucx sender aborted the connection"), EpClose::kAfterSender);
+    return UCS_OK;
+  }
+
+  // How an inbound endpoint is closed once the sender's stream ends.
+  enum class EpClose {
+    kNow,          // nothing of ours or the sender's is left on it: a goodbye, or the sender is gone
+    kAfterSender,  // the sender closes its end first (it aborted, and its last rendezvous may
+                   // still be answered here); its close then fails this endpoint: on_ep_error
+    kRefuse,       // the sender is told why (kRefuseId) and closes its end first, as above
+  };
+
+  // Reports the stream's end once (`why`) and drops what is still queued from it. Its endpoint is
+  // closed at once only when nothing can still be under way on it: without peer error handling
+  // (same host) UCX 1.13 allows neither a forced close nor freeing an endpoint with requests on
+  // it, so otherwise the sender's close comes first.
+  void close(Inbound& in, Status why, EpClose how) {
+    if (!in.closed) {
+      in.closed = true;
+      in.queue.clear();
+      if (how == EpClose::kRefuse) notify(in.ep, kRefuseId, why.to_string());
+      if (on_closed_) on_closed_(why);
+    }
+    if (how == EpClose::kNow) {
+      const ucp_ep_h ep = in.ep;
+      // A same-host sender keeps its endpoint until it hears that its goodbye was handled (see
+      // ucx_transport.cc); the flushing close below sends this first.
+      if (in.bye && why.ok()) notify(ep, kByeAckId, std::string());
+      inbound_.erase(ep);  // `in` may go with it
+      engine_->close_ep(ep, true);
+    }
+  }
+
+  // A message to the sender at the other end of `ep` (kRefuseId with the reason, kByeAckId).
+  void notify(ucp_ep_h ep, unsigned id, std::string why) {
+    auto* text = new std::string(std::move(why));
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;  // the sender finds its endpoint by it
+    p.cb.send = [](void* req, ucs_status_t, void* ud) {
+      delete static_cast<std::string*>(ud);
+      ucp_request_free(req);
+    };
+    p.user_data = text;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, text->data(), text->size(), &p);
+    if (!UCS_PTR_IS_PTR(r)) delete text;
   }
 
   std::shared_ptr<Inbound> find(const ucp_am_recv_param_t* param) {
@@ -215,7 +273,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (!in || in->closed) return UCS_OK;
     in->bye = true;
     // Every bucket came before the goodbye; rendezvous ones still arriving close it in arrived().
-    if (in->queue.empty()) self->close(*in, ok_status());
+    if (in->queue.empty()) self->close(*in, ok_status(), EpClose::kNow);
     return UCS_OK;
   }
 
@@ -226,7 +284,8 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (!in || in->closed) return UCS_OK;
     if (length > self->max_bucket_) {
       self->close(*in, Status::resource_exhausted(fmt::format("ucx: a {}-byte bucket; the limit is {}", length,
-                                                              self->max_bucket_)));
+                                                              self->max_bucket_)),
+                  EpClose::kRefuse);
       return UCS_OK;
     }
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
@@ -250,7 +309,8 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     pending->pool = self->pool_;
     pending->block = self->pool_->take(std::max<size_t>(length, 1));
     if (!pending->block) {
-      self->close(*in, Status::resource_exhausted(fmt::format("ucx: no memory for a {}-byte bucket", length)));
+      self->close(*in, Status::resource_exhausted(fmt::format("ucx: no memory for a {}-byte bucket", length)),
+                  EpClose::kRefuse);
       return UCS_OK;
     }
     in->queue.push_back(pending);
@@ -283,14 +343,14 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
   void arrived(const std::shared_ptr<Inbound>& in, const std::shared_ptr<Inbound::Pending>& p, ucs_status_t st) {
     if (in->closed) return;
-    if (st != UCS_OK) return close(*in, ucs_error("receive", st));
+    if (st != UCS_OK) return close(*in, ucs_error("receive", st), EpClose::kRefuse);
     p->ready = true;
     while (!in->closed && !in->queue.empty() && in->queue.front()->ready) {
       auto front = in->queue.front();
       in->queue.pop_front();
       deliver(*in, front->data(), front->size, front);  // handed over: `front` owns the bytes
     }
-    if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status());
+    if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status(), EpClose::kNow);
   }
 
   // `owner` (null for bytes that are not ours to give) is the callback's bucket_owner().
@@ -300,7 +360,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       BucketOwnerScope handed_over(std::move(owner));
       st = on_bucket_(data, size);
     }
-    if (!st.ok()) close(in, st);
+    if (!st.ok()) close(in, st, EpClose::kRefuse);
   }
 
   std::shared_ptr<Engine> engine_;

@@ -1,14 +1,40 @@
-// ucx: one UCP context and worker per transport instance, driven by one progress thread that makes
-// every UCP call. Buckets travel as active messages (eager or rendezvous, UCX decides); listen()
-// opens a UCP sockaddr listener and returns "ucx://host:port". Endpoints use peer error handling: a
-// peer's death must reach the other end, and a forced close (abort) needs it on both sides. UCX
-// then uses only transports that report peer failures (on UCX 1.13: tcp and the RDMA ones, not its
-// shared-memory transports or cma), so on one node the bytes go over UCX's tcp. Memory a sender
-// registers is mapped with the context once (ucp_mem_map) and each post passes that mapping; the
-// receiver lands rendezvous buckets in pooled buffers mapped once and hands them over
-// (bucket_owner()). The user's UCX_* variables are read as they are (ucp_config_read) and never
-// written. Device memory goes through a pinned host mirror when this UCX build cannot move CUDA
-// memory itself (checked at run time).
+// ucx: a UCP context and worker per transport instance, driven by one progress thread that makes
+// every UCP call on that worker; a connection to a listener on this host gets a context, worker and
+// progress thread of its own (below). Buckets travel as active messages (eager or rendezvous, UCX
+// decides); listen() opens a UCP sockaddr listener and returns "ucx://host:port/boot-id".
+//
+// Error handling mode, by where the peer is:
+// - Another host: peer error handling (UCP_ERR_HANDLING_MODE_PEER). UCX then reports a peer's
+//   failure on the endpoint, and abort() is a forced close, which UCX allows only in that mode.
+// - The same host (the blob's boot id is ours): none. With peer error handling UCX 1.13 uses only
+//   transports that report peer failures, which on one node is its tcp (not its shared-memory
+//   transports, nor cma), at about half of what OpenMPI moves through shared memory. Without it,
+//   UCX picks shared memory for messages and cma for rendezvous. What that mode gives up, and
+//   what stands in for it here:
+//   - Forced close. UCX refuses it, and an endpoint may not be closed or freed with requests still
+//     on it. So the connection's endpoint lives on a worker of its own (in a UCP context of its
+//     own: memory the transport mapped is not passed to it, and UCX registers per operation what
+//     shared memory and cma need, which is nothing), and abort(), a failure or the end of a close
+//     destroy that worker (Engine::teardown()): every request on it stops there, and only then are
+//     the caller's handles completed, so no bucket is reported while UCX may still read its bytes.
+//     A kAbortId message goes first (best effort) so the receiver reports Aborted.
+//   - A dead peer. The endpoint keeps its sockaddr connection (UCX's tcp connection manager) for
+//     its whole life; the kernel closes it when a process dies, UCX fails the endpoint and calls
+//     its error handler (UCX 1.13 calls it in any mode once one is installed). The conformance
+//     suite's peer-death cases check it over shared memory.
+//   - Order between the connection and the data. The connection manager's close overtakes
+//     messages still waiting in shared memory, and UCX drops what arrives for an endpoint it
+//     closed. A clean close therefore waits for the receiver: the sender says goodbye and keeps its
+//     endpoint until the receiver acknowledges it (kByeAckId) or drops the connection; a receiver
+//     handles an endpoint's failure only after draining its worker (Engine::after_drain).
+//   - Stale messages. The receiver's context turns UCX's indirect ids on (ucx_engine.h), as UCX
+//     does for peer mode, so a message for one of its endpoints already closed is dropped.
+//
+// Memory a sender registers is mapped with the transport's context once (ucp_mem_map) and each
+// post to another host passes that mapping; the receiver lands rendezvous buckets in pooled
+// buffers mapped once and hands them over (bucket_owner()). The user's UCX_* variables are read as
+// they are (ucp_config_read) and never written. Device memory goes through a pinned host mirror
+// when this UCX build cannot move CUDA memory itself (checked at run time).
 #include "transport/ucx_transport.h"
 
 #include <arpa/inet.h>
@@ -19,6 +45,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -43,10 +71,25 @@ namespace {
 
 using namespace ucx;
 
+class UcxConnection;
+void request_done(void* req, ucs_status_t st, void* ud);
+
+// What a UCX request of a connection carries to its callback. Every one is listed in the
+// connection's `requests_` until its callback ran: a request on a torn-down worker never calls
+// back, and its context is freed by the connection instead.
+struct RequestContext {
+  enum class Kind { kData, kAbort, kBye };
+  std::shared_ptr<UcxConnection> conn;
+  std::shared_ptr<CompletionState> state;  // the bucket's (kData) or the close's (kBye)
+  Kind kind;
+};
+
 // A sender's endpoint. Every member is touched on the progress thread only.
 class UcxConnection final : public Connection, public std::enable_shared_from_this<UcxConnection> {
  public:
-  explicit UcxConnection(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  // `private_engine`: the engine is this connection's own (same host: see the top of this file).
+  UcxConnection(std::shared_ptr<Engine> engine, bool private_engine)
+      : engine_(std::move(engine)), private_(private_engine) {}
 
   Status open(const std::string& host, uint16_t port, Deadline deadline) {
     auto self = shared_from_this();
@@ -65,12 +108,20 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
           ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
           ep.sockaddr.addr = reinterpret_cast<sockaddr*>(sa);
           ep.sockaddr.addrlen = sizeof(sockaddr_in);
-          ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+          ep.err_mode = self->private_ ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+          // Installed in both modes: UCX calls it when the connection to the peer drops.
           ep.err_handler.cb = &UcxConnection::on_error;
           ep.err_handler.arg = self.get();
           ucs_status_t s = ucp_ep_create(self->engine_->worker(), &ep, &self->ep_);
           if (s != UCS_OK) return done->complete(ucs_error("create endpoint", s));
-          self->keepalive_ = self;  // the error handler's argument lives until the endpoint is closed
+          self->keepalive_ = self;  // the error handler's argument lives until the endpoint is gone
+          std::weak_ptr<UcxConnection> weak = self;
+          self->engine_->on_refusal(self->ep_, [weak](const std::string& why, bool acked) {
+            auto c = weak.lock();
+            if (!c) return;
+            if (acked) return c->bye_acknowledged();
+            c->fail(Status::unavailable("ucx receiver closed the connection: " + why), true);
+          });
           // A flush completes once the endpoint is wired up with the listener.
           ucp_request_param_t p{};
           p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -93,94 +144,189 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
 
   void abort() override {
     auto self = shared_from_this();
-    engine_->run([self] { self->fail(Status::aborted("ucx connection aborted"), true); });
+    engine_->run([self] {
+      self->tell_aborted();
+      self->fail(Status::aborted("ucx connection aborted"), true);
+    });
   }
 
-  // A clean close: a goodbye, then a flushing close of the endpoint, waited for until `deadline`.
-  // The receiver reports OK when the goodbye arrives and closes its end, which completes ours.
-  // With buckets still in flight, or after a failure, the endpoint is closed at once instead.
+  // Text UCX prints for the endpoint (its lanes and their transports); empty when not connected.
+  std::string describe() {
+    auto self = shared_from_this();
+    auto out = std::make_shared<std::string>();
+    Status st = engine_->call(
+        [self, out](std::shared_ptr<CompletionState> done) {
+          if (self->ep_ != nullptr) {
+            char* buf = nullptr;
+            size_t len = 0;
+            if (FILE* f = open_memstream(&buf, &len)) {
+              ucp_ep_print_info(self->ep_, f);
+              fclose(f);
+              out->assign(buf, len);
+            }
+            free(buf);
+          }
+          done->complete(ok_status());
+        },
+        Clock::now() + std::chrono::seconds(10));
+    return st.ok() ? *out : std::string();
+  }
+
+  // A clean close: a goodbye, then the endpoint goes, waited for until `deadline`. With buckets
+  // still in flight, or after a failure, the endpoint is closed at once instead. A private engine
+  // is then torn down and its thread joined, whatever happened before the deadline.
   void close_cleanly(Deadline deadline) {
     auto self = shared_from_this();
     Status st = engine_->call([self](std::shared_ptr<CompletionState> done) { self->say_goodbye(std::move(done)); },
                               deadline);
     st.ignore_error();  // past the deadline the close goes on: the engine finishes it before it stops
+    if (private_) {
+      engine_->call(
+                 [self](std::shared_ptr<CompletionState> done) {
+                   self->detach();
+                   done->complete(ok_status());
+                 },
+                 Clock::now() + std::chrono::seconds(30))
+          .ignore_error();
+      engine_->stop();
+    }
   }
 
  private:
-  friend struct SendContext;
+  friend void request_done(void* req, ucs_status_t st, void* ud);
+
+  // Sends an active message with this endpoint as its reply endpoint (as every bucket does), so
+  // the receiver knows the sender. Returns false if it completed (or failed) at once.
+  bool send_am(unsigned id, const uint8_t* data, size_t size, ucp_mem_h memh, RequestContext::Kind kind,
+               std::shared_ptr<CompletionState> state, ucs_status_t* immediate);
 
   void say_goodbye(std::shared_ptr<CompletionState> done) {
     if (ep_ == nullptr || !failure_.ok() || !pending_.empty()) {
+      tell_aborted();  // buckets still in flight: the receiver must not take this for a clean close
       fail(Status::aborted("ucx connection closed"), true);
       return done->complete(ok_status());
     }
     failure_ = Status::aborted("ucx connection closed");  // nothing is sent after the goodbye
-    struct Ctx {
-      std::shared_ptr<UcxConnection> conn;
-      std::shared_ptr<CompletionState> done;
-    };
-    auto* ctx = new Ctx{shared_from_this(), done};
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;  // names this endpoint to the receiver, as every bucket does
-    p.cb.send = [](void* req, ucs_status_t st, void* ud) {
-      auto* c = static_cast<Ctx*>(ud);
-      c->conn->close_after_goodbye(st, std::move(c->done));
-      delete c;
-      ucp_request_free(req);
-    };
-    p.user_data = ctx;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep_, kByeId, nullptr, 0, nullptr, 0, &p);
-    if (!UCS_PTR_IS_PTR(r)) {
-      close_after_goodbye(UCS_PTR_STATUS(r), std::move(ctx->done));
-      delete ctx;
-    }
+    ucs_status_t now = UCS_OK;
+    if (!send_am(kByeId, nullptr, 0, nullptr, RequestContext::Kind::kBye, done, &now)) goodbye_sent(now, done);
   }
 
-  void close_after_goodbye(ucs_status_t sent, std::shared_ptr<CompletionState> done) {
+  // Another host: a flushing close (forced if the goodbye failed), which completes once the
+  // receiver closed its end. The same host: the endpoint stays until the receiver acknowledges the
+  // goodbye (bye_acknowledged()) or drops the connection (on_error()); a close from this side could
+  // overtake the buckets still waiting in the receiver's shared memory (UCX's connection manager
+  // tells the receiver at once, and it drops what is left of a closed endpoint).
+  void goodbye_sent(ucs_status_t sent, std::shared_ptr<CompletionState> done) {
     if (ep_ == nullptr) return done->complete(ok_status());  // the receiver's close came first
+    if (private_) {
+      if (sent != UCS_OK) return done->complete(ok_status());  // close_cleanly() tears down
+      closing_ = std::move(done);
+      return;
+    }
     auto self = shared_from_this();  // the endpoint's error handler points here until it is closed
+    engine_->forget_refusal(ep_);
     engine_->close_ep(std::exchange(ep_, nullptr), sent != UCS_OK,
                       [self, done](ucs_status_t) { done->complete(ok_status()); });
     keepalive_.reset();
   }
 
-  static void on_error(void* arg, ucp_ep_h, ucs_status_t st) {
-    static_cast<UcxConnection*>(arg)->fail(ucs_error("peer failed", st), true);
+  void bye_acknowledged() {
+    if (closing_) std::exchange(closing_, nullptr)->complete(ok_status());
   }
 
+  // Before a close that abort() asks for: the receiver learns of it from this message, in order
+  // after the buckets before it, instead of from the connection dropping. Best effort.
+  void tell_aborted() {
+    if (ep_ == nullptr || !failure_.ok()) return;
+    ucs_status_t now = UCS_OK;
+    (void)send_am(kAbortId, nullptr, 0, nullptr, RequestContext::Kind::kAbort, nullptr, &now);
+  }
+
+  static void on_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    auto* self = static_cast<UcxConnection*>(arg);
+    // The receiver dropping a same-host connection after the goodbye is how a close may end.
+    if (self->closing_) std::exchange(self->closing_, nullptr)->complete(ok_status());
+    self->fail(ucs_error("peer failed", st), true);
+  }
+
+  // Fails every pending bucket and lets go of the endpoint.
+  // - Private engine (same host): the worker is torn down first (detach()), on the next command
+  //   since this may run inside a UCX callback. UCX allows neither a forced close nor freeing an
+  //   endpoint under requests without peer error handling; tearing the worker down stops every
+  //   request, so a bucket is reported failed only once UCX no longer reads its bytes.
+  // - Another host: the pending buckets fail now and the endpoint is closed (forced if `force`;
+  //   UCX cancels its requests first in that mode).
   void fail(Status st, bool force) {
     if (failure_.ok()) failure_ = st;
+    if (flush_state_) flush_state_->complete(failure_);
+    if (private_) {
+      engine_->run([self = shared_from_this()] { self->detach(); });
+      return;
+    }
     for (auto& s : pending_) s->complete(failure_);
     pending_.clear();
-    if (flush_state_) flush_state_->complete(failure_);
-    if (ep_ != nullptr) {
-      // The close holds this connection: the endpoint's error handler points here until it is done.
-      engine_->close_ep(std::exchange(ep_, nullptr), force, [self = shared_from_this()](ucs_status_t) {});
-    }
+    if (ep_ == nullptr) return;
+    engine_->forget_refusal(ep_);
+    // The close holds this connection: the endpoint's error handler points here until it is done.
+    engine_->close_ep(std::exchange(ep_, nullptr), force, [self = shared_from_this()](ucs_status_t) {});
     keepalive_.reset();  // may drop the last reference: nothing may follow
   }
 
+  // Private engine only; a command, never inside a UCX callback.
+  void detach() {
+    if (detached_) return;
+    detached_ = true;
+    auto self = shared_from_this();
+    if (failure_.ok()) failure_ = Status::aborted("ucx connection closed");
+    ep_ = nullptr;
+    tearing_down_ = true;
+    engine_->teardown();  // requests UCX cancels call back from in here; see request_done()
+    tearing_down_ = false;
+    for (RequestContext* c : std::exchange(requests_, {})) delete c;  // never called back
+    for (auto& s : pending_) s->complete(failure_);
+    pending_.clear();
+    if (flush_state_) flush_state_->complete(failure_);
+    if (closing_) std::exchange(closing_, nullptr)->complete(ok_status());
+    keepalive_.reset();
+  }
+
   std::shared_ptr<Engine> engine_;
+  const bool private_;
   ucp_ep_h ep_ = nullptr;
   Status failure_;
+  bool detached_ = false;
+  bool tearing_down_ = false;
   std::set<std::shared_ptr<CompletionState>> pending_;
+  std::set<RequestContext*> requests_;
   std::shared_ptr<CompletionState> flush_state_;
+  std::shared_ptr<CompletionState> closing_;  // a same-host goodbye waiting for its answer
   std::shared_ptr<UcxConnection> keepalive_;
 
  public:
+  const Engine* engine() const { return engine_.get(); }
   void send(const uint8_t* data, size_t size, ucp_mem_h memh, std::shared_ptr<CompletionState> state);
 };
 
-struct SendContext {
-  std::shared_ptr<UcxConnection> conn;
-  std::shared_ptr<CompletionState> state;
-};
+void request_done(void* req, ucs_status_t st, void* ud) {
+  auto* c = static_cast<RequestContext*>(ud);
+  UcxConnection& conn = *c->conn;
+  conn.requests_.erase(c);
+  ucp_request_free(req);
+  // While the worker is torn down, buckets are failed only after it is gone (detach()).
+  if (c->kind == RequestContext::Kind::kData && !conn.tearing_down_) {
+    c->state->complete(st == UCS_OK          ? ok_status()
+                       : st == UCS_ERR_CANCELED ? Status::aborted("ucx send cancelled")
+                                                : ucs_error("send", st));
+    conn.pending_.erase(c->state);
+  } else if (c->kind == RequestContext::Kind::kBye && !conn.tearing_down_) {
+    conn.goodbye_sent(st, c->state);
+  }
+  delete c;  // may drop the last reference to the connection
+}
 
-void UcxConnection::send(const uint8_t* data, size_t size, ucp_mem_h memh, std::shared_ptr<CompletionState> state) {
-  if (!failure_.ok() || ep_ == nullptr) return state->complete(failure_.ok() ? Status::unavailable("ucx: not connected") : failure_);
-  if (state->done()) return;  // aborted before it left
-  auto* ctx = new SendContext{shared_from_this(), state};
+bool UcxConnection::send_am(unsigned id, const uint8_t* data, size_t size, ucp_mem_h memh, RequestContext::Kind kind,
+                            std::shared_ptr<CompletionState> state, ucs_status_t* immediate) {
+  auto* ctx = new RequestContext{shared_from_this(), std::move(state), kind};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_AM_SEND_FLAG_REPLY;
@@ -188,21 +334,26 @@ void UcxConnection::send(const uint8_t* data, size_t size, ucp_mem_h memh, std::
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     p.memh = memh;
   }
-  p.cb.send = [](void* req, ucs_status_t st, void* ud) {
-    auto* c = static_cast<SendContext*>(ud);
-    c->state->complete(st == UCS_OK ? ok_status() : st == UCS_ERR_CANCELED ? Status::aborted("ucx send cancelled")
-                                                                            : ucs_error("send", st));
-    c->conn->pending_.erase(c->state);
-    delete c;
-    ucp_request_free(req);
-  };
+  p.cb.send = &request_done;
   p.user_data = ctx;
+  ucs_status_ptr_t r = ucp_am_send_nbx(ep_, id, nullptr, 0, data, size, &p);
+  if (UCS_PTR_IS_PTR(r)) {
+    requests_.insert(ctx);
+    return true;
+  }
+  *immediate = UCS_PTR_STATUS(r);
+  delete ctx;
+  return false;
+}
+
+void UcxConnection::send(const uint8_t* data, size_t size, ucp_mem_h memh, std::shared_ptr<CompletionState> state) {
+  if (!failure_.ok() || ep_ == nullptr) return state->complete(failure_.ok() ? Status::unavailable("ucx: not connected") : failure_);
+  if (state->done()) return;  // aborted before it left
   pending_.insert(state);
-  ucs_status_ptr_t r = ucp_am_send_nbx(ep_, kDataId, nullptr, 0, data, size, &p);
-  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
-    state->complete(r == nullptr ? ok_status() : ucs_error("send", UCS_PTR_STATUS(r)));
+  ucs_status_t now = UCS_OK;
+  if (!send_am(kDataId, data, size, memh, RequestContext::Kind::kData, state, &now)) {
+    state->complete(now == UCS_OK ? ok_status() : ucs_error("send", now));
     pending_.erase(state);
-    delete ctx;
   }
 }
 
@@ -213,7 +364,10 @@ class MappedRegion : public MemoryRegion {
   MappedRegion(std::shared_ptr<Engine> engine, void* mapped, size_t size)
       : engine_(std::move(engine)), memh_(engine_->map(mapped, size)) {}
   ~MappedRegion() override { engine_->unmap(memh_); }
-  ucp_mem_h memh() const { return memh_; }
+  // The mapping, for a post through an endpoint of the engine that made it; nullptr for any other
+  // (a same-host connection's private engine has a UCP context of its own, and UCX registers what
+  // it needs per operation: nothing, for shared memory and cma).
+  ucp_mem_h memh_for(const Engine* e) const { return e == engine_.get() ? memh_ : nullptr; }
 
  private:
   std::shared_ptr<Engine> engine_;
@@ -267,7 +421,7 @@ Result<std::unique_ptr<TransferHandle>> UcxConnection::post(const MemoryRegion& 
   }
   const uint8_t* data = static_cast<const uint8_t*>(region.data()) + offset;
   const auto* mapped = dynamic_cast<const MappedRegion*>(&region);
-  ucp_mem_h memh = mapped != nullptr ? mapped->memh() : nullptr;
+  ucp_mem_h memh = mapped != nullptr ? mapped->memh_for(engine_.get()) : nullptr;
   if (const auto* staged = dynamic_cast<const StagedRegion*>(&region)) {
     Status st;
     data = staged->stage(offset, size, &st);
@@ -295,6 +449,7 @@ class OwnedUcxConnection final : public Connection {
     return c_->post(r, o, s);
   }
   void abort() override { c_->abort(); }
+  std::string describe() { return c_->describe(); }
 
  private:
   std::shared_ptr<UcxConnection> c_;
@@ -330,16 +485,30 @@ class UcxTransport final : public Transport {
     return blob;
   }
 
+  // "ucx://host:port/boot-id"; without the boot id (or with another one) the peer counts as on
+  // another host, and the endpoint keeps peer error handling.
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
     constexpr std::string_view kScheme = "ucx://";
-    const size_t colon = blob.rfind(':');
-    if (!blob.starts_with(kScheme) || colon == std::string::npos || colon < kScheme.size()) {
-      return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
+    if (!blob.starts_with(kScheme)) return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
+    std::string address = blob.substr(kScheme.size());
+    std::string boot;
+    if (const size_t slash = address.find('/'); slash != std::string::npos) {
+      boot = address.substr(slash + 1);
+      address.resize(slash);
     }
-    const int port = std::atoi(blob.c_str() + colon + 1);
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
+    const int port = std::atoi(address.c_str() + colon + 1);
     if (port <= 0 || port > 65535) return Status::invalid_argument("ucx: malformed port in '" + blob + "'");
-    auto c = std::make_shared<UcxConnection>(engine_);
-    Status st = c->open(blob.substr(kScheme.size(), colon - kScheme.size()), static_cast<uint16_t>(port), deadline);
+    const bool same_host = !boot.empty() && boot == ucx::host_identity();
+    std::shared_ptr<Engine> engine = engine_;
+    if (same_host) {  // a worker of its own, torn down to stop its requests (top of this file)
+      engine = std::make_shared<Engine>();
+      FERRY_RETURN_IF_ERROR(engine->init(/*indirect_ids=*/false));
+    }
+    auto c = std::make_shared<UcxConnection>(engine, same_host);
+    Status st = c->open(address.substr(0, colon), static_cast<uint16_t>(port), deadline);
+    if (!st.ok() && same_host) c->close_cleanly(Clock::now());
     if (!st.ok()) return st.with_context("ucx connect to " + blob);
     return std::unique_ptr<Connection>(std::make_unique<OwnedUcxConnection>(std::move(c)));
   }
@@ -357,6 +526,11 @@ class UcxTransport final : public Transport {
 };
 
 }  // namespace
+
+std::string ucx_endpoint_info(Connection& c) {
+  auto* owned = dynamic_cast<OwnedUcxConnection*>(&c);
+  return owned != nullptr ? owned->describe() : std::string();
+}
 
 Result<std::unique_ptr<Transport>> create_ucx_transport() {
   auto engine = std::make_shared<Engine>();

@@ -3,11 +3,16 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "transport/transport.h"
 
 namespace ferry::transport {
 
 Result<std::unique_ptr<Transport>> create_ucx_transport();
+
+// What UCX prints about a ucx connection's endpoint (ucp_ep_print_info: its lanes and the
+// transports under them); empty for another transport's connection. For tests and diagnostics.
+std::string ucx_endpoint_info(Connection& c);
 
 }  // namespace ferry::transport
