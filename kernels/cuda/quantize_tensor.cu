@@ -42,7 +42,7 @@ namespace {
 constexpr int kFThreads = 512;
 constexpr int kStages = 7;
 constexpr int kChunkVecs = 2048;  // 32 KiB
-constexpr int kL2Chunks = 8;
+constexpr int kL2Chunks = 8;  // 4: 0.621 of the copy, 8: 0.63, 12: 0.62, 16: 0.61 (H200)
 // Read into registers (64 per thread): 0.633 of the device copy against 0.617 without, on the H200.
 constexpr int kHeldChunks = 4;
 constexpr size_t kRingBytes = size_t{kStages} * kChunkVecs * 16;
