@@ -8,7 +8,6 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
-#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
@@ -41,19 +40,6 @@ constexpr unsigned kRefuseId = 4;
 // A receiver's answer to a same-host sender's goodbye: every bucket before it has been handled, so
 // the sender may now drop its endpoint (ucx_transport.cc says why it waits for this).
 constexpr unsigned kByeAckId = 5;
-
-// A same-host connection moves its buckets over several lanes, each an endpoint on a worker and
-// progress thread of its own (ucx_transport.cc), so that the copies of two buckets run on two cores.
-// Every message on a lane carries this header: the receiver joins the lanes of one connection by
-// `stream` and delivers its buckets in `seq` order. Messages without it (senders on other hosts)
-// form a stream of their own endpoint, in arrival order.
-constexpr uint32_t kMaxSameHostLanes = 2;
-struct LaneHeader {
-  uint64_t stream = 0;  // unique per connection on this host: the sender's pid and a counter
-  uint64_t seq = 0;     // the bucket's place in the connection (data messages)
-  uint32_t lanes = 1;   // how many lanes the connection has: each says goodbye
-  uint32_t reserved = 0;
-};
 
 // This host's identity in a listener's blob: the kernel's boot id, the same in every process and
 // container of one boot of one machine, different on any other. A sender whose blob names its own
@@ -104,13 +90,7 @@ class Engine {
   // when the endpoint is destroyed, which teardown() does with requests outstanding; and nothing
   // can arrive for a request of a worker that is gone. A user's own UCX_PROTO_INDIRECT_ID is left
   // as it is.
-  //
-  // `put_rendezvous`: a same-host lane's engine asks for UCX's put rendezvous (unless the user set
-  // UCX_RNDV_SCHEME). The sender then copies each bucket into the receiver's buffer on its own
-  // lane's thread (cma's process_vm_writev) instead of the receiver's one progress thread reading
-  // them one after another (get: process_vm_readv), so two lanes copy on two cores. The sender's
-  // request completes only after the copy, as before.
-  Status init(bool indirect_ids = true, bool put_rendezvous = false) {
+  Status init(bool indirect_ids = true) {
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return ucs_error("read config", st);
@@ -119,13 +99,6 @@ class Engine {
       if (st != UCS_OK) {
         ucp_config_release(config);
         return ucs_error("config PROTO_INDIRECT_ID", st);
-      }
-    }
-    if (put_rendezvous && std::getenv("UCX_RNDV_SCHEME") == nullptr) {
-      st = ucp_config_modify(config, "RNDV_SCHEME", "put_zcopy");
-      if (st != UCS_OK) {
-        ucp_config_release(config);
-        return ucs_error("config RNDV_SCHEME", st);
       }
     }
     ucp_params_t params{};

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <set>
 #include <mutex>
 #include <vector>
 
@@ -85,18 +84,11 @@ class BufferPool {
   std::vector<std::unique_ptr<Block>> idle_;
 };
 
-// One sender's connection (a stream): its endpoints (one, or a same-host sender's lanes, joined by
-// their LaneHeader) and its buckets, queued by sequence number while one ahead of them is still
-// arriving.
+// One accepted sender: buckets queue here while a rendezvous ahead of them is still arriving.
 struct Inbound {
-  std::vector<ucp_ep_h> eps;
-  uint64_t stream = 0;  // the lanes' stream id; 0: one endpoint without a header
-  uint32_t lanes = 1;
-  std::set<ucp_ep_h> byes;  // the endpoints that said goodbye
-  bool bye = false;         // every lane said goodbye
+  ucp_ep_h ep = nullptr;
+  bool bye = false;
   bool closed = false;
-  uint64_t next_seq = 0;      // the next sequence number a bucket without a header gets
-  uint64_t next_deliver = 0;  // the sequence number delivered next
   // A bucket received into memory of ours, handed over when delivered: the callback may keep it
   // (bucket_owner()) and drop it later on any thread; its block then returns to the pool.
   struct Pending {
@@ -110,7 +102,7 @@ struct Inbound {
       if (pool) pool->give(std::move(block));
     }
   };
-  std::map<uint64_t, std::shared_ptr<Pending>> queue;  // by sequence number
+  std::deque<std::shared_ptr<Pending>> queue;
 };
 
 // Every member is touched on the progress thread only.
@@ -168,7 +160,6 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       engine_->close_ep(ep, true);
     }
     inbound_.clear();
-    streams_.clear();
     // The handlers point at this receiver, which may go once stopped.
     ucp_am_handler_param_t h{};
     h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
@@ -195,7 +186,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     ucp_ep_h ep = nullptr;
     if (ucp_ep_create(self->engine_->worker(), &p, &ep) != UCS_OK) return;
     auto in = std::make_shared<Inbound>();
-    in->eps.push_back(ep);
+    in->ep = ep;
     self->inbound_[ep] = in;
   }
 
@@ -207,24 +198,22 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     auto it = self->inbound_.find(ep);
     if (it == self->inbound_.end()) return;
     std::weak_ptr<Inbound> weak = it->second;
-    self->engine_->after_drain([r = self->shared_from_this(), weak, ep, st] {
+    self->engine_->after_drain([r = self->shared_from_this(), weak, st] {
       auto in = weak.lock();
-      auto found = r->inbound_.find(ep);
-      if (!in || found == r->inbound_.end() || found->second != in) return;  // closed meanwhile, or stopped
+      if (!in || r->inbound_.count(in->ep) == 0) return;  // closed meanwhile, or the receiver stopped
       // A sender that said goodbye was closed here when the goodbye arrived with nothing still
       // arriving; one still open here failed before its last buckets came in (or, if it was
       // reported already, is the aborted or refused sender closing its end).
       r->close(*in, ucs_error(in->bye ? "sender endpoint failed with buckets still arriving" : "sender endpoint failed", st),
-               EpClose::kNow, ep);
+               EpClose::kNow);
     });
   }
 
   // The sender aborted: what it still had on the way is dropped, and the close is reported as such.
-  static ucs_status_t on_abort(void* arg, const void* header, size_t header_length, void*, size_t,
-                               const ucp_am_recv_param_t* param) {
+  static ucs_status_t on_abort(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
-    auto in = self->find(param, header, header_length);
-    if (in && !in->closed) self->close(*in, Status::aborted("ucx sender aborted the connection"), EpClose::kAfterSender, nullptr);
+    auto in = self->find(param);
+    if (in && !in->closed) self->close(*in, Status::aborted("ucx sender aborted the connection"), EpClose::kAfterSender);
     return UCS_OK;
   }
 
@@ -236,37 +225,25 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     kRefuse,       // the sender is told why (kRefuseId) and closes its end first, as above
   };
 
-  // Reports the stream's end once (`why`) and drops what is still queued from it. An endpoint is
+  // Reports the stream's end once (`why`) and drops what is still queued from it. Its endpoint is
   // closed at once only when nothing can still be under way on it: without peer error handling
   // (same host) UCX 1.13 allows neither a forced close nor freeing an endpoint with requests on
-  // it, so otherwise the sender's close comes first. kNow closes `ep` (the one that failed), or
-  // after every lane's goodbye all of the stream's endpoints; a refusal goes to every lane.
-  void close(Inbound& in, Status why, EpClose how, ucp_ep_h ep) {
+  // it, so otherwise the sender's close comes first.
+  void close(Inbound& in, Status why, EpClose how) {
     if (!in.closed) {
       in.closed = true;
       in.queue.clear();
-      if (how == EpClose::kRefuse) {
-        for (ucp_ep_h e : in.eps) notify(e, kRefuseId, why.to_string());
-      }
+      if (how == EpClose::kRefuse) notify(in.ep, kRefuseId, why.to_string());
       if (on_closed_) on_closed_(why);
     }
-    if (how != EpClose::kNow) return;
-    std::vector<ucp_ep_h> eps;
-    if (in.bye && why.ok()) {
-      eps = in.eps;
-    } else if (ep != nullptr) {
-      eps.push_back(ep);
-    }
-    for (ucp_ep_h e : eps) {
-      if (inbound_.erase(e) == 0) continue;
+    if (how == EpClose::kNow) {
+      const ucp_ep_h ep = in.ep;
       // A same-host sender keeps its endpoint until it hears that its goodbye was handled (see
       // ucx_transport.cc); the flushing close below sends this first.
-      if (in.bye && why.ok()) notify(e, kByeAckId, std::string());
-      in.eps.erase(std::remove(in.eps.begin(), in.eps.end(), e), in.eps.end());
-      engine_->close_ep(e, true);
+      if (in.bye && why.ok()) notify(ep, kByeAckId, std::string());
+      inbound_.erase(ep);  // `in` may go with it
+      engine_->close_ep(ep, true);
     }
-    // Every caller holds `in`, so it outlives these erasures.
-    if (in.eps.empty() && in.stream != 0) streams_.erase(in.stream);
   }
 
   // A message to the sender at the other end of `ep` (kRefuseId with the reason, kByeAckId).
@@ -284,75 +261,40 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (!UCS_PTR_IS_PTR(r)) delete text;
   }
 
-  // The stream a message's endpoint belongs to. A lane's first message joins its endpoint to the
-  // stream its header names (every message on a lane carries it, so the first is the first).
-  std::shared_ptr<Inbound> find(const ucp_am_recv_param_t* param, const void* header, size_t header_length) {
+  std::shared_ptr<Inbound> find(const ucp_am_recv_param_t* param) {
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
-    const ucp_ep_h ep = param->reply_ep;
-    auto it = inbound_.find(ep);
-    if (it == inbound_.end()) return nullptr;
-    if (header_length != sizeof(LaneHeader) || it->second->stream != 0) return it->second;
-    LaneHeader h;
-    std::memcpy(&h, header, sizeof h);
-    if (h.stream == 0) return it->second;
-    auto joined = streams_.find(h.stream);
-    if (joined == streams_.end()) {
-      it->second->stream = h.stream;
-      it->second->lanes = std::max<uint32_t>(h.lanes, 1);
-      streams_[h.stream] = it->second;
-      return it->second;
-    }
-    // Another lane of a stream seen before; its own record has had no message yet.
-    auto in = joined->second;
-    in->eps.push_back(ep);
-    it->second = in;
-    return in;
+    auto it = inbound_.find(param->reply_ep);
+    return it == inbound_.end() ? nullptr : it->second;
   }
 
-  static ucs_status_t on_bye(void* arg, const void* header, size_t header_length, void*, size_t,
-                             const ucp_am_recv_param_t* param) {
+  static ucs_status_t on_bye(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
-    auto in = self->find(param, header, header_length);
+    auto in = self->find(param);
     if (!in || in->closed) return UCS_OK;
-    in->byes.insert(param->reply_ep);
-    in->bye = in->byes.size() >= in->lanes;
-    // Every bucket of a lane came before its goodbye; rendezvous ones still arriving close it in
-    // arrived().
-    if (in->bye && in->queue.empty()) self->close(*in, ok_status(), EpClose::kNow, nullptr);
+    in->bye = true;
+    // Every bucket came before the goodbye; rendezvous ones still arriving close it in arrived().
+    if (in->queue.empty()) self->close(*in, ok_status(), EpClose::kNow);
     return UCS_OK;
   }
 
-  static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data, size_t length,
+  static ucs_status_t on_data(void* arg, const void*, size_t, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
-    auto in = self->find(param, header, header_length);
+    auto in = self->find(param);
     if (!in || in->closed) return UCS_OK;
     if (length > self->max_bucket_) {
       self->close(*in, Status::resource_exhausted(fmt::format("ucx: a {}-byte bucket; the limit is {}", length,
                                                               self->max_bucket_)),
-                  EpClose::kRefuse, nullptr);
-      return UCS_OK;
-    }
-    uint64_t seq = 0;
-    if (in->stream != 0 && header_length == sizeof(LaneHeader)) {
-      LaneHeader h;
-      std::memcpy(&h, header, sizeof h);
-      seq = h.seq;
-    } else {
-      seq = in->next_seq++;
-    }
-    if (seq < in->next_deliver || in->queue.count(seq) != 0) {
-      self->close(*in, Status::data_loss(fmt::format("ucx: bucket {} arrived twice", seq)), EpClose::kRefuse, nullptr);
+                  EpClose::kRefuse);
       return UCS_OK;
     }
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    if (!rndv && in->queue.empty() && seq == in->next_deliver) {
+    if (!rndv && in->queue.empty()) {
       // In place, from UCX's own receive buffer, with no owner (bucket_owner() stays null): that
       // buffer is UCX's and valid only during this handler (keeping it would mean returning
       // UCS_INPROGRESS and a ucp_am_data_release() on the progress thread later, which a holder
       // dropping it on any thread cannot do). Eager buckets are those under UCX's rendezvous
       // threshold, the small ones; a receiver that wants them past the callback copies them.
-      ++in->next_deliver;
       self->deliver(*in, static_cast<const uint8_t*>(data), length, nullptr);
       return UCS_OK;
     }
@@ -360,18 +302,18 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     pending->size = length;
     if (!rndv) {
       pending->copy.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
-      in->queue[seq] = pending;
-      self->arrived(in, pending, UCS_OK);
+      pending->ready = true;
+      in->queue.push_back(pending);
       return UCS_OK;
     }
     pending->pool = self->pool_;
     pending->block = self->pool_->take(std::max<size_t>(length, 1));
     if (!pending->block) {
       self->close(*in, Status::resource_exhausted(fmt::format("ucx: no memory for a {}-byte bucket", length)),
-                  EpClose::kRefuse, nullptr);
+                  EpClose::kRefuse);
       return UCS_OK;
     }
-    in->queue[seq] = pending;
+    in->queue.push_back(pending);
     struct Ctx {
       Receiver* self;
       std::shared_ptr<Inbound> in;
@@ -399,19 +341,16 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     return UCS_OK;
   }
 
-  // Delivers the buckets that are next in sequence and have all arrived.
   void arrived(const std::shared_ptr<Inbound>& in, const std::shared_ptr<Inbound::Pending>& p, ucs_status_t st) {
     if (in->closed) return;
-    if (st != UCS_OK) return close(*in, ucs_error("receive", st), EpClose::kRefuse, nullptr);
+    if (st != UCS_OK) return close(*in, ucs_error("receive", st), EpClose::kRefuse);
     p->ready = true;
-    while (!in->closed && !in->queue.empty() && in->queue.begin()->first == in->next_deliver &&
-           in->queue.begin()->second->ready) {
-      auto front = in->queue.begin()->second;
-      in->queue.erase(in->queue.begin());
-      ++in->next_deliver;
+    while (!in->closed && !in->queue.empty() && in->queue.front()->ready) {
+      auto front = in->queue.front();
+      in->queue.pop_front();
       deliver(*in, front->data(), front->size, front);  // handed over: `front` owns the bytes
     }
-    if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status(), EpClose::kNow, nullptr);
+    if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status(), EpClose::kNow);
   }
 
   // `owner` (null for bytes that are not ours to give) is the callback's bucket_owner().
@@ -421,7 +360,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       BucketOwnerScope handed_over(std::move(owner));
       st = on_bucket_(data, size);
     }
-    if (!st.ok()) close(in, st, EpClose::kRefuse, nullptr);
+    if (!st.ok()) close(in, st, EpClose::kRefuse);
   }
 
   std::shared_ptr<Engine> engine_;
@@ -430,8 +369,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
   ucp_listener_h listener_ = nullptr;
-  std::map<ucp_ep_h, std::shared_ptr<Inbound>> inbound_;  // every accepted endpoint's stream
-  std::map<uint64_t, std::shared_ptr<Inbound>> streams_;  // lanes' streams, by their id
+  std::map<ucp_ep_h, std::shared_ptr<Inbound>> inbound_;
   std::shared_ptr<Receiver> self_;  // alive while UCX may call us
 };
 

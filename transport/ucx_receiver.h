@@ -1,7 +1,5 @@
-// ucx, receiving end: a sockaddr listener; each sender's buckets (over one endpoint, or over the
-// lanes of a same-host connection, joined by their LaneHeader) reach the callback whole and in
-// order, on the progress thread. A transport with two receivers (ucx_transport.cc) makes their
-// callbacks take turns.
+// ucx, receiving end: a sockaddr listener; each accepted endpoint's buckets reach the callback
+// whole and in order, on the progress thread (so never two at once).
 #pragma once
 
 #include <memory>
