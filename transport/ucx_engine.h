@@ -8,6 +8,7 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
@@ -40,6 +41,20 @@ constexpr unsigned kRefuseId = 4;
 // A receiver's answer to a same-host sender's goodbye: every bucket before it has been handled, so
 // the sender may now drop its endpoint (ucx_transport.cc says why it waits for this).
 constexpr unsigned kByeAckId = 5;
+
+// A same-host connection moves its buckets over several lanes, each an endpoint on a worker and
+// progress thread of its own (ucx_transport.cc), each to a listener and progress thread of its own
+// at the receiver, so that the copies of two buckets run on two cores. Every message on a lane
+// carries this header: the receivers join the lanes of one connection by `stream` and deliver its
+// buckets in `seq` order. Messages without it (senders on other hosts)
+// form a stream of their own endpoint, in arrival order.
+constexpr uint32_t kMaxSameHostLanes = 2;
+struct LaneHeader {
+  uint64_t stream = 0;  // unique per connection on this host: the sender's pid and a counter
+  uint64_t seq = 0;     // the bucket's place in the connection (data messages)
+  uint32_t lanes = 1;   // how many lanes the connection has: each says goodbye
+  uint32_t reserved = 0;
+};
 
 // This host's identity in a listener's blob: the kernel's boot id, the same in every process and
 // container of one boot of one machine, different on any other. A sender whose blob names its own

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <vector>
 
@@ -30,9 +32,14 @@ class BufferPool {
     Buffer buffer;
     ucp_mem_h memh = nullptr;
   };
+  // Without an engine the blocks are not mapped (memh stays null): the pool that the receivers of
+  // one host's lanes share, each with a UCP context of its own (StreamTable); UCX registers per
+  // operation what it needs, which for shared memory and cma is nothing.
   explicit BufferPool(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
   ~BufferPool() {
-    for (auto& b : idle_) engine_->unmap(b->memh);
+    if (engine_) {
+      for (auto& b : idle_) engine_->unmap(b->memh);
+    }
   }
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
@@ -55,7 +62,7 @@ class BufferPool {
     if (!buf.ok()) return nullptr;
     auto b = std::make_unique<Block>();
     b->buffer = std::move(*buf);
-    b->memh = engine_->map(b->buffer.data(), b->buffer.size());
+    if (engine_) b->memh = engine_->map(b->buffer.data(), b->buffer.size());
     return b;
   }
 
@@ -74,7 +81,7 @@ class BufferPool {
         idle_.erase(smallest);
       }
     }
-    if (dropped) engine_->unmap(dropped->memh);  // then its buffer is freed
+    if (dropped && engine_) engine_->unmap(dropped->memh);  // then its buffer is freed
   }
 
  private:
@@ -84,11 +91,20 @@ class BufferPool {
   std::vector<std::unique_ptr<Block>> idle_;
 };
 
-// One accepted sender: buckets queue here while a rendezvous ahead of them is still arriving.
+// One sender's connection (a stream): its endpoints (one, or a same-host sender's lanes, joined by
+// their LaneHeader) and its buckets, queued by sequence number while one ahead of them is still
+// arriving.
+class Receiver;
 struct Inbound {
-  ucp_ep_h ep = nullptr;
-  bool bye = false;
+  std::vector<ucp_ep_h> eps;
+  std::map<ucp_ep_h, std::weak_ptr<Receiver>> owners;  // the receiver that accepted each of `eps`
+  uint64_t stream = 0;  // the lanes' stream id; 0: one endpoint without a header
+  uint32_t lanes = 1;
+  std::set<ucp_ep_h> byes;  // the endpoints that said goodbye
+  bool bye = false;         // every lane said goodbye
   bool closed = false;
+  uint64_t next_seq = 0;      // the next sequence number a bucket without a header gets
+  uint64_t next_deliver = 0;  // the sequence number delivered next
   // A bucket received into memory of ours, handed over when delivered: the callback may keep it
   // (bucket_owner()) and drop it later on any thread; its block then returns to the pool.
   struct Pending {
@@ -102,15 +118,35 @@ struct Inbound {
       if (pool) pool->give(std::move(block));
     }
   };
-  std::deque<std::shared_ptr<Pending>> queue;
+  std::map<uint64_t, std::shared_ptr<Pending>> queue;  // by sequence number
 };
 
-// Every member is touched on the progress thread only.
+// The streams of the receivers that share it, by id. The lanes of one same-host connection reach
+// different receivers (one per lane, each on a progress thread of its own: ucx_transport.cc), so a
+// stream and its Inbound are shared between those threads: every handler holds `mu` (recursive: a
+// close may call back into the handlers on the same thread) while it touches either.
+// They also share one pool of receive buffers (unmapped: see BufferPool), so a buffer that one
+// lane's bucket left is there for the next bucket, whichever lane brings it.
+struct StreamTable {
+  std::recursive_mutex mu;
+  std::map<uint64_t, std::shared_ptr<Inbound>> streams;
+  std::shared_ptr<BufferPool> pool;  // null: each receiver maps a pool of its own
+};
+
+std::shared_ptr<StreamTable> make_stream_table() {
+  auto t = std::make_shared<StreamTable>();
+  t->pool = std::make_shared<BufferPool>(nullptr);
+  return t;
+}
+
+// Every member but `table_`'s contents is touched on the progress thread only.
 class Receiver : public std::enable_shared_from_this<Receiver> {
  public:
-  Receiver(std::shared_ptr<Engine> e, uint64_t max_bucket, BucketCallback b, PeerClosedCallback c)
-      : engine_(std::move(e)), pool_(std::make_shared<BufferPool>(engine_)), max_bucket_(max_bucket),
-        on_bucket_(std::move(b)), on_closed_(std::move(c)) {}
+  Receiver(std::shared_ptr<Engine> e, uint64_t max_bucket, BucketCallback b, PeerClosedCallback c,
+           std::shared_ptr<StreamTable> table)
+      : engine_(std::move(e)), pool_(table ? table->pool : std::make_shared<BufferPool>(engine_)),
+        max_bucket_(max_bucket), on_bucket_(std::move(b)), on_closed_(std::move(c)),
+        table_(table ? std::move(table) : std::make_shared<StreamTable>()) {}
 
   void start(const std::string& host, std::shared_ptr<CompletionState> done, std::string* blob) {
     ucp_am_handler_param_t h{};
@@ -154,9 +190,11 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   std::shared_ptr<Engine> engine() const { return engine_; }
 
   void stop() {
+    std::lock_guard<std::recursive_mutex> lock(table_->mu);
     if (listener_) ucp_listener_destroy(std::exchange(listener_, nullptr));
     for (auto& [ep, in] : inbound_) {
       in->closed = true;
+      forget(*in, ep);
       engine_->close_ep(ep, true);
     }
     inbound_.clear();
@@ -186,7 +224,8 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     ucp_ep_h ep = nullptr;
     if (ucp_ep_create(self->engine_->worker(), &p, &ep) != UCS_OK) return;
     auto in = std::make_shared<Inbound>();
-    in->ep = ep;
+    in->eps.push_back(ep);
+    in->owners[ep] = self->weak_from_this();
     self->inbound_[ep] = in;
   }
 
@@ -198,22 +237,26 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     auto it = self->inbound_.find(ep);
     if (it == self->inbound_.end()) return;
     std::weak_ptr<Inbound> weak = it->second;
-    self->engine_->after_drain([r = self->shared_from_this(), weak, st] {
+    self->engine_->after_drain([r = self->shared_from_this(), weak, ep, st] {
+      std::lock_guard<std::recursive_mutex> lock(r->table_->mu);
       auto in = weak.lock();
-      if (!in || r->inbound_.count(in->ep) == 0) return;  // closed meanwhile, or the receiver stopped
+      auto found = r->inbound_.find(ep);
+      if (!in || found == r->inbound_.end() || found->second != in) return;  // closed meanwhile, or stopped
       // A sender that said goodbye was closed here when the goodbye arrived with nothing still
       // arriving; one still open here failed before its last buckets came in (or, if it was
       // reported already, is the aborted or refused sender closing its end).
       r->close(*in, ucs_error(in->bye ? "sender endpoint failed with buckets still arriving" : "sender endpoint failed", st),
-               EpClose::kNow);
+               EpClose::kNow, ep);
     });
   }
 
   // The sender aborted: what it still had on the way is dropped, and the close is reported as such.
-  static ucs_status_t on_abort(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+  static ucs_status_t on_abort(void* arg, const void* header, size_t header_length, void*, size_t,
+                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
-    auto in = self->find(param);
-    if (in && !in->closed) self->close(*in, Status::aborted("ucx sender aborted the connection"), EpClose::kAfterSender);
+    std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
+    auto in = self->find(param, header, header_length);
+    if (in && !in->closed) self->close(*in, Status::aborted("ucx sender aborted the connection"), EpClose::kAfterSender, nullptr);
     return UCS_OK;
   }
 
@@ -225,24 +268,73 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     kRefuse,       // the sender is told why (kRefuseId) and closes its end first, as above
   };
 
-  // Reports the stream's end once (`why`) and drops what is still queued from it. Its endpoint is
+  // Reports the stream's end once (`why`) and drops what is still queued from it. An endpoint is
   // closed at once only when nothing can still be under way on it: without peer error handling
   // (same host) UCX 1.13 allows neither a forced close nor freeing an endpoint with requests on
-  // it, so otherwise the sender's close comes first.
-  void close(Inbound& in, Status why, EpClose how) {
+  // it, so otherwise the sender's close comes first. kNow closes `ep` (the one that failed), or
+  // after every lane's goodbye all of the stream's endpoints; a refusal goes to every lane.
+  // The caller holds table_->mu. A lane accepted by another receiver is told, or closed, on that
+  // receiver's progress thread.
+  void close(Inbound& in, Status why, EpClose how, ucp_ep_h ep) {
     if (!in.closed) {
       in.closed = true;
       in.queue.clear();
-      if (how == EpClose::kRefuse) notify(in.ep, kRefuseId, why.to_string());
+      if (how == EpClose::kRefuse) {
+        const std::string text = why.to_string();
+        for (ucp_ep_h e : in.eps) {
+          on_owner(in, e, [text](Receiver& r, ucp_ep_h x) {
+            if (r.inbound_.count(x) != 0) r.notify(x, kRefuseId, text);
+          });
+        }
+      }
       if (on_closed_) on_closed_(why);
     }
-    if (how == EpClose::kNow) {
-      const ucp_ep_h ep = in.ep;
-      // A same-host sender keeps its endpoint until it hears that its goodbye was handled (see
-      // ucx_transport.cc); the flushing close below sends this first.
-      if (in.bye && why.ok()) notify(ep, kByeAckId, std::string());
-      inbound_.erase(ep);  // `in` may go with it
-      engine_->close_ep(ep, true);
+    if (how != EpClose::kNow) return;
+    std::vector<ucp_ep_h> eps;
+    const bool ack = in.bye && why.ok();
+    if (ack) {
+      eps = in.eps;
+    } else if (ep != nullptr) {
+      eps.push_back(ep);
+    }
+    for (ucp_ep_h e : eps) {
+      on_owner(in, e, [ack](Receiver& r, ucp_ep_h x) { r.release(x, ack); });
+    }
+  }
+
+  // Runs `fn` with the receiver that accepted `e`: here, or queued to its progress thread (which
+  // then holds the table's lock). Nothing if that receiver is gone.
+  void on_owner(Inbound& in, ucp_ep_h e, std::function<void(Receiver&, ucp_ep_h)> fn) {
+    auto found = in.owners.find(e);
+    std::shared_ptr<Receiver> owner = found == in.owners.end() ? nullptr : found->second.lock();
+    if (!owner) return;
+    if (owner.get() == this) return fn(*this, e);
+    owner->engine_->run([owner, e, fn = std::move(fn)] {
+      std::lock_guard<std::recursive_mutex> lock(owner->table_->mu);
+      fn(*owner, e);
+    });
+  }
+
+  // Closes an endpoint of ours once its stream has ended (`ack`: after every lane's goodbye).
+  void release(ucp_ep_h e, bool ack) {
+    auto it = inbound_.find(e);
+    if (it == inbound_.end()) return;
+    auto in = it->second;  // outlives the erasure
+    inbound_.erase(it);
+    // A same-host sender keeps its endpoint until it hears that its goodbye was handled (see
+    // ucx_transport.cc); the flushing close below sends this first.
+    if (ack) notify(e, kByeAckId, std::string());
+    forget(*in, e);
+    engine_->close_ep(e, true);
+  }
+
+  // Takes `e` out of its stream; the stream's id goes with its last endpoint.
+  void forget(Inbound& in, ucp_ep_h e) {
+    in.eps.erase(std::remove(in.eps.begin(), in.eps.end(), e), in.eps.end());
+    in.owners.erase(e);
+    if (in.eps.empty() && in.stream != 0) {
+      auto found = table_->streams.find(in.stream);
+      if (found != table_->streams.end() && found->second.get() == &in) table_->streams.erase(found);
     }
   }
 
@@ -261,40 +353,79 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (!UCS_PTR_IS_PTR(r)) delete text;
   }
 
-  std::shared_ptr<Inbound> find(const ucp_am_recv_param_t* param) {
+  // The stream a message's endpoint belongs to. A lane's first message joins its endpoint to the
+  // stream its header names (every message on a lane carries it, so the first is the first).
+  std::shared_ptr<Inbound> find(const ucp_am_recv_param_t* param, const void* header, size_t header_length) {
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
-    auto it = inbound_.find(param->reply_ep);
-    return it == inbound_.end() ? nullptr : it->second;
+    const ucp_ep_h ep = param->reply_ep;
+    auto it = inbound_.find(ep);
+    if (it == inbound_.end()) return nullptr;
+    if (header_length != sizeof(LaneHeader) || it->second->stream != 0) return it->second;
+    LaneHeader h;
+    std::memcpy(&h, header, sizeof h);
+    if (h.stream == 0) return it->second;
+    auto joined = table_->streams.find(h.stream);
+    if (joined == table_->streams.end()) {
+      it->second->stream = h.stream;
+      it->second->lanes = std::max<uint32_t>(h.lanes, 1);
+      table_->streams[h.stream] = it->second;
+      return it->second;
+    }
+    // Another lane of a stream seen before (here or at another receiver that shares the table);
+    // its own record has had no message yet.
+    auto in = joined->second;
+    in->eps.push_back(ep);
+    in->owners[ep] = weak_from_this();
+    it->second = in;
+    return in;
   }
 
-  static ucs_status_t on_bye(void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* param) {
+  static ucs_status_t on_bye(void* arg, const void* header, size_t header_length, void*, size_t,
+                             const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
-    auto in = self->find(param);
+    std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
+    auto in = self->find(param, header, header_length);
     if (!in || in->closed) return UCS_OK;
-    in->bye = true;
-    // Every bucket came before the goodbye; rendezvous ones still arriving close it in arrived().
-    if (in->queue.empty()) self->close(*in, ok_status(), EpClose::kNow);
+    in->byes.insert(param->reply_ep);
+    in->bye = in->byes.size() >= in->lanes;
+    // Every bucket of a lane came before its goodbye; rendezvous ones still arriving close it in
+    // arrived().
+    if (in->bye && in->queue.empty()) self->close(*in, ok_status(), EpClose::kNow, nullptr);
     return UCS_OK;
   }
 
-  static ucs_status_t on_data(void* arg, const void*, size_t, void* data, size_t length,
+  static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
-    auto in = self->find(param);
+    std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
+    auto in = self->find(param, header, header_length);
     if (!in || in->closed) return UCS_OK;
     if (length > self->max_bucket_) {
       self->close(*in, Status::resource_exhausted(fmt::format("ucx: a {}-byte bucket; the limit is {}", length,
                                                               self->max_bucket_)),
-                  EpClose::kRefuse);
+                  EpClose::kRefuse, nullptr);
+      return UCS_OK;
+    }
+    uint64_t seq = 0;
+    if (in->stream != 0 && header_length == sizeof(LaneHeader)) {
+      LaneHeader h;
+      std::memcpy(&h, header, sizeof h);
+      seq = h.seq;
+    } else {
+      seq = in->next_seq++;
+    }
+    if (seq < in->next_deliver || in->queue.count(seq) != 0) {
+      self->close(*in, Status::data_loss(fmt::format("ucx: bucket {} arrived twice", seq)), EpClose::kRefuse, nullptr);
       return UCS_OK;
     }
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    if (!rndv && in->queue.empty()) {
+    if (!rndv && in->queue.empty() && seq == in->next_deliver) {
       // In place, from UCX's own receive buffer, with no owner (bucket_owner() stays null): that
       // buffer is UCX's and valid only during this handler (keeping it would mean returning
       // UCS_INPROGRESS and a ucp_am_data_release() on the progress thread later, which a holder
       // dropping it on any thread cannot do). Eager buckets are those under UCX's rendezvous
       // threshold, the small ones; a receiver that wants them past the callback copies them.
+      ++in->next_deliver;
       self->deliver(*in, static_cast<const uint8_t*>(data), length, nullptr);
       return UCS_OK;
     }
@@ -302,18 +433,18 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     pending->size = length;
     if (!rndv) {
       pending->copy.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
-      pending->ready = true;
-      in->queue.push_back(pending);
+      in->queue[seq] = pending;
+      self->arrived(in, pending, UCS_OK);
       return UCS_OK;
     }
     pending->pool = self->pool_;
     pending->block = self->pool_->take(std::max<size_t>(length, 1));
     if (!pending->block) {
       self->close(*in, Status::resource_exhausted(fmt::format("ucx: no memory for a {}-byte bucket", length)),
-                  EpClose::kRefuse);
+                  EpClose::kRefuse, nullptr);
       return UCS_OK;
     }
-    in->queue.push_back(pending);
+    in->queue[seq] = pending;
     struct Ctx {
       Receiver* self;
       std::shared_ptr<Inbound> in;
@@ -328,7 +459,10 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     }
     p.cb.recv_am = [](void* req, ucs_status_t st, size_t, void* ud) {
       auto* c = static_cast<Ctx*>(ud);
-      c->self->arrived(c->in, c->pending, st);
+      {
+        std::lock_guard<std::recursive_mutex> lock(c->self->table_->mu);
+        c->self->arrived(c->in, c->pending, st);
+      }
       delete c;
       ucp_request_free(req);
     };
@@ -341,16 +475,19 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     return UCS_OK;
   }
 
+  // Delivers the buckets that are next in sequence and have all arrived.
   void arrived(const std::shared_ptr<Inbound>& in, const std::shared_ptr<Inbound::Pending>& p, ucs_status_t st) {
     if (in->closed) return;
-    if (st != UCS_OK) return close(*in, ucs_error("receive", st), EpClose::kRefuse);
+    if (st != UCS_OK) return close(*in, ucs_error("receive", st), EpClose::kRefuse, nullptr);
     p->ready = true;
-    while (!in->closed && !in->queue.empty() && in->queue.front()->ready) {
-      auto front = in->queue.front();
-      in->queue.pop_front();
+    while (!in->closed && !in->queue.empty() && in->queue.begin()->first == in->next_deliver &&
+           in->queue.begin()->second->ready) {
+      auto front = in->queue.begin()->second;
+      in->queue.erase(in->queue.begin());
+      ++in->next_deliver;
       deliver(*in, front->data(), front->size, front);  // handed over: `front` owns the bytes
     }
-    if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status(), EpClose::kNow);
+    if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status(), EpClose::kNow, nullptr);
   }
 
   // `owner` (null for bytes that are not ours to give) is the callback's bucket_owner().
@@ -360,7 +497,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       BucketOwnerScope handed_over(std::move(owner));
       st = on_bucket_(data, size);
     }
-    if (!st.ok()) close(in, st, EpClose::kRefuse);
+    if (!st.ok()) close(in, st, EpClose::kRefuse, nullptr);
   }
 
   std::shared_ptr<Engine> engine_;
@@ -369,14 +506,16 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
   ucp_listener_h listener_ = nullptr;
-  std::map<ucp_ep_h, std::shared_ptr<Inbound>> inbound_;
+  std::map<ucp_ep_h, std::shared_ptr<Inbound>> inbound_;  // every accepted endpoint's stream
+  const std::shared_ptr<StreamTable> table_;  // lanes' streams, by their id; maybe shared
   std::shared_ptr<Receiver> self_;  // alive while UCX may call us
 };
 
 Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
                                                  uint64_t max_bucket, BucketCallback on_bucket,
-                                                 PeerClosedCallback on_closed, std::string* blob) {
-  auto r = std::make_shared<Receiver>(engine, max_bucket, std::move(on_bucket), std::move(on_closed));
+                                                 PeerClosedCallback on_closed, std::string* blob,
+                                                 std::shared_ptr<StreamTable> table) {
+  auto r = std::make_shared<Receiver>(engine, max_bucket, std::move(on_bucket), std::move(on_closed), std::move(table));
   auto out = std::make_shared<std::string>();
   FERRY_RETURN_IF_ERROR(engine->call([r, host, out](std::shared_ptr<CompletionState> done) { r->start(host, done, out.get()); },
                                      Clock::now() + std::chrono::seconds(30)));

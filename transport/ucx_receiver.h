@@ -1,5 +1,8 @@
-// ucx, receiving end: a sockaddr listener; each accepted endpoint's buckets reach the callback
-// whole and in order, on the progress thread (so never two at once).
+// ucx, receiving end: a sockaddr listener; each sender's buckets (over one endpoint, or over the
+// lanes of a same-host connection, joined by their LaneHeader) reach the callback whole and in
+// order, on a progress thread. The receivers that one host's lanes reach share a StreamTable, so a
+// stream's buckets may be delivered on either's thread; the transport (ucx_transport.cc) makes
+// their callbacks take turns.
 #pragma once
 
 #include <memory>
@@ -11,11 +14,15 @@
 namespace ferry::transport::ucx {
 
 class Receiver;
+// What receivers that share it know of the streams whose lanes reach them (ucx_receiver.cc).
+struct StreamTable;
+std::shared_ptr<StreamTable> make_stream_table();
 
 // Starts listening on `host` (an IPv4 address) and returns "ucx://host:port".
 Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
                                                  uint64_t max_bucket, BucketCallback on_bucket,
-                                                 PeerClosedCallback on_closed, std::string* blob);
+                                                 PeerClosedCallback on_closed, std::string* blob,
+                                                 std::shared_ptr<StreamTable> table = nullptr);
 // Closes the listener and every accepted endpoint; waits until the progress thread has done so.
 void stop_receiver(const std::shared_ptr<Receiver>& r);
 

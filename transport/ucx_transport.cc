@@ -1,7 +1,8 @@
 // ucx: a UCP context and worker per transport instance, driven by one progress thread that makes
-// every UCP call on that worker; a connection to a listener on this host gets a context, worker and
-// progress thread of its own (below). Buckets travel as active messages (eager or rendezvous, UCX
-// decides); listen() opens a UCP sockaddr listener and returns "ucx://host:port/boot-id".
+// every UCP call on that worker; each lane of a connection to a listener on this host gets a
+// context, worker and progress thread of its own (below). Buckets travel as active messages (eager or rendezvous, UCX
+// decides); listen() opens a UCP sockaddr listener and returns
+// "ucx://host:port/boot-id/local-port,local-port" (the last for this host's senders, below).
 //
 // Error handling mode, by where the peer is:
 // - Another host: peer error handling (UCP_ERR_HANDLING_MODE_PEER). UCX then reports a peer's
@@ -29,6 +30,20 @@
 //     handles an endpoint's failure only after draining its worker (Engine::after_drain).
 //   - Stale messages. The receiver's context turns UCX's indirect ids on (ucx_engine.h), as UCX
 //     does for peer mode, so a message for one of its endpoints already closed is dropped.
+//   - Two cores. One endpoint moves one bucket at a time through one cma copy on one thread (the
+//     receiver's, which reads it: UCX's default get rendezvous), about half of what this host's
+//     memory moves. So a same-host connection has lanes (one per core, at most kMaxSameHostLanes):
+//     each an endpoint on a context, worker and progress thread of its own, taking buckets in turn.
+//     The receiver listens for this host's senders on one listener per lane, each on a context
+//     and progress thread of its own, whose ports the blob carries after the boot id, and lane k
+//     connects to listener k: each lane's copy runs on a receiving thread of its own, so two
+//     buckets are copied at once. UCX's rendezvous scheme is left as it is (its put scheme made
+//     UCX 1.13.1 assert in the receiver's worker when a sender died mid-transfer). The
+//     transport's listener and context, which senders on other hosts use, are not involved. Every
+//     message on a lane carries a LaneHeader (ucx_engine.h): the receivers join the lanes into
+//     one stream (shared between their threads under a lock: ucx_receiver.cc), deliver its
+//     buckets in the order posted, report its end once, and answer the goodbyes once every lane
+//     has said one. A lane that fails fails the others.
 //
 // Memory a sender registers is mapped with the transport's context once (ucp_mem_map) and each
 // post to another host passes that mapping; the receiver lands rendezvous buckets in pooled
@@ -45,6 +60,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +70,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -82,14 +100,31 @@ struct RequestContext {
   std::shared_ptr<UcxConnection> conn;
   std::shared_ptr<CompletionState> state;  // the bucket's (kData) or the close's (kBye)
   Kind kind;
+  size_t size = 0;
+  LaneHeader header;  // a lane's messages carry it; UCX reads it until the request completes
 };
+
+// The lanes of one same-host connection (see the top of this file). Set up before any lane is
+// opened and not changed after, so every lane's progress thread may read it.
+struct LaneGroup {
+  uint64_t stream = 0;
+  std::atomic<uint64_t> next_seq{0};
+  std::vector<std::weak_ptr<UcxConnection>> lanes;
+};
+
+// How many lanes a same-host connection gets: one per core, at most two (the copies of two buckets
+// at once; the receiver's own thread and the callbacks need the rest).
+uint32_t same_host_lanes() {
+  return std::clamp<uint32_t>(std::thread::hardware_concurrency(), 1, kMaxSameHostLanes);
+}
 
 // A sender's endpoint. Every member is touched on the progress thread only.
 class UcxConnection final : public Connection, public std::enable_shared_from_this<UcxConnection> {
  public:
   // `private_engine`: the engine is this connection's own (same host: see the top of this file).
-  UcxConnection(std::shared_ptr<Engine> engine, bool private_engine)
-      : engine_(std::move(engine)), private_(private_engine) {}
+  // `group`: this connection is one lane of a same-host connection (private engines only).
+  UcxConnection(std::shared_ptr<Engine> engine, bool private_engine, std::shared_ptr<LaneGroup> group = nullptr)
+      : engine_(std::move(engine)), private_(private_engine), group_(std::move(group)) {}
 
   Status open(const std::string& host, uint16_t port, Deadline deadline) {
     auto self = shared_from_this();
@@ -142,6 +177,9 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
 
   Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) override;
 
+  // Bytes of the buckets this endpoint has sent. Any thread.
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+
   void abort() override {
     auto self = shared_from_this();
     engine_->run([self] {
@@ -176,10 +214,23 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
   // still in flight, or after a failure, the endpoint is closed at once instead. A private engine
   // is then torn down and its thread joined, whatever happened before the deadline.
   void close_cleanly(Deadline deadline) {
+    begin_close()->wait(deadline).ignore_error();
+    finish_close();
+  }
+
+  // close_cleanly() in two steps, so that every lane of a connection says goodbye before any
+  // waits: the receiver answers a lane's goodbye only once every lane has said it.
+  std::shared_ptr<CompletionState> begin_close() {
     auto self = shared_from_this();
-    Status st = engine_->call([self](std::shared_ptr<CompletionState> done) { self->say_goodbye(std::move(done)); },
-                              deadline);
-    st.ignore_error();  // past the deadline the close goes on: the engine finishes it before it stops
+    auto done = std::make_shared<CompletionState>();
+    if (!engine_->run([self, done] { self->say_goodbye(done); })) {
+      done->complete(Status::unavailable("ucx: the connection's engine has stopped"));
+    }
+    return done;
+  }
+  // Past the deadline the close goes on: the engine finishes it before it stops.
+  void finish_close() {
+    auto self = shared_from_this();
     if (private_) {
       engine_->call(
                  [self](std::shared_ptr<CompletionState> done) {
@@ -198,7 +249,7 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
   // Sends an active message with this endpoint as its reply endpoint (as every bucket does), so
   // the receiver knows the sender. Returns false if it completed (or failed) at once.
   bool send_am(unsigned id, const uint8_t* data, size_t size, ucp_mem_h memh, RequestContext::Kind kind,
-               std::shared_ptr<CompletionState> state, ucs_status_t* immediate);
+               std::shared_ptr<CompletionState> state, ucs_status_t* immediate, uint64_t seq = 0);
 
   void say_goodbye(std::shared_ptr<CompletionState> done) {
     if (ep_ == nullptr || !failure_.ok() || !pending_.empty()) {
@@ -249,7 +300,8 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
     self->fail(ucs_error("peer failed", st), true);
   }
 
-  // Fails every pending bucket and lets go of the endpoint.
+  // Fails every pending bucket and lets go of the endpoint; a lane fails its connection's other
+  // lanes too (the receiver waits for each of them, and orders buckets across them).
   // - Private engine (same host): the worker is torn down first (detach()), on the next command
   //   since this may run inside a UCX callback. UCX allows neither a forced close nor freeing an
   //   endpoint under requests without peer error handling; tearing the worker down stops every
@@ -258,6 +310,17 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
   //   UCX cancels its requests first in that mode).
   void fail(Status st, bool force) {
     if (failure_.ok()) failure_ = st;
+    if (group_ && !group_told_) {
+      group_told_ = true;
+      for (const auto& weak : group_->lanes) {
+        auto lane = weak.lock();
+        if (!lane || lane.get() == this) continue;
+        lane->engine_->run([lane, st] {
+          lane->tell_aborted();
+          lane->fail(st, true);
+        });
+      }
+    }
     if (flush_state_) flush_state_->complete(failure_);
     if (private_) {
       engine_->run([self = shared_from_this()] { self->detach(); });
@@ -292,6 +355,9 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
 
   std::shared_ptr<Engine> engine_;
   const bool private_;
+  const std::shared_ptr<LaneGroup> group_;
+  bool group_told_ = false;
+  std::atomic<uint64_t> bytes_sent_{0};
   ucp_ep_h ep_ = nullptr;
   Status failure_;
   bool detached_ = false;
@@ -304,7 +370,7 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
 
  public:
   const Engine* engine() const { return engine_.get(); }
-  void send(const uint8_t* data, size_t size, ucp_mem_h memh, std::shared_ptr<CompletionState> state);
+  void send(const uint8_t* data, size_t size, ucp_mem_h memh, uint64_t seq, std::shared_ptr<CompletionState> state);
 };
 
 void request_done(void* req, ucs_status_t st, void* ud) {
@@ -314,6 +380,7 @@ void request_done(void* req, ucs_status_t st, void* ud) {
   ucp_request_free(req);
   // While the worker is torn down, buckets are failed only after it is gone (detach()).
   if (c->kind == RequestContext::Kind::kData && !conn.tearing_down_) {
+    if (st == UCS_OK) conn.bytes_sent_.fetch_add(c->size, std::memory_order_relaxed);
     c->state->complete(st == UCS_OK          ? ok_status()
                        : st == UCS_ERR_CANCELED ? Status::aborted("ucx send cancelled")
                                                 : ucs_error("send", st));
@@ -325,8 +392,17 @@ void request_done(void* req, ucs_status_t st, void* ud) {
 }
 
 bool UcxConnection::send_am(unsigned id, const uint8_t* data, size_t size, ucp_mem_h memh, RequestContext::Kind kind,
-                            std::shared_ptr<CompletionState> state, ucs_status_t* immediate) {
-  auto* ctx = new RequestContext{shared_from_this(), std::move(state), kind};
+                            std::shared_ptr<CompletionState> state, ucs_status_t* immediate, uint64_t seq) {
+  auto* ctx = new RequestContext{shared_from_this(), std::move(state), kind, size, LaneHeader{}};
+  const void* header = nullptr;
+  size_t header_length = 0;
+  if (group_) {
+    ctx->header.stream = group_->stream;
+    ctx->header.seq = seq;
+    ctx->header.lanes = static_cast<uint32_t>(group_->lanes.size());
+    header = &ctx->header;
+    header_length = sizeof ctx->header;
+  }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_AM_SEND_FLAG_REPLY;
@@ -336,7 +412,7 @@ bool UcxConnection::send_am(unsigned id, const uint8_t* data, size_t size, ucp_m
   }
   p.cb.send = &request_done;
   p.user_data = ctx;
-  ucs_status_ptr_t r = ucp_am_send_nbx(ep_, id, nullptr, 0, data, size, &p);
+  ucs_status_ptr_t r = ucp_am_send_nbx(ep_, id, header, header_length, data, size, &p);
   if (UCS_PTR_IS_PTR(r)) {
     requests_.insert(ctx);
     return true;
@@ -346,14 +422,18 @@ bool UcxConnection::send_am(unsigned id, const uint8_t* data, size_t size, ucp_m
   return false;
 }
 
-void UcxConnection::send(const uint8_t* data, size_t size, ucp_mem_h memh, std::shared_ptr<CompletionState> state) {
+void UcxConnection::send(const uint8_t* data, size_t size, ucp_mem_h memh, uint64_t seq,
+                         std::shared_ptr<CompletionState> state) {
   if (!failure_.ok() || ep_ == nullptr) return state->complete(failure_.ok() ? Status::unavailable("ucx: not connected") : failure_);
   if (state->done()) return;  // aborted before it left
   pending_.insert(state);
   ucs_status_t now = UCS_OK;
-  if (!send_am(kDataId, data, size, memh, RequestContext::Kind::kData, state, &now)) {
+  if (!send_am(kDataId, data, size, memh, RequestContext::Kind::kData, state, &now, seq)) {
+    if (now == UCS_OK) bytes_sent_.fetch_add(size, std::memory_order_relaxed);
     state->complete(now == UCS_OK ? ok_status() : ucs_error("send", now));
     pending_.erase(state);
+    // A lane's receiver waits for every sequence number: one that never leaves fails them all.
+    if (now != UCS_OK && group_) fail(ucs_error("send", now), true);
   }
 }
 
@@ -429,7 +509,8 @@ Result<std::unique_ptr<TransferHandle>> UcxConnection::post(const MemoryRegion& 
   }
   auto state = std::make_shared<CompletionState>();
   auto self = shared_from_this();
-  engine_->run([self, data, size, memh, state] { self->send(data, size, memh, state); });
+  const uint64_t seq = group_ ? group_->next_seq.fetch_add(1) : 0;  // after every check that can fail
+  engine_->run([self, data, size, memh, seq, state] { self->send(data, size, memh, seq, state); });
   std::weak_ptr<UcxConnection> weak = self;
   return std::unique_ptr<TransferHandle>(std::make_unique<StateHandle>(state, [weak] {
     if (auto c = weak.lock()) c->abort();
@@ -440,19 +521,37 @@ Result<std::unique_ptr<TransferHandle>> UcxConnection::post(const MemoryRegion& 
 
 namespace {
 
-// The caller's handle: closing it says goodbye and closes the endpoint.
+// Closes every lane of a connection: all say goodbye, then each waits for its answer (until
+// `deadline`), then each private engine is torn down.
+void close_lanes(const std::vector<std::shared_ptr<UcxConnection>>& lanes, Deadline deadline) {
+  std::vector<std::shared_ptr<CompletionState>> closing;
+  for (const auto& lane : lanes) closing.push_back(lane->begin_close());
+  for (const auto& done : closing) done->wait(deadline).ignore_error();
+  for (const auto& lane : lanes) lane->finish_close();
+}
+
+// The caller's handle: closing it says goodbye and closes the endpoints. Buckets go to the lanes in
+// turn (one lane unless the receiver is on this host).
 class OwnedUcxConnection final : public Connection {
  public:
-  explicit OwnedUcxConnection(std::shared_ptr<UcxConnection> c) : c_(std::move(c)) {}
-  ~OwnedUcxConnection() override { c_->close_cleanly(Clock::now() + std::chrono::seconds(10)); }
+  explicit OwnedUcxConnection(std::vector<std::shared_ptr<UcxConnection>> lanes) : lanes_(std::move(lanes)) {}
+  ~OwnedUcxConnection() override { close_lanes(lanes_, Clock::now() + std::chrono::seconds(10)); }
   Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& r, size_t o, size_t s) override {
-    return c_->post(r, o, s);
+    return lanes_[next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()]->post(r, o, s);
   }
-  void abort() override { c_->abort(); }
-  std::string describe() { return c_->describe(); }
+  void abort() override {
+    for (const auto& lane : lanes_) lane->abort();
+  }
+  std::string describe() { return lanes_.front()->describe(); }
+  std::vector<uint64_t> lane_bytes() const {
+    std::vector<uint64_t> out;
+    for (const auto& lane : lanes_) out.push_back(lane->bytes_sent());
+    return out;
+  }
 
  private:
-  std::shared_ptr<UcxConnection> c_;
+  std::vector<std::shared_ptr<UcxConnection>> lanes_;
+  std::atomic<uint64_t> next_lane_{0};
 };
 
 class UcxTransport final : public Transport {
@@ -474,55 +573,134 @@ class UcxTransport final : public Transport {
         std::make_unique<StagedRegion>(engine_, data, size, device, std::move(mirror)));
   }
 
+  // The transport's listener, for senders on other hosts, and one per lane for this host's
+  // senders, each on a context and progress thread of its own (top of this file). The local ones
+  // share their streams and receive buffers (ucx::make_stream_table()). Their callbacks take turns.
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("ucx: listen() was already called on this transport");
     FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
+    const uint64_t max_bucket = bucket * 4 + (64ull << 20);
+    auto turn = std::make_shared<std::mutex>();
+    BucketCallback bucket_cb = [turn, cb = std::move(on_bucket)](const uint8_t* data, size_t size) {
+      std::lock_guard<std::mutex> l(*turn);
+      return cb(data, size);
+    };
+    PeerClosedCallback closed_cb = [turn, cb = std::move(on_closed)](const Status& why) {
+      std::lock_guard<std::mutex> l(*turn);
+      if (cb) cb(why);
+    };
     std::string blob;
-    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, bucket * 4 + (64ull << 20), std::move(on_bucket),
-                                                          std::move(on_closed), &blob));
-    return blob;
+    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, max_bucket, bucket_cb, closed_cb, &blob));
+    if (ucx::host_identity().empty() || same_host_lanes() < 2) return blob;
+    std::string ports;
+    auto table = ucx::make_stream_table();  // the lanes of one connection reach different listeners
+    for (uint32_t i = 0; i < same_host_lanes(); ++i) {
+      auto local = std::make_shared<Engine>();
+      std::string local_blob;
+      Status st = local->init(/*indirect_ids=*/true);
+      if (st.ok()) {
+        auto r = ucx::start_receiver(local, host, max_bucket, bucket_cb, closed_cb, &local_blob, table);
+        if (r.ok()) {
+          local_receivers_.push_back(*r);
+          local_engines_.push_back(local);
+        } else {
+          st = r.status();
+        }
+      }
+      if (!st.ok()) {
+        local->stop();
+        break;
+      }
+      const size_t colon = local_blob.rfind(':');
+      const size_t slash = local_blob.find('/', colon);
+      if (!ports.empty()) ports += ",";
+      ports += local_blob.substr(colon + 1, slash == std::string::npos ? std::string::npos : slash - colon - 1);
+    }
+    if (local_receivers_.size() < 2) {  // this host's senders then use the transport's listener, with one lane
+      for (auto& r : local_receivers_) ucx::stop_receiver(r);
+      local_receivers_.clear();
+      for (auto& e : local_engines_) e->stop();
+      local_engines_.clear();
+      return blob;
+    }
+    return blob + "/" + ports;
   }
 
-  // "ucx://host:port/boot-id"; without the boot id (or with another one) the peer counts as on
-  // another host, and the endpoint keeps peer error handling.
+  // "ucx://host:port/boot-id[/local-port,local-port]"; without the boot id (or with another one)
+  // the peer counts as on another host, and the endpoint keeps peer error handling. A sender on
+  // this host connects lane k to local port k (one lane to the transport's port if there are none).
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
     constexpr std::string_view kScheme = "ucx://";
     if (!blob.starts_with(kScheme)) return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
     std::string address = blob.substr(kScheme.size());
     std::string boot;
+    std::vector<int> local_ports;
     if (const size_t slash = address.find('/'); slash != std::string::npos) {
       boot = address.substr(slash + 1);
       address.resize(slash);
+      if (const size_t second = boot.find('/'); second != std::string::npos) {
+        std::string list = boot.substr(second + 1);
+        boot.resize(second);
+        size_t at = 0;
+        while (at <= list.size()) {
+          const int p = std::atoi(list.c_str() + at);
+          if (p <= 0 || p > 65535) return Status::invalid_argument("ucx: malformed port in '" + blob + "'");
+          local_ports.push_back(p);
+          const size_t comma = list.find(',', at);
+          if (comma == std::string::npos) break;
+          at = comma + 1;
+        }
+      }
     }
     const size_t colon = address.rfind(':');
     if (colon == std::string::npos || colon == 0) return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
     const int port = std::atoi(address.c_str() + colon + 1);
     if (port <= 0 || port > 65535) return Status::invalid_argument("ucx: malformed port in '" + blob + "'");
     const bool same_host = !boot.empty() && boot == ucx::host_identity();
-    std::shared_ptr<Engine> engine = engine_;
-    if (same_host) {  // a worker of its own, torn down to stop its requests (top of this file)
-      engine = std::make_shared<Engine>();
-      FERRY_RETURN_IF_ERROR(engine->init(/*indirect_ids=*/false));
+    std::vector<std::shared_ptr<UcxConnection>> lanes;
+    if (same_host) {  // lanes, each on a worker of its own, torn down to stop its requests (top of this file)
+      static std::atomic<uint32_t> streams{0};
+      auto group = std::make_shared<LaneGroup>();
+      group->stream = (static_cast<uint64_t>(getpid()) << 32) | (streams.fetch_add(1) + 1);
+      const uint32_t n = local_ports.size() >= 2 ? std::min<uint32_t>(same_host_lanes(), local_ports.size()) : 1;
+      for (uint32_t i = 0; i < n; ++i) {
+        auto engine = std::make_shared<Engine>();
+        FERRY_RETURN_IF_ERROR(engine->init(/*indirect_ids=*/false));
+        lanes.push_back(std::make_shared<UcxConnection>(std::move(engine), true, group));
+        group->lanes.push_back(lanes.back());
+      }
+    } else {
+      lanes.push_back(std::make_shared<UcxConnection>(engine_, false));
     }
-    auto c = std::make_shared<UcxConnection>(engine, same_host);
-    Status st = c->open(address.substr(0, colon), static_cast<uint16_t>(port), deadline);
-    if (!st.ok() && same_host) c->close_cleanly(Clock::now());
+    Status st;
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      const int to = same_host && local_ports.size() >= 2 ? local_ports[i] : port;
+      st = lanes[i]->open(address.substr(0, colon), static_cast<uint16_t>(to), deadline);
+      if (!st.ok()) break;
+    }
+    if (!st.ok() && same_host) close_lanes(lanes, Clock::now());
     if (!st.ok()) return st.with_context("ucx connect to " + blob);
-    return std::unique_ptr<Connection>(std::make_unique<OwnedUcxConnection>(std::move(c)));
+    return std::unique_ptr<Connection>(std::make_unique<OwnedUcxConnection>(std::move(lanes)));
   }
 
   void shutdown() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) ucx::stop_receiver(receiver_);
     receiver_.reset();
+    for (auto& r : local_receivers_) ucx::stop_receiver(r);
+    local_receivers_.clear();
+    for (auto& e : local_engines_) e->stop();
+    local_engines_.clear();
   }
 
  private:
   std::shared_ptr<Engine> engine_;
   std::mutex mu_;
   std::shared_ptr<ucx::Receiver> receiver_;
+  std::vector<std::shared_ptr<Engine>> local_engines_;  // this host's senders' listeners, one per lane
+  std::vector<std::shared_ptr<ucx::Receiver>> local_receivers_;
 };
 
 }  // namespace
@@ -530,6 +708,11 @@ class UcxTransport final : public Transport {
 std::string ucx_endpoint_info(Connection& c) {
   auto* owned = dynamic_cast<OwnedUcxConnection*>(&c);
   return owned != nullptr ? owned->describe() : std::string();
+}
+
+std::vector<uint64_t> ucx_lane_bytes(Connection& c) {
+  auto* owned = dynamic_cast<OwnedUcxConnection*>(&c);
+  return owned != nullptr ? owned->lane_bytes() : std::vector<uint64_t>();
 }
 
 Result<std::unique_ptr<Transport>> create_ucx_transport() {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <memory>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "transport/transport.h"
 
@@ -14,5 +16,9 @@ Result<std::unique_ptr<Transport>> create_ucx_transport();
 // What UCX prints about a ucx connection's endpoint (ucp_ep_print_info: its lanes and the
 // transports under them); empty for another transport's connection. For tests and diagnostics.
 std::string ucx_endpoint_info(Connection& c);
+
+// Bytes each lane of a ucx connection has sent: one lane to another host, up to two (one per core)
+// to a receiver on this host; empty for another transport's connection. For tests and diagnostics.
+std::vector<uint64_t> ucx_lane_bytes(Connection& c);
 
 }  // namespace ferry::transport
