@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/gpu/probe_util.cuh"
+#include "bench/gpu/quant_probe_fused.cuh"
 #include "bench/gpu/quant_probe_kernels.cuh"
 
 template <typename K>
