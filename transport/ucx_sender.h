@@ -1,0 +1,35 @@
+// ucx's sending side (ucx_sender.cc): memory regions and connections, for ucx_transport.cc.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace ferry::transport::ucx {
+
+class Engine;
+
+// How many lanes a same-host connection gets: one per core, at most kMaxSameHostLanes (the copies
+// of two buckets at once; the receiver's own thread and the callbacks need the rest).
+uint32_t same_host_lanes();
+
+// Host memory mapped with `engine`'s context once; device memory as it is (a CUDA-capable UCX) or
+// through a pinned host mirror.
+Result<std::unique_ptr<MemoryRegion>> register_region(const std::shared_ptr<Engine>& engine, void* data, size_t size,
+                                                      Device device);
+
+// A connection to the listener at host:port. Another host: one endpoint on `shared`, with peer
+// error handling. This host (`same_host`): one lane per listener in `local_ports` (at most
+// same_host_lanes(); one lane to `port` when fewer than two), each on an engine of its own.
+Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>& shared, const std::string& host,
+                                                   uint16_t port, const std::vector<uint16_t>& local_ports,
+                                                   bool same_host, Deadline deadline);
+
+// ucx_endpoint_info() and ucx_lane_bytes() (ucx_transport.h).
+std::string describe_connection(Connection& c);
+std::vector<uint64_t> lane_bytes(Connection& c);
+
+}  // namespace ferry::transport::ucx
