@@ -68,7 +68,7 @@ std::vector<uint8_t> handover_payload(size_t size, uint64_t k) {
 // A receiver that keeps a bucket's owner reads its bytes after later buckets have arrived, and
 // after the transport is shut down and destroyed, unchanged; the owners may then be dropped on
 // another thread (under ASan: nothing freed twice or too early, nothing left). A bucket nobody kept
-// leaves its buffer to the next one. Regressions: tcp reused its one receive buffer and overwrote
+// leaves its buffer to a later one. Regressions: tcp reused its one receive buffer and overwrote
 // kept buckets; ucx and shm handed nothing over (bucket_owner() was null).
 TEST_P(Handover, KeptBucketsOutliveLaterOnes) {
   const HandoverCase& c = GetParam();
@@ -139,8 +139,12 @@ TEST_P(Handover, KeptBucketsOutliveLaterOnes) {
     }
   };
   check_kept("after later buckets arrived");
-  // A bucket nobody kept leaves its buffer to the next one (a pool, not a buffer per bucket).
-  EXPECT_EQ(seen[1].data, seen[2].data) << "an unkept buffer was not reused";
+  // A bucket nobody kept leaves its buffer to a later one (a pool, not a buffer per bucket). Not
+  // necessarily the next: a buffer goes back to the pool after its callback returns, and ucx's
+  // same-host lanes receive the next bucket on another thread, which may take a buffer first.
+  bool reused = false;
+  for (size_t k = 2; k < kCount; ++k) reused = reused || seen[k].data == seen[1].data;
+  EXPECT_TRUE(reused) << "an unkept buffer was not reused by any later bucket";
 
   conn->reset();
   (*tx)->shutdown();
