@@ -260,6 +260,14 @@ bool device_is_hopper_or_later() {
 #endif
 }
 
+int device_sms() {
+  int sms = 0;
+#if defined(FERRY_HAVE_CUDA)
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) return 0;
+#endif
+  return sms;
+}
+
 // fp8_per_tensor on a tensor larger than L2 (128 MB of bf16): one kernel per shard on Hopper, each
 // block's tail kept in shared memory and the encode reading part of the rest from L2, with three
 // shards of different sizes.
@@ -281,6 +289,22 @@ TEST(FastQuant, PerTensorOnePieceF16AndF32MatchCpu) {
     if (device_is_hopper_or_later()) {
       EXPECT_EQ(launched, 2u);
     }
+  }
+}
+
+// How the one-piece kernel deals a shard out to its blocks: whole rounds of 32 KiB chunks, then the
+// remainder split on 1 KiB into one shorter chunk per block. Remainders of one vector, of just under
+// a whole round (the last block's piece is then largest: split points rounded down gave it 63
+// vectors more than its 32 KiB slot holds, left unencoded), and in between.
+TEST(FastQuant, PerTensorOnePieceRemaindersMatchCpu) {
+  FERRY_SKIP_WITHOUT_GPU();
+  if (!device_is_hopper_or_later()) GTEST_SKIP() << "the one-piece kernel needs sm_90";
+  const int sms = device_sms();
+  ASSERT_GT(sms, 0);
+  const int64_t round = int64_t{sms} * 2048;  // 16-byte vectors in one chunk per block
+  for (int64_t nv : {2 * round - 1, round + 1, 3 * round + int64_t{sms} * 64 * 5 + 17}) {
+    SCOPED_TRACE("vectors " + std::to_string(nv));
+    EXPECT_EQ(expect_per_tensor_matches_cpu(make_input(DType::kBF16, {nv, 8}, 31), {}), 1u);
   }
 }
 
