@@ -14,5 +14,6 @@ Status gemm(const GemmArgs&, void*) { return unavailable(); }
 Status gemm_check(const int32_t*, int64_t, void*) { return unavailable(); }
 Status gptq_reload(const GptqArgs&, void*) { return unavailable(); }
 uint64_t fused_per_tensor_launches() { return 0; }
+int64_t fused_per_tensor_min_bytes() { return 0; }
 
 }  // namespace ferry::kernels::detail::cuda

@@ -111,6 +111,8 @@ Status gemm_check(const int32_t* workspace, int64_t len, void* stream);
 Status gptq_reload(const GptqArgs& a, void* stream);
 // fp8_per_tensor kernels launched in one piece (quantize_tensor.cu) by this process so far.
 uint64_t fused_per_tensor_launches();
+// The smallest shard, in input bytes, that the current device quantizes in one piece (0: none).
+int64_t fused_per_tensor_min_bytes();
 }  // namespace cuda
 
 }  // namespace ferry::kernels::detail

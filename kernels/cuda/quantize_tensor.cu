@@ -54,7 +54,11 @@ constexpr int kPrefetch = 1;
 // Read into registers (64 per thread): 0.633 of the device copy against 0.617 without, on the H200.
 constexpr int kHeldChunks = 4;
 constexpr size_t kRingBytes = size_t{kStages} * kChunkVecs * 16;
-// Shards below this many input bytes take the two-kernel path (they fit in L2 anyway).
+// Shards smaller than the device's L2 (and than this) take the two-kernel path: their second pass
+// reads L2 anyway, and their two kernels overlap a rank's other process streams, where a cooperative
+// kernel holds every SM. Colocated 8B update, fp8_per_tensor (H200, 50 MiB L2), one kernel for
+// shards of at least 4 MiB: 11.10 and 11.33 ms; 32 MiB: 11.60; 64 MiB (only the MLP's 112 MiB
+// shards): 10.35 and 10.41; never: 10.94 and 11.04.
 constexpr int64_t kFusedMinBytes = int64_t{4} << 20;
 
 struct TensorParams {
@@ -323,6 +327,7 @@ struct DeviceState {
   uint32_t* ws = nullptr;
   cudaEvent_t done = nullptr;
   unsigned blocks = 0;  // co-resident blocks of one kernel (the same for the three dtypes)
+  int64_t min_bytes = 0;  // the smallest shard (input bytes) taken in one piece
 };
 
 DeviceState& device_state(int dev) {
@@ -341,6 +346,8 @@ void probe(DeviceState& st, int dev) {
   int major = 0, sms = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 9) return;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return;
+  int l2 = 0;
+  if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) return;
   int per_sm = 0;
   for (const void* k : {kernel_of<DType::kBF16>(), kernel_of<DType::kF16>(), kernel_of<DType::kF32>()}) {
     // Built without sm_90 code (its body is empty then), or unable to hold the ring: two kernels.
@@ -363,6 +370,7 @@ void probe(DeviceState& st, int dev) {
     return;
   }
   st.blocks = static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm);
+  st.min_bytes = std::max<int64_t>(kFusedMinBytes, l2);
   st.usable = true;
 }
 
@@ -372,12 +380,21 @@ std::atomic<uint64_t> g_launches{0};
 
 uint64_t fused_per_tensor_launches() { return g_launches.load(); }
 
+int64_t fused_per_tensor_min_bytes() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  DeviceState& st = device_state(dev);
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!st.probed) probe(st, dev);
+  return st.usable ? st.min_bytes : 0;
+}
+
 FusedResult quantize_per_tensor_fused(const QuantArgs& a, const int64_t* begin, size_t shards, cudaStream_t stream,
                                       cudaError_t* error) {
   *error = cudaSuccess;
   const int64_t elem = a.in_dtype == DType::kF32 ? 4 : 2, per_vec = 16 / elem;
   for (size_t s = 0; s < shards; ++s) {
-    if ((begin[s + 1] - begin[s]) * elem < kFusedMinBytes) return FusedResult::kNotUsed;
+    if ((begin[s + 1] - begin[s]) * elem < kFusedMinBytes) return FusedResult::kNotUsed;  // before any lock
   }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
@@ -390,6 +407,9 @@ FusedResult quantize_per_tensor_fused(const QuantArgs& a, const int64_t* begin, 
   std::lock_guard<std::mutex> lock(st.mu);
   if (!st.probed) probe(st, dev);
   if (!st.usable) return FusedResult::kNotUsed;
+  for (size_t s = 0; s < shards; ++s) {
+    if ((begin[s + 1] - begin[s]) * elem < st.min_bytes) return FusedResult::kNotUsed;
+  }
   if (!st.zeroed) {
     if ((*error = cudaMemsetAsync(st.ws, 0, 32, stream)) != cudaSuccess) return FusedResult::kFailed;
     st.zeroed = true;

@@ -251,15 +251,6 @@ uint64_t expect_per_tensor_matches_cpu(HostTensor in, const std::vector<int64_t>
   return detail::cuda::fused_per_tensor_launches() - before;
 }
 
-bool device_is_hopper_or_later() {
-#if defined(FERRY_HAVE_CUDA)
-  int major = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
-#else
-  return false;
-#endif
-}
-
 int device_sms() {
   int sms = 0;
 #if defined(FERRY_HAVE_CUDA)
@@ -268,16 +259,28 @@ int device_sms() {
   return sms;
 }
 
-// fp8_per_tensor on a tensor larger than L2 (128 MB of bf16): one kernel per shard on Hopper, each
-// block's tail kept in shared memory and the encode reading part of the rest from L2, with three
-// shards of different sizes.
+// Rows of `cols` elements of `elem` bytes that make a shard the one-piece kernel takes (and at least
+// `floor`): shards smaller than the device's L2 take the two kernels.
+int64_t one_piece_rows(int64_t cols, int64_t elem, int64_t floor) {
+  const int64_t min = detail::cuda::fused_per_tensor_min_bytes();
+  return std::max(floor, (min + cols * elem - 1) / (cols * elem));
+}
+
+// fp8_per_tensor on shards larger than L2: one kernel per shard on Hopper, each block's last chunks
+// kept on chip and the encode reading part of the rest from L2, with three shards of different
+// sizes; then with one shard below the device's limit, where every shard takes the two kernels.
 TEST(FastQuant, PerTensorLargerThanL2MatchesCpu) {
   FERRY_SKIP_WITHOUT_GPU();
-  const uint64_t launched =
-      expect_per_tensor_matches_cpu(make_input(DType::kBF16, {8192, 8192}, 77), {4096, 1024, 3072});
-  if (device_is_hopper_or_later()) {
-    EXPECT_EQ(launched, 3u) << "one kernel per shard of at least 4 MiB";
+  const int64_t r = one_piece_rows(8192, 2, 1024);
+  const bool one_piece = detail::cuda::fused_per_tensor_min_bytes() > 0;
+  uint64_t launched = expect_per_tensor_matches_cpu(make_input(DType::kBF16, {4 * r + 512, 8192}, 77),
+                                                   {2 * r, r, r + 512});
+  if (one_piece) {
+    EXPECT_EQ(launched, 3u) << "one kernel per shard of at least " << detail::cuda::fused_per_tensor_min_bytes()
+                            << " bytes";
   }
+  launched = expect_per_tensor_matches_cpu(make_input(DType::kBF16, {2 * r + 64, 8192}, 78), {2 * r, 64});
+  EXPECT_EQ(launched, 0u) << "a shard smaller than L2 sends the call to the two kernels";
 }
 
 // The same for f16 and f32 inputs (their own amax bits and vector widths), two shards each.
@@ -285,8 +288,9 @@ TEST(FastQuant, PerTensorOnePieceF16AndF32MatchCpu) {
   FERRY_SKIP_WITHOUT_GPU();
   for (DType d : {DType::kF16, DType::kF32}) {
     SCOPED_TRACE(std::string(dtype_name(d)));
-    const uint64_t launched = expect_per_tensor_matches_cpu(make_input(d, {3072, 2048}, 5), {2048, 1024});
-    if (device_is_hopper_or_later()) {
+    const int64_t r = one_piece_rows(2048, dtype_bytes(d, 1), 1024);
+    const uint64_t launched = expect_per_tensor_matches_cpu(make_input(d, {3 * r, 2048}, 5), {2 * r, r});
+    if (detail::cuda::fused_per_tensor_min_bytes() > 0) {
       EXPECT_EQ(launched, 2u);
     }
   }
@@ -298,11 +302,13 @@ TEST(FastQuant, PerTensorOnePieceF16AndF32MatchCpu) {
 // vectors more than its 32 KiB slot holds, left unencoded), and in between.
 TEST(FastQuant, PerTensorOnePieceRemaindersMatchCpu) {
   FERRY_SKIP_WITHOUT_GPU();
-  if (!device_is_hopper_or_later()) GTEST_SKIP() << "the one-piece kernel needs sm_90";
+  const int64_t min = detail::cuda::fused_per_tensor_min_bytes();
+  if (min == 0) GTEST_SKIP() << "no one-piece kernel on this device (it needs sm_90)";
   const int sms = device_sms();
   ASSERT_GT(sms, 0);
   const int64_t round = int64_t{sms} * 2048;  // 16-byte vectors in one chunk per block
-  for (int64_t nv : {2 * round - 1, round + 1, 3 * round + int64_t{sms} * 64 * 5 + 17}) {
+  const int64_t k = (min + round * 16 - 1) / (round * 16);  // whole rounds that reach the limit
+  for (int64_t nv : {(k + 1) * round - 1, k * round + 1, (k + 2) * round + int64_t{sms} * 64 * 5 + 17}) {
     SCOPED_TRACE("vectors " + std::to_string(nv));
     EXPECT_EQ(expect_per_tensor_matches_cpu(make_input(DType::kBF16, {nv, 8}, 31), {}), 1u);
   }
@@ -310,13 +316,13 @@ TEST(FastQuant, PerTensorOnePieceRemaindersMatchCpu) {
 
 // The one-piece kernel's division (x * y corrected with one fma, no per-element range test) and
 // its fallbacks, exhaustively: every finite bf16 of magnitude up to A (-0 and subnormals included),
-// spread over a 16 MiB tensor, under scales from several A (s = A / 448; 3e38 and 1e-37 put s
+// spread over a tensor the one-piece kernel takes, under scales from several A (s = A / 448; 3e38 and 1e-37 put s
 // outside [2^-60, 2^60], where every element takes the exact division); then with one -inf and
 // one NaN, which must be left out of the amax (taken again in floats) and send every element to
 // the exact division.
 TEST(FastQuant, PerTensorOnePieceEveryBf16MatchesCpu) {
   FERRY_SKIP_WITHOUT_GPU();
-  const int64_t rows = 1024, cols = 8192;
+  const int64_t cols = 8192, rows = one_piece_rows(cols, 2, 1024);
   for (float a : {448.0f, 1.0f, 3.0f, 613.0f, 1e-3f, 7.5e4f, 3e38f, 1e-37f}) {
     const uint16_t ab = f32_to_bf16(a);
     const std::vector<uint16_t> vals = finite_bf16_up_to(ab);
@@ -332,7 +338,7 @@ TEST(FastQuant, PerTensorOnePieceEveryBf16MatchesCpu) {
       HostTensor in{DType::kBF16, Shape{rows, cols}, std::vector<uint8_t>(data.size() * 2), {}};
       std::memcpy(in.bytes.data(), data.data(), in.bytes.size());
       const uint64_t launched = expect_per_tensor_matches_cpu(std::move(in), {});
-      if (device_is_hopper_or_later()) {
+      if (detail::cuda::fused_per_tensor_min_bytes() > 0) {
         EXPECT_EQ(launched, 1u);
       }
     }
