@@ -95,6 +95,27 @@ __device__ __forceinline__ uint16_t int4_scale_f16_hw(float amax) {
   return h == 0 ? ops::kF16One : (h >= ops::kF16Inf ? ops::kF16Max : h);
 }
 
+// The codes of one lane's 16 elements of a group whose amax is m, at `o`; the group's scale too when
+// `scale` is given (one lane of the group).
+__device__ __forceinline__ void int4_encode_slice(const float (&v)[kVec], float m, uint16_t* scale, uint8_t* o,
+                                                  bool vec_out) {
+  const uint16_t s16 = int4_scale_f16_hw(m);
+  if (scale != nullptr) *scale = s16;
+  const float s = __half2float(__ushort_as_half(s16));
+  const float rs = fast_recip(s);
+  uint32_t lo = 0, hi = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) lo |= static_cast<uint32_t>(quant_int_fast(v[j], s, rs, -8.0f, 7.0f) & 0xF) << (4 * j);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) hi |= static_cast<uint32_t>(quant_int_fast(v[8 + j], s, rs, -8.0f, 7.0f) & 0xF) << (4 * j);
+  if (vec_out) {
+    __stcs(reinterpret_cast<uint2*>(o), make_uint2(lo, hi));
+  } else {
+    for (int j = 0; j < 4; ++j) o[j] = static_cast<uint8_t>(lo >> (8 * j));
+    for (int j = 0; j < 4; ++j) o[4 + j] = static_cast<uint8_t>(hi >> (8 * j));
+  }
+}
+
 // Eight lanes per 128-column group, 16 columns each; the group's amax is reduced over the 8 lanes.
 // Grid-stride over the lanes' slices (the bound is uniform per warp: the shuffles need all lanes).
 template <DType D>
@@ -111,39 +132,36 @@ __global__ void __launch_bounds__(kThreads) int4_kernel(const void* in, uint8_t*
     const int64_t i = t * kVec;
     float v[kVec];
     float m = 0.0f;
-    if (D == DType::kBF16 && vec_in) {
-      // Raw 16-byte loads and the integer amax of fast_quant.cuh (0.54 -> 0.68 of the device copy
-      // on the H200 with quant_int_fast's rounding, bench/gpu/quant_probe.cu).
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(in) + (active ? i : 0));
-      const uint4 raw[2] = {active ? __ldcs(src) : make_uint4(0, 0, 0, 0), active ? __ldcs(src + 1) : make_uint4(0, 0, 0, 0)};
-      m = vec_amax<DType::kBF16>(raw);
-      unpack<DType::kBF16>(raw[0], *reinterpret_cast<float(*)[8]>(v));
-      unpack<DType::kBF16>(raw[1], *reinterpret_cast<float(*)[8]>(v + 8));
-    } else {
-      load16<D>(in, active ? i : 0, vec_in && active, active ? kVec : 0, v);
+    load16<D>(in, active ? i : 0, vec_in && active, active ? kVec : 0, v);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) m = fmaxf(m, ops::finite_abs(v[j]));
-    }
+    for (int j = 0; j < kVec; ++j) m = fmaxf(m, ops::finite_abs(v[j]));
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (!active) continue;
-    const uint16_t s16 = int4_scale_f16_hw(m);
-    if (lane8 == 0) scale[g] = s16;
-    const float s = __half2float(__ushort_as_half(s16));
-    const float rs = fast_recip(s);
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) lo |= static_cast<uint32_t>(quant_int_fast(v[j], s, rs, -8.0f, 7.0f) & 0xF) << (4 * j);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) hi |= static_cast<uint32_t>(quant_int_fast(v[8 + j], s, rs, -8.0f, 7.0f) & 0xF) << (4 * j);
-    uint8_t* o = out + i / 2;
-    if (vec_out) {
-      __stcs(reinterpret_cast<uint2*>(o), make_uint2(lo, hi));
-    } else {
-      for (int j = 0; j < 4; ++j) o[j] = static_cast<uint8_t>(lo >> (8 * j));
-      for (int j = 0; j < 4; ++j) o[4 + j] = static_cast<uint8_t>(hi >> (8 * j));
-    }
+    if (active) int4_encode_slice(v, m, lane8 == 0 ? scale + g : nullptr, out + i / 2, vec_out);
   }
+}
+
+// int4_group of 16-byte aligned bf16: one slice (16 elements, two raw 16-byte loads, the integer
+// amax of fast_quant.cuh) per thread, launched in waves. Kept apart from int4_kernel for its
+// registers: 27 against 39 there, so eight blocks of 256 threads fit an SM instead of six, and a
+// third more loads are in flight (H200: 0.76 of the device copy against 0.71; two, three or four
+// slices per thread, all loaded first: 0.75, 0.72, 0.61; a persistent grid loading the next
+// slice ahead: 0.66).
+__global__ void __launch_bounds__(kThreads) int4_bf16_kernel(const uint16_t* in, uint8_t* out, uint16_t* scale,
+                                                             int64_t total_groups, bool vec_out) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t g = t / 8;
+  const bool active = g < total_groups;  // whole warps share the shuffles below, active or not
+  const uint4* src = reinterpret_cast<const uint4*>(in + (active ? t * kVec : 0));
+  const uint4 raw[2] = {active ? __ldcs(src) : make_uint4(0, 0, 0, 0), active ? __ldcs(src + 1) : make_uint4(0, 0, 0, 0)};
+  float m = vec_amax<DType::kBF16>(raw);
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (!active) return;
+  float v[kVec];
+  unpack<DType::kBF16>(raw[0], *reinterpret_cast<float(*)[8]>(v));
+  unpack<DType::kBF16>(raw[1], *reinterpret_cast<float(*)[8]>(v + 8));
+  int4_encode_slice(v, m, t % 8 == 0 ? scale + g : nullptr, out + t * kVec / 2, vec_out);
 }
 
 // Dtype conversion, 16 elements per thread.
@@ -228,6 +246,14 @@ template <DType D>
 Status launch_int4(const QuantArgs& a, cudaStream_t st) {
   const int64_t groups = a.rows * (a.cols / kInt4GroupSize);
   if (groups == 0) return ok_status();
+  if (D == DType::kBF16 && aligned16(a.in) && groups * 8 / kThreads < (int64_t{1} << 30)) {  // one slice a thread
+    const int64_t slices = groups * 8;
+    int4_bf16_kernel<<<static_cast<unsigned>((slices + kThreads - 1) / kThreads), kThreads, 0, st>>>(
+        static_cast<const uint16_t*>(a.in), static_cast<uint8_t*>(a.out), static_cast<uint16_t*>(a.scale), groups,
+        aligned8(a.out));
+    FERRY_CUDA_LAUNCH_CHECK();
+    return ok_status();
+  }
   const auto kernel = int4_kernel<D>;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(groups * 8, kThreads), int64_t{1} << 30));
   kernel<<<blocks, kThreads, 0, st>>>(a.in, static_cast<uint8_t*>(a.out), static_cast<uint16_t*>(a.scale), groups,
