@@ -181,9 +181,10 @@ struct Measured {
 };
 
 // The link from the trainer's GPU to the ranks' GPUs other than its own, all fed at once (a replica
-// spread over GPUs loads the trainer's NVLink egress with every rank's share): per bucket, the
-// bytes over the time of one plain send of a bucket to each of them; the fixed cost per bucket,
-// the time of a 4 KiB send to each over their number (their fixed costs overlap).
+// spread over GPUs loads the trainer's NVLink egress with every rank's share): a plain send of one
+// bucket to each of them, and of 4 KiB to each, give the link's rate and its fixed cost per bucket
+// (sharding::fit_link). The rate is not the bucket's bytes over its time: that time holds the
+// bucket's fixed cost, which the model adds again for every bucket.
 ferry::Result<Measured> measure_link(const std::string& transport, int from, const std::vector<int>& rank_gpus,
                                      uint64_t bucket) {
   Measured m;
@@ -200,8 +201,14 @@ ferry::Result<Measured> measure_link(const std::string& transport, int from, con
   };
   FERRY_ASSIGN_OR_RETURN(double big, timed(bucket, 20));
   FERRY_ASSIGN_OR_RETURN(double small, timed(4096, 50));
-  m.link_bytes_per_second = static_cast<double>(bucket) * static_cast<double>(to.size()) / big;
-  m.seconds_per_bucket = small / static_cast<double>(to.size());
+  const double n = static_cast<double>(to.size());
+  const auto fit = ferry::sharding::fit_link(static_cast<double>(bucket) * n, n, big, 4096.0 * n, n, small);
+  if (fit.ok()) {
+    m.link_bytes_per_second = fit->bytes_per_second;
+    m.seconds_per_bucket = fit->seconds_per_bucket;
+  } else {  // noise swamped one of them: keep the bytes
+    m.link_bytes_per_second = static_cast<double>(bucket) * n / big;
+  }
   return m;
 }
 #endif

@@ -15,6 +15,7 @@
 #include "coordinator/bucket.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
+#include "sharding/cost_model.h"
 #include "transport/transport.h"
 
 namespace ferry::e2e {
@@ -115,18 +116,14 @@ class Probe final : public LinkProbe {
     l.process_bytes_per_second = slowest;
     // A link's time is bytes / rate + buckets * fixed: two runs, two unknowns.
     const double small_buckets = static_cast<double>(kSmallBuckets * ranks_.size());
-    const double small_bytes = small_buckets * 4096;
     const double big_bytes = static_cast<double>(plan_bytes_);
-    const double big_buckets = static_cast<double>(plan_.buckets.size());
-    const double t_small = median(small_), t_big = median(big_);
-    const double per_byte =
-        (t_big - t_small * big_buckets / small_buckets) / (big_bytes - small_bytes * big_buckets / small_buckets);
-    const double fixed = (t_small - small_bytes * per_byte) / small_buckets;
-    if (per_byte > 0 && fixed >= 0) {
-      l.host_bytes_per_second = 1.0 / per_byte;
-      l.seconds_per_bucket = fixed;
+    const auto fit = sharding::fit_link(big_bytes, static_cast<double>(plan_.buckets.size()), median(big_),
+                                        small_buckets * 4096, small_buckets, median(small_));
+    if (fit.ok()) {
+      l.host_bytes_per_second = fit->bytes_per_second;
+      l.seconds_per_bucket = fit->seconds_per_bucket;
     } else {  // noise swamped one of them: keep the bytes
-      l.host_bytes_per_second = big_bytes / t_big;
+      l.host_bytes_per_second = big_bytes / median(big_);
     }
     return l;
   }

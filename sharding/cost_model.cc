@@ -278,4 +278,19 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
   return rep;
 }
 
+Result<LinkFit> fit_link(double big_bytes, double big_buckets, double big_seconds, double small_bytes,
+                         double small_buckets, double small_seconds) {
+  if (!(big_buckets > 0 && small_buckets > 0 && big_seconds > 0 && small_seconds > 0)) {
+    return Status::invalid_argument("fit_link: every run needs buckets and a positive time");
+  }
+  // Scale the small run to the large run's bucket count; what remains is bytes at the link's rate.
+  const double k = big_buckets / small_buckets;
+  const double per_byte = (big_seconds - small_seconds * k) / (big_bytes - small_bytes * k);
+  const double fixed = (small_seconds - small_bytes * per_byte) / small_buckets;
+  if (!(per_byte > 0 && fixed >= 0)) {
+    return Status::unavailable(fmt::format("fit_link: noise left {} s per byte and {} s per bucket", per_byte, fixed));
+  }
+  return LinkFit{1.0 / per_byte, fixed};
+}
+
 }  // namespace ferry::sharding

@@ -52,6 +52,20 @@ struct Stages {
   double round_trip_seconds = 0;
 };
 
+// A link's measured rate and fixed cost per bucket, as the model takes them: a run of B buckets
+// carrying N bytes takes N / bytes_per_second + B * seconds_per_bucket.
+struct LinkFit {
+  double bytes_per_second = 0;
+  double seconds_per_bucket = 0;
+};
+
+// The two unknowns from two timed runs, one of few large buckets and one of small ones (bytes,
+// buckets and seconds of each). The rate of the large run alone (its bytes over its time) already
+// holds its buckets' fixed cost, which the model then adds again. Unavailable when noise leaves the
+// rate or the fixed cost non-positive (then keep the large run's bytes over its time, fixed 0).
+Result<LinkFit> fit_link(double big_bytes, double big_buckets, double big_seconds, double small_bytes,
+                         double small_buckets, double small_seconds);
+
 // start -> pause -> pause ack -> start reply; finish -> finalize -> finalized; resume -> resume ack
 // -> finish reply: trainer-coordinator twice, coordinator-ranks three times.
 inline constexpr int kControlRoundTrips = 5;

@@ -34,6 +34,34 @@ Tiny tiny(int64_t rows, int tp, bool quantize) {
   return t;
 }
 
+// The link fit from two timed runs recovers a link's rate and fixed cost, so that the model's time
+// for the large run (bytes at the rate plus its buckets' fixed cost) is the time it was measured
+// to take. The rate of the large run alone (bytes over time) would count its fixed cost twice.
+TEST(LinkFit, RecoversRateAndFixedCostFromTwoRuns) {
+  const double rate = 40e9, fixed = 15e-6;
+  const double big_bytes = 2 * 64.0 * (1 << 20), small_bytes = 2 * 4096.0;
+  const double t_big = big_bytes / rate + 2 * fixed, t_small = small_bytes / rate + 2 * fixed;
+  auto fit = fit_link(big_bytes, 2, t_big, small_bytes, 2, t_small);
+  ASSERT_TRUE(fit.ok()) << fit.status().to_string();
+  EXPECT_NEAR(fit->bytes_per_second, rate, rate * 1e-9);
+  EXPECT_NEAR(fit->seconds_per_bucket, fixed, 1e-12);
+  EXPECT_NEAR(big_bytes / fit->bytes_per_second + 2 * fit->seconds_per_bucket, t_big, 1e-12);
+  EXPECT_GT(big_bytes / (big_bytes / t_big) + 2 * fixed, t_big * 1.0001) << "the double count this replaces";
+  // Runs of different bucket counts (the e2e bench: many small buckets, the plan's large ones).
+  fit = fit_link(1e9, 16, 1e9 / rate + 16 * fixed, 256 * 4096.0, 256, 256 * 4096.0 / rate + 256 * fixed);
+  ASSERT_TRUE(fit.ok());
+  EXPECT_NEAR(fit->bytes_per_second, rate, rate * 1e-9);
+  EXPECT_NEAR(fit->seconds_per_bucket, fixed, 1e-12);
+}
+
+TEST(LinkFit, NoiseThatLeavesNoPositiveRateOrCostIsUnavailable) {
+  // The small run took longer per bucket than the large one: no positive rate fits.
+  EXPECT_EQ(fit_link(1e8, 2, 1e-3, 8192, 2, 2e-3).status().code(), StatusCode::kUnavailable);
+  // The small run was faster than its bytes allow at the large run's rate: negative fixed cost.
+  EXPECT_EQ(fit_link(1e8, 2, 1e-2, 1e7, 2, 1e-4).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(fit_link(1e8, 0, 1e-2, 8192, 2, 1e-4).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CostModel, OneSenderOneReceiverAcrossNodesIsNicBound) {
   Tiny t = tiny(1024, 1, false);  // 2 MiB
   auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{1 << 20});
