@@ -148,7 +148,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
         max_bucket_(max_bucket), on_bucket_(std::move(b)), on_closed_(std::move(c)),
         table_(table ? std::move(table) : std::make_shared<StreamTable>()) {}
 
-  void start(const std::string& host, std::shared_ptr<CompletionState> done, std::string* blob) {
+  void start(const std::string& host, std::shared_ptr<CompletionState> done, Listening* out) {
     ucp_am_handler_param_t h{};
     h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
     h.id = kDataId;
@@ -181,8 +181,9 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (st != UCS_OK) return done->complete(ucs_error("query listener", st));
     const auto* bound = reinterpret_cast<const sockaddr_in*>(&attr.sockaddr);
     // The boot id tells a sender whether it is on this host (ucx_transport.cc).
-    *blob = fmt::format("ucx://{}:{}", host, ntohs(bound->sin_port));
-    if (!host_identity().empty()) *blob += "/" + host_identity();
+    out->port = ntohs(bound->sin_port);
+    out->blob = fmt::format("ucx://{}:{}", host, out->port);
+    if (!host_identity().empty()) out->blob += "/" + host_identity();
     self_ = shared_from_this();
     done->complete(ok_status());
   }
@@ -513,13 +514,13 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
 Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
                                                  uint64_t max_bucket, BucketCallback on_bucket,
-                                                 PeerClosedCallback on_closed, std::string* blob,
+                                                 PeerClosedCallback on_closed, Listening* where,
                                                  std::shared_ptr<StreamTable> table) {
   auto r = std::make_shared<Receiver>(engine, max_bucket, std::move(on_bucket), std::move(on_closed), std::move(table));
-  auto out = std::make_shared<std::string>();
+  auto out = std::make_shared<Listening>();
   FERRY_RETURN_IF_ERROR(engine->call([r, host, out](std::shared_ptr<CompletionState> done) { r->start(host, done, out.get()); },
                                      Clock::now() + std::chrono::seconds(30)));
-  *blob = *out;
+  *where = *out;
   return r;
 }
 

@@ -18,10 +18,16 @@ class Receiver;
 struct StreamTable;
 std::shared_ptr<StreamTable> make_stream_table();
 
-// Starts listening on `host` (an IPv4 address) and returns "ucx://host:port".
+// Where a receiver listens: its port, and the blob "ucx://host:port[/boot-id]".
+struct Listening {
+  std::string blob;
+  uint16_t port = 0;
+};
+
+// Starts listening on `host` (an IPv4 address), on a port of its choosing.
 Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
                                                  uint64_t max_bucket, BucketCallback on_bucket,
-                                                 PeerClosedCallback on_closed, std::string* blob,
+                                                 PeerClosedCallback on_closed, Listening* where,
                                                  std::shared_ptr<StreamTable> table = nullptr);
 // Closes the listener and every accepted endpoint; waits until the progress thread has done so.
 void stop_receiver(const std::shared_ptr<Receiver>& r);

@@ -101,17 +101,18 @@ class UcxTransport final : public Transport {
       std::lock_guard<std::mutex> l(*turn);
       if (cb) cb(why);
     };
-    std::string blob;
-    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, max_bucket, bucket_cb, closed_cb, &blob));
+    ucx::Listening main;
+    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, max_bucket, bucket_cb, closed_cb, &main));
+    const std::string blob = main.blob;
     if (ucx::host_identity().empty() || ucx::same_host_lanes() < 2) return blob;
     std::string ports;
     auto table = ucx::make_stream_table();  // the lanes of one connection reach different listeners
     for (uint32_t i = 0; i < ucx::same_host_lanes(); ++i) {
       auto local = std::make_shared<Engine>();
-      std::string local_blob;
+      ucx::Listening where;
       Status st = local->init(/*indirect_ids=*/true);
       if (st.ok()) {
-        auto r = ucx::start_receiver(local, host, max_bucket, bucket_cb, closed_cb, &local_blob, table);
+        auto r = ucx::start_receiver(local, host, max_bucket, bucket_cb, closed_cb, &where, table);
         if (r.ok()) {
           local_receivers_.push_back(*r);
           local_engines_.push_back(local);
@@ -123,10 +124,8 @@ class UcxTransport final : public Transport {
         local->stop();
         break;
       }
-      const size_t colon = local_blob.rfind(':');
-      const size_t slash = local_blob.find('/', colon);
       if (!ports.empty()) ports += ",";
-      ports += local_blob.substr(colon + 1, slash == std::string::npos ? std::string::npos : slash - colon - 1);
+      ports += std::to_string(where.port);
     }
     if (local_receivers_.size() < 2) {  // this host's senders then use the transport's listener, with one lane
       for (auto& r : local_receivers_) ucx::stop_receiver(r);
