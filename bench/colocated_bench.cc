@@ -175,8 +175,9 @@ Status change_weights(Weights& w, uint64_t step) {
 #if FERRY_HAVE_CUDA
 // Links and stages of a cross-GPU update, measured in this run, for the cost model.
 struct Measured {
-  double link_bytes_per_second = 0;  // plain NCCL send/receive (or a peer copy) of one bucket to each rank GPU
-  double seconds_per_bucket = 0;     // the same for 4 KiB: the fixed cost of one bucket
+  double plain_bytes_per_second = 0;  // plain NCCL send/receive (or a peer copy) of one bucket to each rank GPU
+  double link_bytes_per_second = 0;   // the link's rate and fixed cost per bucket, fitted from that
+  double seconds_per_bucket = 0;      // and the same for 4 KiB (sharding::fit_link)
   std::string link_baseline;
 };
 
@@ -202,12 +203,13 @@ ferry::Result<Measured> measure_link(const std::string& transport, int from, con
   FERRY_ASSIGN_OR_RETURN(double big, timed(bucket, 20));
   FERRY_ASSIGN_OR_RETURN(double small, timed(4096, 50));
   const double n = static_cast<double>(to.size());
+  m.plain_bytes_per_second = static_cast<double>(bucket) * n / big;
   const auto fit = ferry::sharding::fit_link(static_cast<double>(bucket) * n, n, big, 4096.0 * n, n, small);
   if (fit.ok()) {
     m.link_bytes_per_second = fit->bytes_per_second;
     m.seconds_per_bucket = fit->seconds_per_bucket;
   } else {  // noise swamped one of them: keep the bytes
-    m.link_bytes_per_second = static_cast<double>(bucket) * n / big;
+    m.link_bytes_per_second = m.plain_bytes_per_second;
   }
   return m;
 }
@@ -316,9 +318,9 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   std::string extra;
   double floor = moved_bytes / *bw;
   if (apart) {
-    // The link's floor: the update's bytes over the plain link. The cost model's prediction for
-    // the same plan, from the links measured above and the stages of the warm-up updates.
-    floor = static_cast<double>(last.bytes) / link.link_bytes_per_second;
+    // The link's floor: the update's bytes at the plain send's rate. The cost model's prediction
+    // for the same plan, from the link fitted above and the stages of the warm-up updates.
+    floor = static_cast<double>(last.bytes) / link.plain_bytes_per_second;
     auto plan = ferry::sharding::make_plan(manifest, specs, {ferry::sharding::SenderInfo{}},
                                            ferry::sharding::PlanOptions{bucket});
     if (!plan.ok()) return std::cerr << plan.status().to_string() << "\n", 1;

@@ -62,7 +62,8 @@ struct LinkFit {
 // The two unknowns from two timed runs, one of few large buckets and one of small ones (bytes,
 // buckets and seconds of each). The rate of the large run alone (its bytes over its time) already
 // holds its buckets' fixed cost, which the model then adds again. Unavailable when noise leaves the
-// rate or the fixed cost non-positive (then keep the large run's bytes over its time, fixed 0).
+// rate non-positive or the fixed cost negative (then keep the large run's bytes over its time,
+// fixed 0).
 Result<LinkFit> fit_link(double big_bytes, double big_buckets, double big_seconds, double small_bytes,
                          double small_buckets, double small_seconds);
 

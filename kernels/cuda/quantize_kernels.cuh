@@ -17,7 +17,8 @@ Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st);
 Status quantize_per_tensor(const QuantArgs& a, cudaStream_t st);
 
 // fp8_per_tensor in one cooperative kernel per shard (quantize_tensor.cu), for 16-byte aligned
-// inputs whose shards all start on a vector and hold at least 4 MiB; `begin`: S + 1 element
+// inputs whose shards all start on a vector and hold at least fused_per_tensor_min_bytes() (the
+// larger of 4 MiB and the device's L2); `begin`: S + 1 element
 // offsets. kNotUsed: nothing was launched (too small, a capturing stream, a device before sm_90 or
 // with fewer SMs than it reports); the caller takes the two-kernel path. kFailed: `error` says why.
 enum class FusedResult { kUsed, kNotUsed, kFailed };

@@ -11,9 +11,10 @@
 //    barrier with another's loads, which a persistent grid of few resident blocks could not (0.46 of
 //    the copy bandwidth persistent, on the H200); inputs are read with evict-first hints and codes
 //    written with streaming stores;
-//  - fp8_per_tensor, shards of at least 4 MiB on sm_90 and later: one cooperative kernel per shard
-//    (quantize_tensor.cu). Smaller shards and older devices: two kernels, amax then encode, the
-//    encode in reverse order of the amax pass so that the tail of the input may still be in L2.
+//  - fp8_per_tensor, shards at least as large as the device's L2 on sm_90 and later: one
+//    cooperative kernel per shard (quantize_tensor.cu). Smaller shards and older devices: two
+//    kernels, amax then encode, the encode in reverse order of the amax pass so that the tail of
+//    the input may still be in L2.
 //    Each runs near memory speed on the H200 (0.98 and 0.92 of the device copy), so the pair
 //    reaches 0.55 of it: the input is read twice.
 // Rows longer than 256 threads x 8 vectors, and unaligned rows, take the generic kernels in

@@ -54,7 +54,7 @@ constexpr int kPrefetch = 1;
 // Read into registers (64 per thread): 0.633 of the device copy against 0.617 without, on the H200.
 constexpr int kHeldChunks = 4;
 constexpr size_t kRingBytes = size_t{kStages} * kChunkVecs * 16;
-// Shards smaller than the device's L2 (and than this) take the two-kernel path: their second pass
+// Shards smaller than the device's L2 (or than this) take the two-kernel path: their second pass
 // reads L2 anyway, and their two kernels overlap a rank's other process streams, where a cooperative
 // kernel holds every SM. Colocated 8B update, fp8_per_tensor (H200, 50 MiB L2), one kernel for
 // shards of at least 4 MiB: 11.10 and 11.33 ms; 32 MiB: 11.60; 64 MiB (only the MLP's 112 MiB

@@ -46,7 +46,6 @@ TEST(LinkFit, RecoversRateAndFixedCostFromTwoRuns) {
   EXPECT_NEAR(fit->bytes_per_second, rate, rate * 1e-9);
   EXPECT_NEAR(fit->seconds_per_bucket, fixed, 1e-12);
   EXPECT_NEAR(big_bytes / fit->bytes_per_second + 2 * fit->seconds_per_bucket, t_big, 1e-12);
-  EXPECT_GT(big_bytes / (big_bytes / t_big) + 2 * fixed, t_big * 1.0001) << "the double count this replaces";
   // Runs of different bucket counts (the e2e bench: many small buckets, the plan's large ones).
   fit = fit_link(1e9, 16, 1e9 / rate + 16 * fixed, 256 * 4096.0, 256, 256 * 4096.0 / rate + 256 * fixed);
   ASSERT_TRUE(fit.ok());
