@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <atomic>
 #include <mutex>
 #include <type_traits>
@@ -393,9 +394,9 @@ FusedResult quantize_per_tensor_fused(const QuantArgs& a, const int64_t* begin, 
                                       cudaError_t* error) {
   *error = cudaSuccess;
   const int64_t elem = a.in_dtype == DType::kF32 ? 4 : 2, per_vec = 16 / elem;
-  for (size_t s = 0; s < shards; ++s) {
-    if ((begin[s + 1] - begin[s]) * elem < kFusedMinBytes) return FusedResult::kNotUsed;  // before any lock
-  }
+  int64_t smallest = INT64_MAX;  // input bytes of the smallest shard
+  for (size_t s = 0; s < shards; ++s) smallest = std::min(smallest, (begin[s + 1] - begin[s]) * elem);
+  if (smallest < kFusedMinBytes) return FusedResult::kNotUsed;  // before any lock
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
     (void)cudaGetLastError();
@@ -406,10 +407,7 @@ FusedResult quantize_per_tensor_fused(const QuantArgs& a, const int64_t* begin, 
   DeviceState& st = device_state(dev);
   std::lock_guard<std::mutex> lock(st.mu);
   if (!st.probed) probe(st, dev);
-  if (!st.usable) return FusedResult::kNotUsed;
-  for (size_t s = 0; s < shards; ++s) {
-    if ((begin[s + 1] - begin[s]) * elem < st.min_bytes) return FusedResult::kNotUsed;
-  }
+  if (!st.usable || smallest < st.min_bytes) return FusedResult::kNotUsed;
   if (!st.zeroed) {
     if ((*error = cudaMemsetAsync(st.ws, 0, 32, stream)) != cudaSuccess) return FusedResult::kFailed;
     st.zeroed = true;
