@@ -11,85 +11,9 @@
 #include <mutex>
 #include <vector>
 
-#include "core/buffer.h"
+#include "transport/ucx_buffer_pool.h"
 
 namespace ferry::transport::ucx {
-
-// Receive buffers for rendezvous buckets, kept and reused: each is allocated and mapped with the
-// UCP context once, and UCX writes the bucket straight into it (no fresh pages, no registration per
-// bucket). At most kKeep idle ones stay.
-//
-// A delivered bucket's block is handed over (bucket_owner()), so it comes back whenever its last
-// holder lets go: on any thread, possibly after the receiver stopped and the transport is gone. So
-// take() and give() lock, and the pool holds the Engine: every Pending holds the pool, so the UCP
-// context outlives every block mapped with it, and the last block's release unmaps it, then frees the
-// pool, then maybe the Engine (whose progress thread the transport has joined by then). Mapping and
-// unmapping from a thread other than the progress thread is allowed: the context is created with
-// mt_workers_shared (ucx_engine.h), and neither touches the worker.
-class BufferPool {
- public:
-  struct Block {
-    Buffer buffer;
-    ucp_mem_h memh = nullptr;
-  };
-  // Without an engine the blocks are not mapped (memh stays null): the pool that the receivers of
-  // one host's lanes share, each with a UCP context of its own (StreamTable); UCX registers per
-  // operation what it needs, which for shared memory and cma is nothing.
-  explicit BufferPool(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
-  ~BufferPool() {
-    if (engine_) {
-      for (auto& b : idle_) engine_->unmap(b->memh);
-    }
-  }
-  BufferPool(const BufferPool&) = delete;
-  BufferPool& operator=(const BufferPool&) = delete;
-
-  // A block of at least `size` bytes (size > 0), or nullptr if the memory cannot be had. Any thread.
-  std::unique_ptr<Block> take(size_t size) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto best = idle_.end();
-      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-        if ((*it)->buffer.size() >= size && (best == idle_.end() || (*it)->buffer.size() < (*best)->buffer.size())) best = it;
-      }
-      if (best != idle_.end()) {
-        auto b = std::move(*best);
-        idle_.erase(best);
-        return b;
-      }
-    }
-    auto buf = Buffer::allocate(size);
-    if (!buf.ok()) return nullptr;
-    auto b = std::make_unique<Block>();
-    b->buffer = std::move(*buf);
-    if (engine_) b->memh = engine_->map(b->buffer.data(), b->buffer.size());
-    return b;
-  }
-
-  // Any thread.
-  void give(std::unique_ptr<Block> b) {
-    if (!b) return;
-    std::unique_ptr<Block> dropped;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      idle_.push_back(std::move(b));
-      if (idle_.size() > kKeep) {
-        // Keep the largest: buckets are of one size, and a larger block serves a smaller bucket.
-        auto smallest = std::min_element(idle_.begin(), idle_.end(),
-                                         [](const auto& x, const auto& y) { return x->buffer.size() < y->buffer.size(); });
-        dropped = std::move(*smallest);
-        idle_.erase(smallest);
-      }
-    }
-    if (dropped && engine_) engine_->unmap(dropped->memh);  // then its buffer is freed
-  }
-
- private:
-  static constexpr size_t kKeep = 2;
-  const std::shared_ptr<Engine> engine_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Block>> idle_;
-};
 
 // One sender's connection (a stream): its endpoints (one, or a same-host sender's lanes, joined by
 // their LaneHeader) and its buckets, queued by sequence number while one ahead of them is still

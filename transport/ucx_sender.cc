@@ -1,6 +1,6 @@
 // ucx's sending side: a connection's endpoints (one lane to another host, one lane per core to a
-// receiver on this host), the memory regions posts come from, and the close of a connection's
-// lanes. ucx_transport.cc says why same-host lanes look the way they do.
+// receiver on this host), its posts from the memory regions of ucx_regions.cc, and the close of a
+// connection's lanes. ucx_transport.cc says why same-host lanes look the way they do.
 #include "transport/ucx_sender.h"
 
 #include <arpa/inet.h>
@@ -21,13 +21,9 @@
 
 #include <fmt/format.h>
 
-#include "core/buffer.h"
 #include "transport/handle.h"
 #include "transport/ucx_engine.h"
-
-#if defined(FERRY_HAVE_CUDA)
-#include <cuda_runtime_api.h>
-#endif
+#include "transport/ucx_regions.h"
 
 namespace ferry::transport::ucx {
 namespace {
@@ -376,75 +372,15 @@ void UcxConnection::send(const uint8_t* data, size_t size, ucp_mem_h memh, uint6
   }
 }
 
-// Memory mapped with the transport's UCP context once, at registration; every post from it passes
-// that mapping, so nothing is registered per bucket.
-class MappedRegion : public MemoryRegion {
- public:
-  MappedRegion(std::shared_ptr<Engine> engine, void* mapped, size_t size)
-      : engine_(std::move(engine)), memh_(engine_->map(mapped, size)) {}
-  ~MappedRegion() override { engine_->unmap(memh_); }
-  // The mapping, for a post through an endpoint of the engine that made it; nullptr for any other
-  // (a same-host connection's private engine has a UCP context of its own, and UCX registers what
-  // it needs per operation: nothing, for shared memory and cma).
-  ucp_mem_h memh_for(const Engine* e) const { return e == engine_.get() ? memh_ : nullptr; }
-
- private:
-  std::shared_ptr<Engine> engine_;
-  ucp_mem_h memh_;
-};
-
-class UcxHostRegion final : public MappedRegion {
- public:
-  UcxHostRegion(std::shared_ptr<Engine> engine, void* data, size_t size)
-      : MappedRegion(std::move(engine), data, size), data_(data), size_(size) {}
-  void* data() const override { return data_; }
-  size_t size() const override { return size_; }
-  Device device() const override { return Device::cpu(); }
-
- private:
-  void* data_;
-  size_t size_;
-};
-
-// Device memory through a pinned host mirror, for UCX builds without CUDA support. The mirror is
-// what UCX reads, so it is what is mapped.
-class StagedRegion final : public MappedRegion {
- public:
-  StagedRegion(std::shared_ptr<Engine> engine, void* data, size_t size, Device device, Buffer mirror)
-      : MappedRegion(std::move(engine), mirror.data(), size), data_(data), size_(size), device_(device),
-        mirror_(std::move(mirror)) {}
-  void* data() const override { return data_; }
-  size_t size() const override { return size_; }
-  Device device() const override { return device_; }
-  uint8_t* stage(size_t offset, size_t size, Status* st) const {
-#if defined(FERRY_HAVE_CUDA)
-    const cudaError_t e = cudaMemcpy(mirror_.data_as<uint8_t>() + offset, static_cast<uint8_t*>(data_) + offset, size,
-                                     cudaMemcpyDeviceToHost);
-    if (e != cudaSuccess) *st = Status::internal(std::string("ucx staging copy: ") + cudaGetErrorString(e));
-#else
-    *st = Status::internal("ucx: staging without CUDA");
-#endif
-    return mirror_.data_as<uint8_t>() + offset;
-  }
-
- private:
-  void* data_;
-  size_t size_;
-  Device device_;
-  Buffer mirror_;
-};
-
 Result<std::unique_ptr<TransferHandle>> UcxConnection::post(const MemoryRegion& region, size_t offset, size_t size) {
   if (offset > region.size() || size > region.size() - offset) {
     return Status::out_of_range(fmt::format("post of {} bytes at {} exceeds a {}-byte region", size, offset, region.size()));
   }
   const uint8_t* data = static_cast<const uint8_t*>(region.data()) + offset;
-  const auto* mapped = dynamic_cast<const MappedRegion*>(&region);
-  ucp_mem_h memh = mapped != nullptr ? mapped->memh_for(engine_.get()) : nullptr;
-  if (const auto* staged = dynamic_cast<const StagedRegion*>(&region)) {
-    Status st;
-    data = staged->stage(offset, size, &st);
-    FERRY_RETURN_IF_ERROR(st);
+  ucp_mem_h memh = nullptr;
+  if (const auto* mapped = dynamic_cast<const MappedRegion*>(&region)) {
+    memh = mapped->memh_for(engine_.get());
+    FERRY_ASSIGN_OR_RETURN(data, mapped->post_bytes(offset, size));
   }
   auto state = std::make_shared<CompletionState>();
   auto self = shared_from_this();
@@ -494,15 +430,6 @@ class OwnedUcxConnection final : public Connection {
 
 uint32_t same_host_lanes() {
   return std::clamp<uint32_t>(std::thread::hardware_concurrency(), 1, kMaxSameHostLanes);
-}
-
-Result<std::unique_ptr<MemoryRegion>> register_region(const std::shared_ptr<Engine>& engine, void* data, size_t size,
-                                                      Device device) {
-  if (device.is_cpu()) return std::unique_ptr<MemoryRegion>(std::make_unique<UcxHostRegion>(engine, data, size));
-  if (engine->cuda_capable()) return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
-  FERRY_ASSIGN_OR_RETURN(Allocator * pinned, pinned_allocator());
-  FERRY_ASSIGN_OR_RETURN(Buffer mirror, Buffer::allocate(size, *pinned));
-  return std::unique_ptr<MemoryRegion>(std::make_unique<StagedRegion>(engine, data, size, device, std::move(mirror)));
 }
 
 Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>& shared, const std::string& host,

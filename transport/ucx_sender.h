@@ -1,4 +1,4 @@
-// ucx's sending side (ucx_sender.cc): memory regions and connections, for ucx_transport.cc.
+// ucx's sending side (ucx_sender.cc): connections, for ucx_transport.cc.
 #pragma once
 
 #include <cstdint>
@@ -15,11 +15,6 @@ class Engine;
 // How many lanes a same-host connection gets: one per core, at most kMaxSameHostLanes (the copies
 // of two buckets at once; the receiver's own thread and the callbacks need the rest).
 uint32_t same_host_lanes();
-
-// Host memory mapped with `engine`'s context once; device memory as it is (a CUDA-capable UCX) or
-// through a pinned host mirror.
-Result<std::unique_ptr<MemoryRegion>> register_region(const std::shared_ptr<Engine>& engine, void* data, size_t size,
-                                                      Device device);
 
 // A connection to the listener at host:port. Another host: one endpoint on `shared`, with peer
 // error handling. This host (`same_host`): one lane per listener in `local_ports` (at most

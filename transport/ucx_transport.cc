@@ -62,6 +62,7 @@
 #include "core/settings.h"
 #include "transport/ucx_engine.h"
 #include "transport/ucx_receiver.h"
+#include "transport/ucx_regions.h"
 #include "transport/ucx_sender.h"
 
 namespace ferry::transport {

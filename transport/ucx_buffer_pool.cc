@@ -1,0 +1,55 @@
+#include "transport/ucx_buffer_pool.h"
+
+#include <algorithm>
+
+#include "transport/ucx_engine.h"
+
+namespace ferry::transport::ucx {
+
+BufferPool::BufferPool(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+BufferPool::~BufferPool() {
+  if (engine_) {
+    for (auto& b : idle_) engine_->unmap(b->memh);
+  }
+}
+
+std::unique_ptr<BufferPool::Block> BufferPool::take(size_t size) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto best = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+      if ((*it)->buffer.size() >= size && (best == idle_.end() || (*it)->buffer.size() < (*best)->buffer.size())) best = it;
+    }
+    if (best != idle_.end()) {
+      auto b = std::move(*best);
+      idle_.erase(best);
+      return b;
+    }
+  }
+  auto buf = Buffer::allocate(size);
+  if (!buf.ok()) return nullptr;
+  auto b = std::make_unique<Block>();
+  b->buffer = std::move(*buf);
+  if (engine_) b->memh = engine_->map(b->buffer.data(), b->buffer.size());
+  return b;
+}
+
+void BufferPool::give(std::unique_ptr<Block> b) {
+  if (!b) return;
+  std::unique_ptr<Block> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.push_back(std::move(b));
+    if (idle_.size() > kKeep) {
+      // Keep the largest: buckets are of one size, and a larger block serves a smaller bucket.
+      auto smallest = std::min_element(idle_.begin(), idle_.end(),
+                                       [](const auto& x, const auto& y) { return x->buffer.size() < y->buffer.size(); });
+      dropped = std::move(*smallest);
+      idle_.erase(smallest);
+    }
+  }
+  if (dropped && engine_) engine_->unmap(dropped->memh);  // then its buffer is freed
+}
+
+}  // namespace ferry::transport::ucx

@@ -1,0 +1,54 @@
+// Receive buffers of ucx's receivers (ucx_receiver.cc).
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/buffer.h"
+
+namespace ferry::transport::ucx {
+
+class Engine;
+
+// Receive buffers for rendezvous buckets, kept and reused: each is allocated and mapped with the
+// UCP context once, and UCX writes the bucket straight into it (no fresh pages, no registration per
+// bucket). At most kKeep idle ones stay.
+//
+// A delivered bucket's block is handed over (bucket_owner()), so it comes back whenever its last
+// holder lets go: on any thread, possibly after the receiver stopped and the transport is gone. So
+// take() and give() lock, and the pool holds the Engine: every Pending holds the pool, so the UCP
+// context outlives every block mapped with it, and the last block's release unmaps it, then frees the
+// pool, then maybe the Engine (whose progress thread the transport has joined by then). Mapping and
+// unmapping from a thread other than the progress thread is allowed: the context is created with
+// mt_workers_shared (ucx_engine.h), and neither touches the worker.
+class BufferPool {
+ public:
+  struct Block {
+    Buffer buffer;
+    ucp_mem_h memh = nullptr;
+  };
+  // Without an engine the blocks are not mapped (memh stays null): the pool that the receivers of
+  // one host's lanes share, each with a UCP context of its own (StreamTable); UCX registers per
+  // operation what it needs, which for shared memory and cma is nothing.
+  explicit BufferPool(std::shared_ptr<Engine> engine);
+  ~BufferPool();
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  // A block of at least `size` bytes (size > 0), or nullptr if the memory cannot be had. Any thread.
+  std::unique_ptr<Block> take(size_t size);
+  // Any thread.
+  void give(std::unique_ptr<Block> b);
+
+ private:
+  static constexpr size_t kKeep = 2;
+  const std::shared_ptr<Engine> engine_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Block>> idle_;
+};
+
+}  // namespace ferry::transport::ucx
