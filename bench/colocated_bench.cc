@@ -82,8 +82,10 @@ int run_rank(const std::string& coordinator, const std::string& scheme, int laye
   o.storage = &*storage;
   auto worker = ferry::coordinator::RolloutWorker::create(std::move(o));
   if (!worker.ok()) return std::cerr << worker.status().to_string() << "\n", 1;
-  while (!(*worker)->wait_closed(60'000).ok()) {
+  ferry::Status end;
+  while ((end = (*worker)->wait_closed(60'000)).code() == ferry::StatusCode::kDeadlineExceeded) {
   }
+  if (!end.ok()) return std::cerr << end.to_string() << "\n", 4;
   return 0;
 }
 

@@ -125,7 +125,7 @@ class TransportSink {
   Result<std::string> listen(const std::string& name) {
     FERRY_ASSIGN_OR_RETURN(transport_, transport::create_transport(name));
     return transport_->listen(
-        [this](const uint8_t*, size_t) {
+        [this](const transport::ReceivedBucket&) {
           std::lock_guard<std::mutex> lock(mu_);
           if (++received_ == expected_) {
             std::lock_guard<std::mutex> send_lock(send_mu_);
@@ -133,7 +133,7 @@ class TransportSink {
           }
           return ok_status();
         },
-        [](const Status&) {});
+        [](const Status&) {}, nullptr);
   }
   void expect(int64_t n) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -204,9 +204,10 @@ Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int 
   echo.reset();
   sink.close();
   // Serve until the bench's trainer (and its coordinator) goes away.
-  while (!worker->wait_closed(60'000).ok()) {
+  Status end;
+  while ((end = worker->wait_closed(60'000)).code() == StatusCode::kDeadlineExceeded) {
   }
-  return ok_status();
+  return end;
 }
 
 }  // namespace

@@ -28,6 +28,13 @@ void add_status_command(CLI::App& app) {
                                m.tp_rank() < 0 ? "-" : std::to_string(m.tp_rank()), m.version(), m.state(),
                                m.role() == "rollout" && !m.consistent() ? " (inconsistent)" : "");
     }
+    if (r->replicas_size()) std::cout << "replicas:\n";
+    for (const auto& rep : r->replicas()) {
+      std::string missing;
+      for (int k : rep.missing_ranks()) missing += (missing.empty() ? " missing rank " : ", ") + std::to_string(k);
+      std::cout << fmt::format("  replica {}: {} (TP {}{}){}\n", rep.replica(), rep.state(), rep.tp_size(),
+                               rep.serving() || rep.version() ? fmt::format(", v{}", rep.version()) : "", missing);
+    }
     if (r->updates_size()) std::cout << "last updates:\n";
     for (const auto& u : r->updates()) {
       std::cout << fmt::format("  v{}: {} ranks={} bytes={} seconds={:.4f}{}\n", u.version(), u.ok() ? "ok" : "FAILED",

@@ -97,9 +97,10 @@ std::vector<uint64_t> BucketSender::buckets() const {
 Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::Plan> plan,
                              const std::vector<sharding::RankSpec>& ranks,
                              const std::vector<std::vector<wire::Endpoint>>& endpoints,
-                             const std::vector<std::string>& storage_devices) {
+                             const std::vector<std::string>& storage_devices, Identity identity) {
   plan_ = std::move(plan);
   ranks_ = &ranks;
+  identity_ = std::move(identity);
   FERRY_RETURN_IF_ERROR(connect_all(endpoints, storage_devices));
   version_ = version;
   bytes_ = 0;
@@ -157,7 +158,7 @@ Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<st
       last = t.status();
       continue;
     }
-    auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms));
+    auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms), identity_.credentials.at(i));
     if (!c.ok()) {
       FERRY_LOG_INFO("{} cannot reach replica {} rank {}: {}", e.transport(), rank.replica, rank.tp_rank,
                      c.status().message());
@@ -236,7 +237,7 @@ Result<BucketBuilder*> BucketSender::open_bucket(Destination& d) {
   d.open = static_cast<int>(d.free.back());
   d.free.pop_back();
   BucketBuilder* b = d.pool[static_cast<size_t>(d.open)].get();
-  b->reset(version_, 0, d.seq++);
+  b->reset(version_, identity_.sender, d.seq++);
   b->set_sender_nonce(transport::ipc_process_nonce());
   return b;
 }

@@ -51,12 +51,18 @@ class BucketSender {
   BucketSender(const BucketSender&) = delete;
   BucketSender& operator=(const BucketSender&) = delete;
 
+  // Who sends (this trainer's member id, written into every bucket) and, per destination rank, the
+  // credential a new data connection to it presents (auth.h).
+  struct Identity {
+    int sender = 0;
+    std::vector<std::string> credentials;
+  };
   // Connects to every rank of `plan` (keeping connections of the last update that are still good)
   // and sizes the bucket pools; then starts counting for update `version`. `ranks` must outlive the
   // update. `endpoints` per rank in its preference order; `storage_devices` per rank.
   Status prepare(uint64_t version, std::shared_ptr<const sharding::Plan> plan, const std::vector<sharding::RankSpec>& ranks,
                  const std::vector<std::vector<wire::Endpoint>>& endpoints,
-                 const std::vector<std::string>& storage_devices);
+                 const std::vector<std::string>& storage_devices, Identity identity);
   // Sends every piece of manifest tensor `source` (`meta`), read from `tensor`.
   Status send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor);
   // Posts the open buckets (none once `failure` is set) and waits for every bucket in flight; a
@@ -90,6 +96,7 @@ class BucketSender {
   std::set<int> synced_devices_;  // devices synchronized in this update
   bool warned_export_ = false;
   uint64_t version_ = 0;
+  Identity identity_;
   uint64_t bytes_ = 0;
   uint64_t direct_bytes_ = 0;
 };

@@ -30,6 +30,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Thread-safe; the closed callback runs once with `why`.
   void close(const Status& why);
   std::string peer() const { return peer_; }
+  // The largest frame read from here on; call on the channel's I/O thread (from a message callback).
+  void set_max_frame(uint64_t bytes) { max_frame_ = bytes; }
+  uint64_t max_frame() const { return max_frame_; }
+  // Whether the channel closed; on its I/O thread.
+  bool is_closed() const { return closed_; }
   boost::asio::any_io_executor executor() { return socket_.get_executor(); }
 
  private:

@@ -12,7 +12,8 @@
 namespace ferry::coordinator {
 
 Result<wire::Welcome> join(Channel& channel, Mailbox& mailbox, wire::Envelope hello,
-                           std::chrono::steady_clock::time_point deadline) {
+                           std::chrono::steady_clock::time_point deadline,
+                           const std::optional<wire::Envelope>& registration) {
   FERRY_ASSIGN_OR_RETURN(auto env, mailbox.wait(wire::Envelope::kChallenge, deadline, "challenge"));
   const wire::Challenge& c = env.challenge();
   if (c.protocol_version() != kProtocolVersion) {
@@ -28,6 +29,7 @@ Result<wire::Welcome> join(Channel& channel, Mailbox& mailbox, wire::Envelope he
     h->set_auth(mac);
   }
   channel.send(hello);
+  if (registration) channel.send(*registration);
   FERRY_ASSIGN_OR_RETURN(auto w, mailbox.wait(wire::Envelope::kWelcome, deadline, "welcome"));
   FERRY_RETURN_IF_ERROR(from_wire(w.welcome().status()));
   return w.welcome();

@@ -24,10 +24,23 @@ struct Member {
   bool consistent = false;  // false until a complete version lands, and after an aborted update
   std::string state = "joined";
   std::chrono::steady_clock::time_point last_seen;
+  std::string data_key;  // trainers: proves their data connections to ranks (auth.h)
 
   std::string describe() const;
 };
 
 using MemberTable = std::map<int, Member>;
+
+// Every replica that ever had a rank join, with its TP size and why each absent rank left. An update
+// of all replicas needs every rank of each: a replica short of ranks fails it before anything
+// pauses, unless the update names the replicas it takes (a rolling update without that one).
+struct ReplicaInfo {
+  int tp_size = 0;
+  std::map<int, std::string> left;  // tp rank -> why it left (absent ranks only)
+};
+using ReplicaTable = std::map<int, ReplicaInfo>;
+
+// The member ids of `replica`'s ranks, by tp rank.
+std::map<int, int> replica_ranks(const MemberTable& members, int replica);
 
 }  // namespace ferry::coordinator

@@ -55,6 +55,7 @@ MetricsServer::MetricsServer(asio::io_context& io, std::function<std::string()> 
     : acceptor_(io), render_(std::move(render)) {}
 
 MetricsServer::~MetricsServer() {
+  if (loop_) loop_->stop();
   beast::error_code ec;
   acceptor_.close(ec);
 }
@@ -72,16 +73,10 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(asio::io_context& io
   if (!ec) s->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Status::unavailable(fmt::format("metrics endpoint cannot listen on {}:{}: {}", host, port, ec.message()));
   s->port_ = s->acceptor_.local_endpoint().port();
-  s->accept();
+  s->loop_ = accept_forever(
+      s->acceptor_, [render = s->render_](tcp::socket socket) { std::make_shared<Session>(std::move(socket), render)->start(); },
+      fmt::format("metrics endpoint {}:{}", host, s->port_));
   return s;
-}
-
-void MetricsServer::accept() {
-  acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
-    if (ec) return;
-    std::make_shared<Session>(std::move(socket), render_)->start();
-    accept();
-  });
 }
 
 }  // namespace ferry::coordinator

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "core/accept_loop.h"
 #include "core/asio.h"
 #include "core/status.h"
 
@@ -20,10 +21,10 @@ class MetricsServer {
 
  private:
   MetricsServer(boost::asio::io_context& io, std::function<std::string()> render);
-  void accept();
 
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> render_;
+  std::shared_ptr<AcceptLoop> loop_;
   uint16_t port_ = 0;
 };
 

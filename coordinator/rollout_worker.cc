@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -10,6 +11,7 @@
 
 #include "core/log.h"
 #include "core/settings.h"
+#include "coordinator/auth.h"
 #include "coordinator/bucket.h"
 #include "coordinator/channel.h"
 #include "coordinator/device_bucket.h"
@@ -32,6 +34,10 @@ class RolloutWorkerImpl final : public RolloutWorker {
       : options_(std::move(o)), work_(asio::make_work_guard(io_)), timer_(io_) {}
 
   ~RolloutWorkerImpl() override {
+    {
+      std::lock_guard<std::mutex> lock(closed_mu_);
+      closing_ = true;  // this process ends the connection: nothing to report
+    }
     heartbeat_.reset();
     if (channel_) channel_->close(Status::unavailable("rollout worker closed"));
     for (auto& t : transports_) t->shutdown();
@@ -63,10 +69,12 @@ class RolloutWorkerImpl final : public RolloutWorker {
     for (auto& t : transports) {
       // nccl and cuda_ipc hand the callback buckets in device memory of their device.
       const Device where = transport::bucket_device(t->capabilities());
-      auto blob = t->listen([this, where](const uint8_t* d, size_t n) { return on_bucket(d, n, where); },
+      // Only the senders the coordinator announced for the current update are admitted (auth.h).
+      auto blob = t->listen([this, where](const transport::ReceivedBucket& b) { return on_bucket(b, where); },
                             [](const Status& why) {
                               if (!why.ok()) FERRY_LOG_WARN("data connection closed: {}", why.message());
-                            });
+                            },
+                            [this](std::string_view credential) { return admit(credential); });
       if (!blob.ok()) {
         FERRY_LOG_INFO("not listening on {}: {}", t->name(), blob.status().message());
         continue;
@@ -84,16 +92,18 @@ class RolloutWorkerImpl final : public RolloutWorker {
     channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { on_message(e); },
                     [this](const std::shared_ptr<Channel>&, const Status& why) { on_closed(why); });
     wire::Envelope hello;
-    auto* h = hello.mutable_hello();
-    h->set_role("rollout");
-    to_wire(options_.spec, h->mutable_spec());
-    for (const auto& e : endpoints_) *h->add_endpoints() = e;
-    h->set_pid(static_cast<int32_t>(getpid()));
-    h->set_storage_device(device_.to_string());
-    FERRY_RETURN_IF_ERROR(
-        join(*channel_, welcome_, std::move(hello),
-             std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_))
-            .status());
+    hello.mutable_hello()->set_role("rollout");
+    hello.mutable_hello()->set_pid(static_cast<int32_t>(getpid()));
+    wire::Envelope registration;
+    auto* r = registration.mutable_registration();
+    to_wire(options_.spec, r->mutable_spec());
+    for (const auto& e : endpoints_) *r->add_endpoints() = e;
+    r->set_storage_device(device_.to_string());
+    FERRY_ASSIGN_OR_RETURN(
+        wire::Welcome welcome,
+        join(*channel_, welcome_, std::move(hello), std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_),
+             registration));
+    member_id_ = welcome.member_id();
     heartbeat_ = std::make_unique<Heartbeat>(channel_, std::chrono::milliseconds(std::max<int64_t>(timeout_ms_ / 4, 1)));
     return ok_status();
   }
@@ -116,7 +126,17 @@ class RolloutWorkerImpl final : public RolloutWorker {
     if (!closed_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return closed_; })) {
       return Status::deadline_exceeded("coordinator still connected");
     }
-    return ok_status();
+    return ended_;
+  }
+
+  Status resume() override {
+    const uint64_t v = version_.load();
+    if (!consistent_.load()) {
+      return Status::failed_precondition(
+          fmt::format("resume(): this rank holds no complete version (last complete v{}); it waits for an update", v));
+    }
+    if (!paused_.load()) return ok_status();
+    return run_resume_hook(v);
   }
 
  private:
@@ -130,11 +150,21 @@ class RolloutWorkerImpl final : public RolloutWorker {
       case wire::Envelope::kFinalize: return on_finalize(env.finalize());
       case wire::Envelope::kResume: return on_resume(env.resume());
       case wire::Envelope::kAbort: return on_abort(env.abort());
+      case wire::Envelope::kGoodbye: {
+        std::lock_guard<std::mutex> lock(closed_mu_);
+        goodbye_ = true;
+        return;
+      }
       default: FERRY_LOG_WARN("unexpected control message {}", static_cast<int>(env.body_case()));
     }
   }
 
   void on_pause(const wire::Pause& p) {
+    {
+      std::lock_guard<std::mutex> lock(senders_mu_);
+      senders_.clear();
+      for (const auto& s : p.senders()) senders_[s.member_id()] = s.key();
+    }
     Status st;
     if (options_.pause) st = options_.pause(PauseRequest{p.version(), p.mode(), p.clear_cache()});
     paused_ = true;
@@ -209,17 +239,29 @@ class RolloutWorkerImpl final : public RolloutWorker {
     // The version is set before the hook runs: code the hook wakes must read the new version.
     version_ = r.version();
     consistent_ = true;
+    run_resume_hook(r.version()).ignore_error();
+  }
+
+  // Runs the engine's resume hook and tells the coordinator how it went. A failing hook leaves the
+  // rank paused, at `version` complete, and its replica not serving (the update fails, naming it).
+  Status run_resume_hook(uint64_t version) {
     Status st;
-    if (options_.resume) st = options_.resume(r.version());
-    if (!st.ok()) FERRY_LOG_ERROR("resume hook failed at v{}: {}", r.version(), st.message());
-    {
-      std::lock_guard<std::mutex> lock(serve_mu_);
-      paused_ = false;
+    if (options_.resume) st = options_.resume(version);
+    if (!st.ok()) {
+      FERRY_LOG_ERROR("resume hook failed at v{}: {}; this rank stays paused (RolloutWorker::resume() retries it)",
+                      version, st.message());
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(serve_mu_);
+        paused_ = false;
+      }
+      serve_cv_.notify_all();
     }
-    serve_cv_.notify_all();
     wire::Envelope env;
-    env.mutable_resume_ack()->set_version(r.version());
+    env.mutable_resume_ack()->set_version(version);
+    to_wire(st, env.mutable_resume_ack()->mutable_status());
     reply(env);
+    return st;
   }
 
   void on_abort(const wire::Abort& a) {
@@ -249,9 +291,11 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   void on_closed(const Status& why) {
+    bool mid_update = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (engine_->in_update()) {
+      mid_update = engine_->in_update();
+      if (mid_update) {
         engine_->abort();
         consistent_ = false;
       }
@@ -260,14 +304,47 @@ class RolloutWorkerImpl final : public RolloutWorker {
     {
       std::lock_guard<std::mutex> lock(closed_mu_);
       closed_ = true;
+      if (!goodbye_ && !closing_) {
+        // The coordinator went away without ending the job: say in what state it left this rank.
+        const uint64_t v = version_.load();
+        const std::string state =
+            !consistent_.load()
+                ? (mid_update ? fmt::format("paused on an incomplete version (update v{} was under way; no complete "
+                                            "version in storage since v{})",
+                                            update_version_, v)
+                              : fmt::format("paused, holding no complete version (last complete v{})", v))
+            : paused_.load() ? fmt::format("paused at v{} complete", v)
+                             : fmt::format("serving v{} complete", v);
+        ended_ = Status::unavailable(fmt::format("lost the coordinator ({}); this rank is {}", why.message(), state));
+        FERRY_LOG_ERROR("{}", ended_.message());
+      }
     }
     closed_cv_.notify_all();
   }
 
+  // Admits a data connection that proves it is a sender of this rank's current update (auth.h);
+  // runs on a transport's thread.
+  Result<int64_t> admit(std::string_view credential) {
+    std::lock_guard<std::mutex> lock(senders_mu_);
+    FERRY_ASSIGN_OR_RETURN(int sender, check_data_credential(credential, member_id_, [&](int id) -> const std::string* {
+                             auto it = senders_.find(id);
+                             return it == senders_.end() ? nullptr : &it->second;
+                           }));
+    return static_cast<int64_t>(sender);
+  }
+
   // Runs on the transport's thread.
-  Status on_bucket(const uint8_t* data, size_t size, Device where) {
+  Status on_bucket(const transport::ReceivedBucket& bucket, Device where) {
+    const uint8_t* data = bucket.data;
+    const size_t size = bucket.size;
     wire::BucketHeader header;
     Status st = where.is_cpu() ? decode_bucket(data, size, &header) : decode_device_bucket(data, size, where, &header);
+    // A bucket belongs to the sender that proved itself on its connection, and that sender to the
+    // current update (a connection admitted for an earlier update's trainer stays open).
+    if (st.ok() && header.sender() != bucket.peer) {
+      st = Status::unauthenticated(fmt::format("a bucket says it is from member {} on the connection of member {}",
+                                               header.sender(), bucket.peer));
+    }
     if (st.ok() && verify_ && header.checksum() == 0) {
       st = Status::data_loss(fmt::format("bucket {} carries no checksum while FERRY_VERIFY=1", header.seq()));
     }
@@ -281,6 +358,13 @@ class RolloutWorkerImpl final : public RolloutWorker {
     if (st.ok() && (header.version() != update_version_ || !engine_->in_update())) {
       st = Status::failed_precondition(fmt::format("bucket of update v{} while this rank is at v{}{}", header.version(),
                                                    update_version_, engine_->in_update() ? "" : " (no update open)"));
+    }
+    if (st.ok()) {
+      std::lock_guard<std::mutex> senders_lock(senders_mu_);
+      if (!senders_.count(header.sender())) {
+        st = Status::unauthenticated(fmt::format(
+            "a bucket of update v{} from member {}, which is no sender of this update", header.version(), header.sender()));
+      }
     }
     for (int i = 0; st.ok() && i < header.allocations_size(); ++i) {
       st = announce(header.allocations(i));
@@ -412,9 +496,16 @@ class RolloutWorkerImpl final : public RolloutWorker {
   std::mutex serve_mu_;
   std::condition_variable serve_cv_;
 
+  int member_id_ = 0;
+  std::mutex senders_mu_;
+  std::map<int, std::string> senders_;  // member id -> data key, of the current update's senders
+
   std::mutex closed_mu_;
   std::condition_variable closed_cv_;
   bool closed_ = false;
+  bool goodbye_ = false;  // the coordinator ended the job
+  bool closing_ = false;  // this worker is being destroyed
+  Status ended_;          // how the connection to the coordinator ended (OK: the job ended)
 };
 
 }  // namespace

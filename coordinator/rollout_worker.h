@@ -52,8 +52,13 @@ class RolloutWorker {
   // while paused should wait: wait_serving() blocks until the rank serves again.
   virtual bool paused() const = 0;
   virtual Status wait_serving(int64_t timeout_ms) = 0;
-  // Blocks until the coordinator closes the connection (the job ended) or `timeout_ms` passes.
+  // Blocks until the connection to the coordinator ends, or `timeout_ms` passes (DeadlineExceeded).
+  // Then: OK when the coordinator ended the job; Unavailable when it was lost (killed, network),
+  // with the state it left this rank in (paused on an incomplete version, or serving one).
   virtual Status wait_closed(int64_t timeout_ms) = 0;
+  // Runs the resume hook again after it failed at the end of an update (the rank stays paused, its
+  // replica not serving, until this or a later update succeeds) and tells the coordinator.
+  virtual Status resume() = 0;
 };
 
 }  // namespace ferry::coordinator

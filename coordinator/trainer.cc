@@ -10,7 +10,9 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "core/log.h"
 #include "core/settings.h"
+#include "coordinator/auth.h"
 #include "coordinator/bucket_sender.h"
 #include "coordinator/channel.h"
 #include "coordinator/coordinator.h"
@@ -90,7 +92,9 @@ class TrainerImpl final : public Trainer {
     wire::Envelope hello;
     hello.mutable_hello()->set_role("trainer");
     hello.mutable_hello()->set_pid(static_cast<int32_t>(getpid()));
-    FERRY_RETURN_IF_ERROR(join(*channel_, mailbox_, std::move(hello), deadline()).status());
+    FERRY_ASSIGN_OR_RETURN(wire::Welcome welcome, join(*channel_, mailbox_, std::move(hello), deadline()));
+    member_id_ = welcome.member_id();
+    data_key_ = welcome.data_key();
     heartbeat_ = std::make_unique<Heartbeat>(channel_, std::chrono::milliseconds(std::max<int64_t>(timeout_ms_ / 4, 1)));
     return ok_status();
   }
@@ -131,6 +135,7 @@ class TrainerImpl final : public Trainer {
       return st;
     }
     accepted_digest_ = digest;
+    version_ = version;  // open at the coordinator from here: any failure below ends it there
     pause_seconds_ = since(t_start_);
     const auto t_plan = Clock::now();
     std::vector<int> members;
@@ -139,10 +144,11 @@ class TrainerImpl final : public Trainer {
     for (const auto& m : r.ranks()) {
       // A member's spec comes once; it never changes (a rejoining rank is a new member).
       if (m.has_spec()) {
-        FERRY_ASSIGN_OR_RETURN(auto spec, from_wire(m.spec()));
-        specs_[m.member_id()] = std::move(spec);
+        auto spec = from_wire(m.spec());
+        if (!spec.ok()) return end_open_update(spec.status());
+        specs_[m.member_id()] = std::move(*spec);
       } else if (!specs_.contains(m.member_id())) {
-        return Status::internal(fmt::format("the coordinator sent no spec for member {}", m.member_id()));
+        return end_open_update(Status::internal(fmt::format("the coordinator sent no spec for member {}", m.member_id())));
       }
       members.push_back(m.member_id());
       endpoints.emplace_back(m.endpoints().begin(), m.endpoints().end());
@@ -155,14 +161,21 @@ class TrainerImpl final : public Trainer {
       index_.clear();
       for (size_t i = 0; i < manifest_.size(); ++i) index_[manifest_[i].name] = i;
       auto plan = plans_.get(manifest_, ranks_, {sharding::SenderInfo{}});
-      if (!plan.ok()) return plan.status();
+      if (!plan.ok()) return end_open_update(plan.status());
       plan_ = *plan;
       plan_members_ = members;
       plan_digest_ = digest;
     }
     plan_seconds_ = since(t_plan);
-    FERRY_RETURN_IF_ERROR(sender_->prepare(version, plan_, ranks_, endpoints, storage_devices));
-    version_ = version;
+    BucketSender::Identity identity{member_id_, {}};
+    for (int id : members) {
+      auto credential = data_credential(data_key_, member_id_, id);
+      if (!credential.ok()) return end_open_update(credential.status());
+      identity.credentials.push_back(std::move(*credential));
+    }
+    if (Status st = sender_->prepare(version, plan_, ranks_, endpoints, storage_devices, std::move(identity)); !st.ok()) {
+      return end_open_update(st);
+    }
     sent_.assign(manifest_.size(), false);
     failure_ = Status();
     in_update_ = true;
@@ -190,6 +203,14 @@ class TrainerImpl final : public Trainer {
       FERRY_RETURN_IF_ERROR(send(name, *t));
     }
     return ok_status();
+  }
+
+  Status abort_weight_update(const std::string& reason) override {
+    if (!in_update_) return Status::failed_precondition("abort_weight_update: no update is open");
+    in_update_ = false;
+    sender_->finish(Status::aborted("aborted by the trainer")).ignore_error();
+    progress_shown_ = false;
+    return tell_abort(reason);
   }
 
   Result<UpdateReport> finish_weight_update() override {
@@ -230,6 +251,29 @@ class TrainerImpl final : public Trainer {
   }
 
  private:
+  // The coordinator opened update version_ but this trainer cannot send it: end it there, so the
+  // ranks learn at once (and roll back or stay paused) and the next start is not refused.
+  Status end_open_update(const Status& why) {
+    Status told = tell_abort(why.message());
+    if (!told.ok()) FERRY_LOG_WARN("could not end update v{} at the coordinator: {}", version_, told.message());
+    return why;
+  }
+
+  // Asks the coordinator to abort update version_ and waits for its answer. OK once the update is
+  // over, also when it had already failed on its own (that failure is logged).
+  Status tell_abort(const std::string& reason) {
+    wire::Envelope env;
+    env.mutable_abort_update()->set_version(version_);
+    env.mutable_abort_update()->set_reason(reason);
+    channel_->send(env);
+    FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kFinishReply, deadline(2), "abort reply"));
+    Status st = from_wire(reply.finish_reply().status());
+    if (st.code() == StatusCode::kAborted) return ok_status();
+    if (st.code() == StatusCode::kFailedPrecondition) return st;
+    FERRY_LOG_WARN("update v{} had already failed before the abort: {}", version_, st.message());
+    return ok_status();
+  }
+
   Clock::time_point deadline(int factor = 1) const {
     return Clock::now() + std::chrono::milliseconds(timeout_ms_ * factor);
   }
@@ -274,6 +318,8 @@ class TrainerImpl final : public Trainer {
   std::unique_ptr<Heartbeat> heartbeat_;
   Mailbox mailbox_;
   int64_t timeout_ms_ = 0;
+  int member_id_ = 0;
+  std::string data_key_;  // proves this trainer's data connections to ranks (auth.h)
 
   std::unique_ptr<BucketSender> sender_;
   sharding::PlanCache plans_;

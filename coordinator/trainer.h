@@ -99,6 +99,10 @@ class Trainer {
   virtual Status update_weights(WeightSource& source) = 0;
   // Waits until every rank holds the complete version, resumes them together, and reports.
   virtual Result<UpdateReport> finish_weight_update() = 0;
+  // Ends the open update without finishing it (after a failed send, say): the ranks stay paused and
+  // inconsistent, or with FERRY_ROLLBACK=host restore their previous version and resume on it. OK
+  // once the update is over; FailedPrecondition when none is open.
+  virtual Status abort_weight_update(const std::string& reason) = 0;
 };
 
 }  // namespace ferry::coordinator

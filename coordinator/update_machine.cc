@@ -21,8 +21,9 @@ std::string Member::describe() const {
   return fmt::format("{} member {}", role, id);
 }
 
-UpdateMachine::UpdateMachine(boost::asio::io_context& io, MemberTable& members, int64_t timeout_ms)
-    : io_(io), members_(members), timeout_ms_(timeout_ms), timer_(io) {}
+UpdateMachine::UpdateMachine(boost::asio::io_context& io, MemberTable& members, const ReplicaTable& replicas,
+                             int64_t timeout_ms)
+    : io_(io), members_(members), replicas_(replicas), timeout_ms_(timeout_ms), timer_(io) {}
 
 const char* UpdateMachine::phase() const {
   switch (phase_) {
@@ -91,19 +92,13 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
     cache.digest = s.manifest_digest();
     cache.checked_for.clear();
   }
-  const std::set<int> wanted(s.replicas().begin(), s.replicas().end());
-  std::set<int> participants;
-  for (auto& [id, m] : members_) {
-    if (m.role != "rollout" || (!wanted.empty() && !wanted.count(m.spec.replica))) continue;
-    if (s.version() <= m.version) {
-      return refuse(Status::invalid_argument(fmt::format("version {} is not above the current version {} of {}",
-                                                         s.version(), m.version, m.describe())));
-    }
-    participants.insert(id);
+  if (!s.pause_mode().empty() && s.pause_mode() != "abort" && s.pause_mode() != "wait" && s.pause_mode() != "keep") {
+    return refuse(Status::invalid_argument(
+        fmt::format("pause mode '{}' is not one of abort, wait, keep", s.pause_mode())));
   }
-  if (participants.empty()) {
-    return refuse(Status::failed_precondition("no rollout rank of the requested replicas has joined"));
-  }
+  auto who = participants_for(s);
+  if (!who.ok()) return refuse(who.status());
+  std::set<int> participants = std::move(*who);
   // Every mismatch fails here, before any rank pauses and before one byte moves. A member's spec
   // never changes (a rejoining rank is a new member), so a manifest checked against these members
   // (same digest) needs no second check.
@@ -119,6 +114,7 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
   version_ = s.version();
   pending_failure_ = Status();
   acked_.clear();
+  resume_failures_.clear();
   phase_ = Phase::kPausing;
   started_ = phase_start_ = Clock::now();
   report_ = wire::FinishReply{};
@@ -126,11 +122,48 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
   pause.mutable_pause()->set_version(s.version());
   pause.mutable_pause()->set_mode(s.pause_mode().empty() ? "abort" : s.pause_mode());
   pause.mutable_pause()->set_clear_cache(s.clear_cache());
+  auto* sender = pause.mutable_pause()->add_senders();
+  sender->set_member_id(trainer.id);
+  sender->set_key(trainer.data_key);
   for (int id : participants_) {
     members_.at(id).state = "pausing";
     members_.at(id).channel->send(pause);
   }
   arm_timer("pause");
+}
+
+Result<std::set<int>> UpdateMachine::participants_for(const wire::StartUpdate& s) const {
+  std::set<int> wanted(s.replicas().begin(), s.replicas().end());
+  if (wanted.empty()) {
+    for (const auto& [replica, info] : replicas_) wanted.insert(replica);
+  }
+  std::set<int> participants;
+  for (int replica : wanted) {
+    auto info = replicas_.find(replica);
+    if (info == replicas_.end()) {
+      return Status::failed_precondition(fmt::format("replica {} has no rank that ever joined; nothing was paused", replica));
+    }
+    const auto ranks = replica_ranks(members_, replica);
+    for (int k = 0; k < info->second.tp_size; ++k) {
+      auto it = ranks.find(k);
+      if (it == ranks.end()) {
+        auto why = info->second.left.find(k);
+        return Status::failed_precondition(fmt::format(
+            "replica {} is missing rank {} of {} ({}); nothing was paused. Start the rank again, or update the other "
+            "replicas alone (UpdateOptions.replicas)",
+            replica, k, info->second.tp_size,
+            why == info->second.left.end() ? "it has not joined" : "it left: " + why->second));
+      }
+      const Member& m = members_.at(it->second);
+      if (s.version() <= m.version) {
+        return Status::invalid_argument(
+            fmt::format("version {} is not above the current version {} of {}", s.version(), m.version, m.describe()));
+      }
+      participants.insert(it->second);
+    }
+  }
+  if (participants.empty()) return Status::failed_precondition("no rollout rank has joined");
+  return participants;
 }
 
 void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
@@ -211,22 +244,66 @@ void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
 }
 
 void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
-  if (phase_ != Phase::kResuming || a.version() != version_ || !participants_.count(m.id)) return;
-  acked_.insert(m.id);
+  const Status hook = from_wire(a.status());
+  if (phase_ != Phase::kResuming || a.version() != version_ || !participants_.count(m.id)) {
+    // A rank whose hook failed retried it on its own (RolloutWorker::resume()).
+    if (m.state == "resume-failed" && a.version() == m.version && hook.ok()) {
+      m.state = "serving";
+      FERRY_LOG_WARN("{} resumed at v{} after its resume hook had failed", m.describe(), m.version);
+    }
+    return;
+  }
+  if (!acked_.insert(m.id).second) return;
   m.version = version_;
-  m.consistent = true;
-  m.state = "serving";
+  m.consistent = true;  // its storage holds the complete version either way
+  m.state = hook.ok() ? "serving" : "resume-failed";
+  if (!hook.ok()) {
+    resume_failures_.push_back(fmt::format("{}: {}", m.describe(), hook.message()));
+    FERRY_LOG_ERROR("resume hook of {} failed at v{}: {}", m.describe(), version_, hook.message());
+  }
   if (acked_.size() < participants_.size()) return;
   timer_.cancel();
   report_.set_resume_seconds(since(phase_start_));
-  to_wire(ok_status(), report_.mutable_status());
   report_.set_version(version_);
   report_.set_ranks(static_cast<int32_t>(participants_.size()));
-  record(true, "");
+  if (!resume_failures_.empty()) {
+    // Every rank holds the new version; the failing ranks' replicas do not serve. The others resumed.
+    std::string lines;
+    for (const auto& f : resume_failures_) lines += "; " + f;
+    const Status st = Status::unavailable(fmt::format(
+        "the resume hook failed on {} rank(s) at v{}{}. Their replicas hold v{} but are not serving until a later "
+        "update or the rank's resume() succeeds; the other replicas resumed",
+        resume_failures_.size(), version_, lines, version_));
+    to_wire(st, report_.mutable_status());
+    record(false, st.message());
+  } else {
+    to_wire(ok_status(), report_.mutable_status());
+    record(true, "");
+  }
   wire::Envelope env;
   *env.mutable_finish_reply() = report_;
   send_to_trainer(env);
   phase_ = Phase::kIdle;
+}
+
+void UpdateMachine::on_abort_request(Member& trainer, const wire::AbortUpdate& a) {
+  wire::Envelope reply;
+  auto* r = reply.mutable_finish_reply();
+  r->set_version(a.version());
+  if (phase_ == Phase::kTransferring && trainer.id == trainer_ && a.version() == version_) {
+    const Status why = Status::aborted(fmt::format("the trainer aborted update v{}{}{}", version_,
+                                                   a.reason().empty() ? "" : ": ", a.reason()));
+    fail(why);
+    pending_failure_ = Status();
+    to_wire(why, r->mutable_status());
+  } else if (phase_ == Phase::kIdle && a.version() == aborted_version_ && !pending_failure_.ok()) {
+    to_wire(pending_failure_, r->mutable_status());  // it had failed already: that is its end
+    pending_failure_ = Status();
+  } else {
+    to_wire(Status::failed_precondition(fmt::format("no open update v{} of this trainer to abort", a.version())),
+            r->mutable_status());
+  }
+  trainer.channel->send(reply);
 }
 
 void UpdateMachine::on_abort_ack(Member& m, const wire::AbortAck& a) {

@@ -7,6 +7,8 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "core/asio.h"
 #include "coordinator/members.h"
@@ -16,12 +18,18 @@ namespace ferry::coordinator {
 
 class UpdateMachine {
  public:
-  UpdateMachine(boost::asio::io_context& io, MemberTable& members, int64_t timeout_ms);
+  UpdateMachine(boost::asio::io_context& io, MemberTable& members, const ReplicaTable& replicas, int64_t timeout_ms);
 
   void on_start(Member& trainer, const wire::StartUpdate& s);
   void on_pause_ack(Member& m, const wire::PauseAck& a);
   void on_finish(Member& trainer, const wire::FinishUpdate& f);
+  // The trainer ends its open update (Trainer::abort_weight_update): the ranks get an Abort as for
+  // any failure, and the trainer a FinishReply carrying Aborted.
+  void on_abort_request(Member& trainer, const wire::AbortUpdate& a);
   void on_finalized(Member& m, const wire::Finalized& f);
+  // A rank whose resume hook fails holds the complete version but does not serve: the update fails
+  // (naming it) once every rank answered, and its replica is not serving until a later update, or
+  // the rank's own retry (an unasked ResumeAck), succeeds.
   void on_resume_ack(Member& m, const wire::ResumeAck& a);
   // After an abort: ranks that restored their previous version (FERRY_ROLLBACK=host) resume it
   // together, replica by replica, once every rank of the replica has.
@@ -44,7 +52,12 @@ class UpdateMachine {
   void send_to_trainer(wire::Envelope& env);
 
   boost::asio::io_context& io_;
+  // The participants of an update starting now, or why it cannot: every rank of every replica it
+  // names (all known replicas when it names none) must be a member.
+  Result<std::set<int>> participants_for(const wire::StartUpdate& s) const;
+
   MemberTable& members_;
+  const ReplicaTable& replicas_;
   int64_t timeout_ms_;
   boost::asio::steady_timer timer_;
 
@@ -55,6 +68,7 @@ class UpdateMachine {
   int trainer_ = 0;
   std::set<int> participants_;
   std::set<int> acked_;
+  std::vector<std::string> resume_failures_;  // of this update, one line per rank
   std::set<int> aborted_;      // participants of the last aborted update, still to answer
   std::set<int> rolled_back_;  // of those, the ranks that restored their previous version
   std::chrono::steady_clock::time_point started_, phase_start_;

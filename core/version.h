@@ -4,6 +4,6 @@ namespace ferry {
 
 inline constexpr const char* kVersion = "0.1.0";
 // Bumped whenever a control-plane message changes incompatibly; checked on join.
-inline constexpr int kProtocolVersion = 1;
+inline constexpr int kProtocolVersion = 2;
 
 }  // namespace ferry

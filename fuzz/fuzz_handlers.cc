@@ -1,11 +1,14 @@
 // The coordinator's message handling without sockets: arbitrary bytes become a conversation of up to
-// kSlots members with one coordinator, fed through the real frame decoder, the hello checks the
-// coordinator makes (protocol version, token, role, the rank spec's wire conversion) and the real
-// UpdateMachine with its member table.
+// kSlots connections with one coordinator, fed through the real frame decoder into the real
+// CoordinatorCore (the admission the coordinator makes: challenge, hello, a rank's registration,
+// the frame cap before authentication, the bound on pending connections) and through it the real
+// UpdateMachine with its member and replica tables.
 //
 // Input: one byte of options (bit 0: every deadline passes as soon as it is armed; bit 1: a token
-// is required), then records. A record is one byte `op`, slot = op % kSlots: with bit 7 set the slot's connection
-// closes (bit 6: by the heartbeat reaper), otherwise one frame from the slot follows.
+// is required), then records. A record is one byte `op`, slot = op % kSlots: with bit 7 set the
+// slot's connection closes (bit 6 too: the reaper runs instead, an hour later); with only bit 6 set
+// the slot's connection opens and stays silent; otherwise one frame from the slot follows (opening
+// its connection first if needed).
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -17,12 +20,9 @@
 
 #include "core/asio.h"
 #include "core/log.h"
-#include "core/version.h"
-#include "coordinator/auth.h"
 #include "coordinator/channel.h"
-#include "coordinator/members.h"
-#include "coordinator/update_machine.h"
-#include "coordinator/wire.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/frame.h"
 
 namespace {
 
@@ -31,100 +31,81 @@ using namespace ferry::coordinator;
 
 constexpr int kSlots = 8;
 constexpr uint64_t kMaxFrame = 1 << 20;
-const std::string kToken = "fuzz-token";
-const std::string kNonce(32, 'n');
+
+CoreOptions options(bool deadlines_pass, bool token) {
+  CoreOptions o;
+  o.timeout_ms = deadlines_pass ? 0 : 3'600'000;
+  o.token = token ? "fuzz-token" : "";
+  o.max_frame = kMaxFrame;
+  o.max_pending = 4;  // small, so that eviction is reached
+  o.nonce = [] { return Result<std::string>(std::string(32, 'n')); };
+  return o;
+}
 
 class Conversation {
  public:
   Conversation(bool deadlines_pass, bool token)
-      : updates_(io_, members_, deadlines_pass ? 0 : 3'600'000), deadlines_pass_(deadlines_pass),
-        token_(token ? kToken : "") {}
+      : core_(io_, options(deadlines_pass, token)), deadlines_pass_(deadlines_pass) {}
 
   ~Conversation() {
-    // Mirrors the coordinator's teardown: the connections close, the machine sees each loss.
+    core_.stop("fuzz ended");
     for (int slot = 0; slot < kSlots; ++slot) close(slot, Status::unavailable("coordinator stopped"));
     run();
   }
 
   void close(int slot, const Status& why) {
-    const int id = ids_[slot];
-    ids_[slot] = 0;
-    auto it = members_.find(id);
-    if (id == 0 || it == members_.end()) return;
-    updates_.on_member_lost(it->second, why);
-    members_.erase(it);
+    auto c = std::move(channels_[slot]);
+    if (c) core_.on_closed(c, why);
   }
 
-  // CoordinatorImpl::on_message, for a connection that already answered the challenge.
-  void on_message(int slot, wire::Envelope& env) {
-    if (ids_[slot] == 0) {
-      if (env.body_case() != wire::Envelope::kHello) return;  // closed: hello expected
-      return on_hello(slot, env.hello());
+  void reap() { core_.reap(std::chrono::steady_clock::now() + std::chrono::hours(1)); }
+
+  void open(int slot) {
+    auto& c = channels_[slot];
+    if (c) return;
+    c = std::make_shared<Channel>(boost::asio::ip::tcp::socket(io_), kPreAuthFrameBytes);
+    if (!core_.on_connect(c).ok()) std::abort();
+  }
+
+  // A frame from `slot`: decoded with the channel's current cap, as Channel::read_header does.
+  bool on_frame(int slot, std::string_view& rest) {
+    open(slot);
+    auto& c = channels_[slot];
+    wire::Envelope env;
+    auto used = decode_frame(rest, c->max_frame(), "fuzz", &env);
+    if (!used.ok()) {
+      close(slot, used.status());
+      return false;
     }
-    Member& m = members_.at(ids_[slot]);
-    switch (env.body_case()) {
-      case wire::Envelope::kHeartbeat:
-      case wire::Envelope::kStatusRequest: return;
-      case wire::Envelope::kStartUpdate: return updates_.on_start(m, env.start_update());
-      case wire::Envelope::kPauseAck: return updates_.on_pause_ack(m, env.pause_ack());
-      case wire::Envelope::kFinishUpdate: return updates_.on_finish(m, env.finish_update());
-      case wire::Envelope::kFinalized: return updates_.on_finalized(m, env.finalized());
-      case wire::Envelope::kResumeAck: return updates_.on_resume_ack(m, env.resume_ack());
-      case wire::Envelope::kAbortAck: return updates_.on_abort_ack(m, env.abort_ack());
-      default: return close(slot, Status::invalid_argument("unexpected message"));
-    }
+    rest.remove_prefix(*used);
+    core_.on_message(c, env);
+    return true;
   }
 
   // Runs what the last record queued. Deadlines of an hour never pass here; deadlines of 0 ms are
-  // waited for in every phase that arms one (all but idle and transferring), so that the outcome
-  // does not depend on timing.
+  // waited for in every phase that arms one, so that the outcome does not depend on timing.
   void run() {
     io_.restart();  // a poll that found no work stopped the context
     io_.poll();
     for (int i = 0; deadlines_pass_ && i < 100 && waits_on_deadline(); ++i) {
       io_.run_one_for(std::chrono::seconds(1));
     }
+    // A channel the core closed reads nothing more; its closed callback reaches the core.
+    for (int slot = 0; slot < kSlots; ++slot) {
+      if (channels_[slot] && channels_[slot]->is_closed()) close(slot, Status::unavailable("closed"));
+    }
   }
 
  private:
-  // CoordinatorImpl::on_hello's checks, in its order.
-  void on_hello(int slot, const wire::Hello& h) {
-    if (h.protocol_version() != kProtocolVersion) return;
-    if (!token_.empty() && !check_answer(token_, kNonce, h.auth())) return;
-    Member m;
-    m.id = next_id_++;
-    m.channel = std::make_shared<Channel>(boost::asio::ip::tcp::socket(io_), kMaxFrame);
-    m.role = h.role();
-    if (m.role == "rollout") {
-      auto spec = from_wire(h.spec());
-      if (!spec.ok()) return;
-      m.spec = std::move(*spec);
-      // What the coordinator hands the trainer later must convert back.
-      wire::RankSpec again;
-      to_wire(m.spec, &again);
-      if (!from_wire(again).ok()) std::abort();
-      m.endpoints.assign(h.endpoints().begin(), h.endpoints().end());
-      if (m.endpoints.empty()) return;
-    } else if (m.role != "trainer" && m.role != "observer") {
-      return;
-    } else {
-      m.state = "connected";
-    }
-    ids_[slot] = m.id;
-    members_.emplace(m.id, std::move(m));
-  }
-
   bool waits_on_deadline() const {
-    return updates_.in_update() && std::string_view(updates_.phase()) != "transferring";
+    const std::string phase = core_.status().phase();
+    return phase != "idle" && phase != "transferring";
   }
 
   boost::asio::io_context io_;  // declared first: outlives the channels and the machine's timer
-  MemberTable members_;
-  UpdateMachine updates_;
+  CoordinatorCore core_;
   bool deadlines_pass_;
-  std::string token_;
-  int ids_[kSlots] = {};
-  int next_id_ = 1;
+  std::shared_ptr<Channel> channels_[kSlots];
 };
 
 }  // namespace
@@ -144,16 +125,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     rest.remove_prefix(1);
     const int slot = op % kSlots;
     if (op & 0x80) {
-      c.close(slot, (op & 0x40) ? Status::deadline_exceeded("no heartbeat") : Status::unavailable("peer closed"));
-    } else {
-      wire::Envelope env;
-      auto used = decode_frame(rest, kMaxFrame, "fuzz", &env);
-      if (!used.ok()) {
-        c.close(slot, used.status());
-        break;
+      if (op & 0x40) {
+        c.reap();
+      } else {
+        c.close(slot, Status::unavailable("peer closed"));
       }
-      rest.remove_prefix(*used);
-      c.on_message(slot, env);
+    } else if (op & 0x40) {
+      c.open(slot);
+    } else if (!c.on_frame(slot, rest)) {
+      break;
     }
     c.run();
   }

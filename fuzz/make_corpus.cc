@@ -38,12 +38,10 @@ void meta(wire::TensorMeta* t, const std::string& name, std::vector<int64_t> sha
   for (int64_t d : shape) t->add_shape(d);
 }
 
-// A rollout rank of a TP-2 replica holding half the rows of one 4x4 tensor.
-wire::Envelope hello_rollout(int replica, int tp_rank) {
+// The registration of a rollout rank of a TP-2 replica holding half the rows of one 4x4 tensor.
+wire::Envelope registration(int replica, int tp_rank) {
   wire::Envelope e;
-  auto* h = e.mutable_hello();
-  h->set_protocol_version(kProtocolVersion);
-  h->set_role("rollout");
+  auto* h = e.mutable_registration();
   auto* s = h->mutable_spec();
   s->set_replica(replica);
   s->set_tp_rank(tp_rank);
@@ -71,9 +69,9 @@ wire::Envelope hello_rollout(int replica, int tp_rank) {
 }
 
 // The first rank, with its slice offset or its parameter's shape changed to what fuzz_handlers found.
-wire::Envelope hello_rollout_bad(int64_t row, std::vector<int64_t> shape) {
-  wire::Envelope e = hello_rollout(0, 0);
-  auto* p = e.mutable_hello()->mutable_spec()->mutable_params(0);
+wire::Envelope registration_bad(int64_t row, std::vector<int64_t> shape) {
+  wire::Envelope e = registration(0, 0);
+  auto* p = e.mutable_registration()->mutable_spec()->mutable_params(0);
   p->mutable_slices(0)->set_src_offset(0, row);
   p->clear_shape();
   for (int64_t d : shape) p->add_shape(d);
@@ -119,9 +117,18 @@ wire::Envelope finalized(uint64_t version) {
   return e;
 }
 
-wire::Envelope resume_ack(uint64_t version) {
+wire::Envelope resume_ack(uint64_t version, int code = 0) {
   wire::Envelope e;
   e.mutable_resume_ack()->set_version(version);
+  e.mutable_resume_ack()->mutable_status()->set_code(code);
+  if (code) e.mutable_resume_ack()->mutable_status()->set_message("engine failed to resume");
+  return e;
+}
+
+wire::Envelope abort_update(uint64_t version) {
+  wire::Envelope e;
+  e.mutable_abort_update()->set_version(version);
+  e.mutable_abort_update()->set_reason("send failed");
   return e;
 }
 
@@ -148,6 +155,19 @@ class Script {
     bytes_ += encode_frame(e);
     return *this;
   }
+  // A rollout rank's join: its hello, then its registration.
+  Script& join_rank(int slot, int replica, int tp_rank) {
+    return send(slot, hello("rollout")).send(slot, registration(replica, tp_rank));
+  }
+  Script& open(int slot) {
+    bytes_ += static_cast<char>(0x40 | slot);
+    return *this;
+  }
+  Script& raw(int slot, const std::string& frame) {
+    bytes_ += static_cast<char>(slot);
+    bytes_ += frame;
+    return *this;
+  }
   Script& lose(int slot, bool reaped = false) {
     bytes_ += static_cast<char>(0x80 | (reaped ? 0x40 : 0) | slot);
     return *this;
@@ -161,7 +181,7 @@ class Script {
 // Trainer in slot 0, two ranks of replica 0 in slots 1 and 2, all paused for update v1 (transferring).
 Script joined_and_paused() {
   Script s(0);
-  s.send(0, hello("trainer")).send(1, hello_rollout(0, 0)).send(2, hello_rollout(0, 1));
+  s.send(0, hello("trainer")).join_rank(1, 0, 0).join_rank(2, 0, 1);
   s.send(0, start(1)).send(1, pause_ack(1)).send(2, pause_ack(1));
   return s;
 }
@@ -183,7 +203,7 @@ void frames() {
   welcome.mutable_welcome()->set_member_id(3);
 
   put("frame", "challenge", encode_frame(challenge));
-  put("frame", "hello_rollout", encode_frame(hello_rollout(0, 1)));
+  put("frame", "registration", encode_frame(registration(0, 1)));
   put("frame", "hello_trainer", encode_frame(hello("trainer")));
   put("frame", "welcome", encode_frame(welcome));
   put("frame", "start_update", encode_frame(start(7)));
@@ -195,7 +215,7 @@ void frames() {
   put("frame", "status_reply", encode_frame(reply));
   put("frame", "three_frames", encode_frame(status) + encode_frame(heartbeat()) + encode_frame(resume_ack(2)));
 
-  const std::string h = encode_frame(hello_rollout(1, 0));
+  const std::string h = encode_frame(registration(1, 0));
   put("frame", "bad_oversized", u32(0xffffffffu) + "xxxx");
   put("frame", "bad_truncated_body", h.substr(0, h.size() / 2));
   put("frame", "bad_truncated_header", h.substr(0, 2));
@@ -215,8 +235,8 @@ void handlers() {
                                    .bytes());
   put("handlers", "abort_then_rollback", Script(0)
                                              .send(0, hello("trainer"))
-                                             .send(1, hello_rollout(0, 0))
-                                             .send(2, hello_rollout(0, 1))
+                                             .join_rank(1, 0, 0)
+                                             .join_rank(2, 0, 1)
                                              .send(0, start(1))
                                              .send(1, pause_ack(1, 4))
                                              .send(1, abort_ack(1, true))
@@ -227,14 +247,16 @@ void handlers() {
   put("handlers", "trainer_reaped", joined_and_paused().lose(0, true).send(3, hello("trainer")).bytes());
   put("handlers", "deadlines_pass", Script(1)
                                         .send(0, hello("trainer"))
-                                        .send(1, hello_rollout(0, 0))
+                                        .join_rank(1, 0, 0)
+                                        .join_rank(2, 0, 1)
                                         .send(0, start(1))
                                         .send(1, abort_ack(1, true))
                                         .send(0, start(2))
                                         .bytes());
   put("handlers", "bad_manifest", Script(0)
                                       .send(0, hello("trainer"))
-                                      .send(1, hello_rollout(0, 0))
+                                      .join_rank(1, 0, 0)
+                                      .join_rank(2, 0, 1)
                                       .send(0, start(1, {4, 5}))
                                       .send(0, start(1))
                                       .send(0, start(2))
@@ -242,10 +264,34 @@ void handlers() {
   put("handlers", "second_start_and_bad_finish",
       joined_and_paused().send(0, start(5)).send(0, finish(1, 3)).send(0, finish(9, 2)).bytes());
   put("handlers", "regress_slice_offset_overflow",
-      Script(0).send(0, hello("trainer")).send(1, hello_rollout_bad(INT64_MAX, {2, 4})).send(0, start(1)).bytes());
+      Script(0).send(0, hello("trainer")).send(1, hello("rollout")).send(1, registration_bad(INT64_MAX, {2, 4})).send(0, start(1)).bytes());
   put("handlers", "regress_shape_overflow",
-      Script(0).send(0, hello("trainer")).send(1, hello_rollout_bad(0, {INT64_C(1) << 61, 4})).send(0, start(1)).bytes());
-  put("handlers", "token_required", Script(2).send(0, hello("trainer")).send(1, hello_rollout(0, 0)).bytes());
+      Script(0).send(0, hello("trainer")).send(1, hello("rollout")).send(1, registration_bad(0, {INT64_C(1) << 61, 4})).send(0, start(1)).bytes());
+  put("handlers", "token_required", Script(2).send(0, hello("trainer")).join_rank(1, 0, 0).bytes());
+  put("handlers", "resume_hook_fails_then_retried", joined_and_paused()
+                                                        .send(0, finish(1, 2))
+                                                        .send(1, finalized(1))
+                                                        .send(2, finalized(1))
+                                                        .send(1, resume_ack(1, 14))
+                                                        .send(2, resume_ack(1))
+                                                        .send(1, resume_ack(1))
+                                                        .send(0, start(2))
+                                                        .bytes());
+  put("handlers", "trainer_aborts", joined_and_paused().send(0, abort_update(1)).send(0, abort_update(1)).send(0, start(2)).bytes());
+  put("handlers", "replica_missing_a_rank",
+      Script(0).send(0, hello("trainer")).join_rank(1, 0, 0).join_rank(2, 0, 1).lose(2).send(0, start(1)).bytes());
+  put("handlers", "rank_rejoins_in_place",
+      joined_and_paused().join_rank(3, 0, 1).send(0, finish(1, 2)).send(0, start(2)).bytes());
+  put("handlers", "pending_flood_and_reap", Script(0)
+                                                .send(0, hello("trainer"))
+                                                .open(1)
+                                                .open(2)
+                                                .send(3, hello("rollout"))
+                                                .send(4, heartbeat())
+                                                .join_rank(5, 0, 0)
+                                                .lose(0, true)
+                                                .bytes());
+  put("handlers", "preauth_frame_over_cap", Script(0).raw(1, u32(8192) + std::string(8192, 'x')).send(0, hello("trainer")).bytes());
   put("handlers", "unexpected_and_early", Script(0)
                                               .send(0, start(1))
                                               .send(0, hello("observer"))

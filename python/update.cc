@@ -271,6 +271,16 @@ void init_update(py::module_& m) {
             return take(std::move(r));
           },
           "Waits until every rank holds the version, resumes them together, and returns the UpdateReport.")
+      .def(
+          "abort_weight_update",
+          [](PyTrainer& t, const std::string& reason) {
+            Trainer& tr = t.get();
+            nogil([&] { return tr.abort_weight_update(reason); });
+            t.held.clear();
+          },
+          py::arg("reason") = "aborted by the trainer",
+          "Ends the open update without finishing it (after a failed send, say): the ranks stay paused and "
+          "inconsistent, or roll back with FERRY_ROLLBACK=host. Raises when no update is open.")
       .def("close", &PyTrainer::close, "Stops the trainer (and its embedded coordinator); ranks see the job end.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyTrainer& t, py::args) { t.close(); });
@@ -298,7 +308,15 @@ void init_update(py::module_& m) {
           },
           py::arg("timeout_ms"))
       .def("serve", &serve, py::arg("timeout_ms") = py::none(),
-           "Serves updates until the coordinator closes the job (or timeout_ms passes: DeadlineExceeded).")
+           "Serves updates until the coordinator ends the job (or timeout_ms passes: DeadlineExceeded). "
+           "Raises when the coordinator was lost instead, saying the state it left this rank in.")
+      .def(
+          "resume", [](PyWorker& w) {
+            RolloutWorker& r = w.get();
+            nogil([&] { return r.resume(); });
+          },
+          "Runs the resume hook again after it failed at the end of an update; the replica serves again "
+          "once it succeeds.")
       .def("close", &PyWorker::close)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyWorker& w, py::args) { w.close(); });

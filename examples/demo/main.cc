@@ -76,9 +76,11 @@ int run_rollout(const std::string& coordinator, int rank, int tp, const std::str
   };
   auto worker = ferry::coordinator::RolloutWorker::create(std::move(o));
   if (!worker.ok()) return std::cerr << "rank " << rank << ": " << worker.status().to_string() << "\n", 1;
-  // Serve until the trainer's coordinator goes away.
-  while (!(*worker)->wait_closed(60'000).ok()) {
+  // Serve until the trainer ends the job; a lost coordinator is an error that says where it left us.
+  ferry::Status end;
+  while ((end = (*worker)->wait_closed(60'000)).code() == ferry::StatusCode::kDeadlineExceeded) {
   }
+  if (!end.ok()) return std::cerr << "rank " << rank << ": " << end.to_string() << "\n", 4;
   return 0;
 }
 

@@ -31,8 +31,10 @@ int main(int argc, char** argv) {
     o.storage = &*storage;
     auto worker = coordinator::RolloutWorker::create(std::move(o));
     if (!worker.ok()) return std::cerr << worker.status().to_string() << "\n", 3;
-    while (!(*worker)->wait_closed(60'000).ok()) {
+    Status end;
+    while ((end = (*worker)->wait_closed(60'000)).code() == StatusCode::kDeadlineExceeded) {
     }
+    if (!end.ok()) return std::cerr << end.to_string() << "\n", 4;
     return 0;
   }
   if (role == "trainer") {
