@@ -121,9 +121,14 @@ FERRY_INLINE void f16_loop(const void* __restrict in, uint16_t* __restrict out, 
   }
 }
 
+// NaN to the quiet NaN with its sign, like the other conversions: widening a bf16 alone would keep
+// its payload (a signalling NaN's too).
 template <In K>
 FERRY_INLINE void f32_loop(const void* __restrict in, float* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = widen<K>(in, i);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = f32_bits(widen<K>(in, i));
+    out[i] = f32_from_bits((u & 0x7fffffffu) > 0x7f800000u ? (u & 0x80000000u) | 0x7fc00000u : u);
+  }
 }
 
 // Non-negative f32 order like their bits as signed integers; inf and NaN (>= 0x7f800000) count 0.

@@ -174,6 +174,12 @@ __global__ void __launch_bounds__(kThreads) none_kernel(const void* in, void* ou
   float v[kVec];
   load16<D>(in, i, full, cnt, v);
   if constexpr (O == DType::kF32) {
+    // NaN to the quiet NaN with its sign, as on the CPU: widening a bf16 alone keeps its payload.
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const uint32_t u = __float_as_uint(v[j]);
+      if ((u & 0x7fffffffu) > 0x7f800000u) v[j] = __uint_as_float((u & 0x80000000u) | 0x7fc00000u);
+    }
     float* o = static_cast<float*>(out) + i;
     if (full) {
 #pragma unroll

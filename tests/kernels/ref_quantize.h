@@ -1,6 +1,7 @@
 // The reference quantizer: expected bytes of every storage tensor of a scheme, from reference.h.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -34,13 +35,22 @@ inline std::vector<std::vector<uint8_t>> ref_quantize_matrix(Scheme scheme, cons
   };
   switch (scheme) {
     case Scheme::kNone:
+      // The same dtype is a plain copy (NaN payloads kept); a conversion makes every NaN the quiet
+      // NaN of the storage dtype with the input's sign (encode_bf16 / encode_f16, and here for f32).
       if (none_dtype == in.dtype) return {in.bytes};
       w.resize(dtype_bytes(none_dtype, rows * cols));
       for (int64_t i = 0; i < rows * cols; ++i) {
         const float v = x[i];
-        if (none_dtype == DType::kF32) put<float>(w, static_cast<size_t>(i), v);
-        else if (none_dtype == DType::kBF16) put<uint16_t>(w, static_cast<size_t>(i), testref::encode_bf16(v));
-        else put<uint16_t>(w, static_cast<size_t>(i), testref::encode_f16(v));
+        const size_t at = static_cast<size_t>(i);
+        if (none_dtype == DType::kBF16) {
+          put<uint16_t>(w, at, testref::encode_bf16(v));
+        } else if (none_dtype == DType::kF16) {
+          put<uint16_t>(w, at, testref::encode_f16(v));
+        } else if (std::isnan(v)) {
+          put<uint32_t>(w, at, std::signbit(v) ? 0xFFC00000u : 0x7FC00000u);
+        } else {
+          put<float>(w, at, v);
+        }
       }
       return {w};
     case Scheme::kFp8PerTensor: {

@@ -40,6 +40,35 @@ inline HostTensor empty_like(DType dtype, const Shape& shape) {
   return t;
 }
 
+// Host outputs of a storage layout, each starting as garbage (empty_like), with views on them.
+struct Outputs {
+  std::vector<HostTensor> tensors;
+  std::vector<TensorView> views;
+  std::vector<std::vector<uint8_t>> bytes() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& t : tensors) out.push_back(t.bytes);
+    return out;
+  }
+};
+
+inline Outputs make_outputs(const std::vector<StorageTensor>& layout) {
+  Outputs o;
+  for (const auto& t : layout) o.tensors.push_back(empty_like(t.dtype, t.shape));
+  for (auto& t : o.tensors) o.views.push_back(t.view());
+  return o;
+}
+
+// Every finite bf16 (both zeros and the subnormals included) of magnitude up to that of `ab`.
+inline std::vector<uint16_t> finite_bf16_up_to(uint16_t ab) {
+  const double limit = std::fabs(testref::decode_bf16(ab));
+  std::vector<uint16_t> vals;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const double v = testref::decode_bf16(static_cast<uint16_t>(b));
+    if (std::isfinite(v) && std::fabs(v) <= limit) vals.push_back(static_cast<uint16_t>(b));
+  }
+  return vals;
+}
+
 inline float to_float(double v) { return static_cast<float>(v); }
 
 // Encodes an f32 value into `dtype` with the reference encoder and returns the exact value stored.
@@ -116,7 +145,20 @@ inline HostTensor make_input(DType dtype, const Shape& shape, uint64_t seed) {
   return t;
 }
 
-// Element-wise comparison of two buffers of `dtype`; float dtypes treat any two NaNs as equal.
+// The element's bits as one little-endian hex number ("0x7fc1").
+inline std::string bits_hex(const uint8_t* p, size_t n) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string s = "0x";
+  for (size_t j = n; j-- > 0;) {
+    s += kDigits[p[j] >> 4];
+    s += kDigits[p[j] & 15];
+  }
+  return s;
+}
+
+// Bit-for-bit comparison of two buffers of `dtype`, element by element. NaNs are compared like any
+// other value: their sign and payload are part of what a scheme defines (scheme none's rule in
+// kernels/quantize.h), so two different NaNs are a mismatch.
 inline ::testing::AssertionResult same_bytes(DType dtype, const std::vector<uint8_t>& got,
                                              const std::vector<uint8_t>& want) {
   if (got.size() != want.size()) {
@@ -125,27 +167,26 @@ inline ::testing::AssertionResult same_bytes(DType dtype, const std::vector<uint
   const size_t es = dtype == DType::kF32 ? 4 : (dtype == DType::kBF16 || dtype == DType::kF16) ? 2 : 1;
   for (size_t i = 0; i < got.size(); i += es) {
     if (std::memcmp(&got[i], &want[i], es) == 0) continue;
-    if (es == 4) {
-      float a, b;
-      std::memcpy(&a, &got[i], 4);
-      std::memcpy(&b, &want[i], 4);
-      if (std::isnan(a) && std::isnan(b)) continue;
-    }
-    if (es == 2) {
-      uint16_t a, b;
-      std::memcpy(&a, &got[i], 2);
-      std::memcpy(&b, &want[i], 2);
-      const uint16_t exp = dtype == DType::kBF16 ? 0x7F80 : 0x7C00;
-      const bool na = (a & exp) == exp && (a & ~(exp | 0x8000)), nb = (b & exp) == exp && (b & ~(exp | 0x8000));
-      if (na && nb) continue;
-    }
-    std::string g, w;
-    for (size_t j = 0; j < es; ++j) {
-      g += std::to_string(got[i + j]) + " ";
-      w += std::to_string(want[i + j]) + " ";
-    }
-    return ::testing::AssertionFailure() << "element " << i / es << " differs: got bytes [" << g << "] want [" << w
-                                         << "]";
+    return ::testing::AssertionFailure() << "element " << i / es << " differs: got " << bits_hex(&got[i], es)
+                                         << " want " << bits_hex(&want[i], es);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// f32 buffers equal bit for bit, except that two NaNs of the same sign match whatever their
+// payloads: for dequantize, whose NaN payload no rule fixes (a GPU's arithmetic makes its own).
+inline ::testing::AssertionResult same_f32_nan_sign(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "sizes differ: " << got.size() << " vs " << want.size();
+  }
+  for (size_t i = 0; i < got.size(); i += 4) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want[i], 4);
+    const bool nan_a = (a & 0x7fffffffu) > 0x7f800000u, nan_b = (b & 0x7fffffffu) > 0x7f800000u;
+    if (a == b || (nan_a && nan_b && (a >> 31) == (b >> 31))) continue;
+    return ::testing::AssertionFailure() << "element " << i / 4 << " differs: got " << bits_hex(&got[i], 4)
+                                         << " want " << bits_hex(&want[i], 4);
   }
   return ::testing::AssertionSuccess();
 }
