@@ -151,7 +151,7 @@ TEST(GemmTest, CudaMatchesFloat64Reference) {
         dv.push_back(dw.back().view);
       }
       DeviceTensor dx = to_device(x.bytes, x.dtype, x.shape);
-      DeviceTensor dy = to_device(std::vector<uint8_t>(static_cast<size_t>(m * n * 4), 0), DType::kF32, {m, n});
+      DeviceTensor dy = device_output(DType::kF32, {m, n});  // garbage: the GEMM overwrites y
       Status st = gemm(s, dx.view, dv, w.shards, dy.view);
       ASSERT_TRUE(st.ok()) << st.to_string();
       HostTensor y = empty_like(DType::kF32, {m, n});
@@ -175,7 +175,7 @@ TEST(GemmTest, CudaGptqStaleWorkspaceIsDetected) {
     dv.push_back(dw.back().view);
   }
   DeviceTensor dx = to_device(x.bytes, x.dtype, x.shape);
-  DeviceTensor dy = to_device(std::vector<uint8_t>(static_cast<size_t>(m * n * 4), 0), DType::kF32, {m, n});
+  DeviceTensor dy = device_output(DType::kF32, {m, n});  // garbage: the GEMM overwrites y
   ASSERT_TRUE(gemm(Scheme::kGptqInt4, dx.view, dv, {}, dy.view).ok());
   HostTensor y = empty_like(DType::kF32, {m, n});
   y.bytes = to_host(dy.view);
@@ -237,7 +237,7 @@ TEST(GemmTest, CudaAsyncCapturesIntoAGraph) {
       dv.push_back(dw.back().view);
     }
     DeviceTensor dx = to_device(x.bytes, x.dtype, x.shape);
-    DeviceTensor dy = to_device(std::vector<uint8_t>(static_cast<size_t>(m * n * 4), 0), DType::kF32, {m, n});
+    DeviceTensor dy = device_output(DType::kF32, {m, n});  // garbage: the GEMM overwrites y
     cudaGraph_t graph = nullptr;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
     Status st = gemm_async(s, dx.view, dv, w.shards, dy.view, exec);

@@ -47,6 +47,14 @@ inline DeviceTensor to_device(const std::vector<uint8_t>& bytes, DType dtype, co
   return t;
 }
 
+// A device output of dtype[shape] that starts as garbage, never zeros: a kernel that leaves an
+// element unwritten (a zero it skips, say) must show up. The bytes are 0x5A, not the 0xA5 of the
+// host outputs (empty_like), so an element that both the CPU and the CUDA kernel leave alone
+// differs too.
+inline DeviceTensor device_output(DType dtype, const Shape& shape, size_t offset_bytes = 0) {
+  return to_device(std::vector<uint8_t>(dtype_bytes(dtype, shape_numel(shape)), 0x5A), dtype, shape, offset_bytes);
+}
+
 inline std::vector<uint8_t> to_host(const TensorView& v) {
   std::vector<uint8_t> out(v.nbytes());
 #if defined(FERRY_HAVE_CUDA)

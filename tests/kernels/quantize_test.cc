@@ -130,7 +130,7 @@ TEST_P(QuantizeTest, CudaMatchesCpu) {
       std::vector<DeviceTensor> douts;
       std::vector<TensorView> dviews;
       for (const auto& t : *layout) {
-        douts.push_back(to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0), t.dtype, t.shape));
+        douts.push_back(device_output(t.dtype, t.shape));
         dviews.push_back(douts.back().view);
       }
       Status st = quantize(c.scheme, din.view, shards, dviews);
@@ -138,8 +138,7 @@ TEST_P(QuantizeTest, CudaMatchesCpu) {
       for (size_t i = 0; i < dviews.size(); ++i) {
         EXPECT_TRUE(same_bytes(dviews[i].dtype(), to_host(dviews[i]), cpu.tensors[i].bytes)) << (*layout)[i].suffix;
       }
-      DeviceTensor ddeq = to_device(std::vector<uint8_t>(dtype_bytes(DType::kF32, in.rows() * in.cols()), 0),
-                                    DType::kF32, {in.rows(), in.cols()});
+      DeviceTensor ddeq = device_output(DType::kF32, {in.rows(), in.cols()});
       HostTensor deq = empty_like(DType::kF32, {in.rows(), in.cols()});
       ASSERT_TRUE(dequantize(c.scheme, cpu.views, shards, deq.view()).ok());
       st = dequantize(c.scheme, dviews, shards, ddeq.view);
@@ -169,8 +168,7 @@ TEST_P(QuantizeTest, CudaUnalignedCodesMatchCpu) {
   for (const auto& t : *layout) {
     const bool bytes = dtype_bytes(t.dtype, 1) == 1;
     any = any || bytes;
-    douts.push_back(
-        to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0), t.dtype, t.shape, bytes ? 1 : 0));
+    douts.push_back(device_output(t.dtype, t.shape, bytes ? 1 : 0));
     dviews.push_back(douts.back().view);
   }
   if (!any) GTEST_SKIP() << "no one-byte output";
@@ -220,7 +218,7 @@ TEST(FastQuant, EveryBf16UnderSeveralScalesMatchesCpu) {
       std::vector<DeviceTensor> douts;
       std::vector<TensorView> dviews;
       for (const auto& t : *layout) {
-        douts.push_back(to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0), t.dtype, t.shape));
+        douts.push_back(device_output(t.dtype, t.shape));
         dviews.push_back(douts.back().view);
       }
       ASSERT_TRUE(quantize(scheme, din.view, {}, dviews).ok());
@@ -244,7 +242,7 @@ uint64_t expect_per_tensor_matches_cpu(HostTensor in, const std::vector<int64_t>
   std::vector<DeviceTensor> douts;
   std::vector<TensorView> dviews;
   for (const auto& t : *layout) {
-    douts.push_back(to_device(std::vector<uint8_t>(dtype_bytes(t.dtype, shape_numel(t.shape)), 0xEE), t.dtype, t.shape));
+    douts.push_back(device_output(t.dtype, t.shape));
     dviews.push_back(douts.back().view);
   }
   const uint64_t before = detail::cuda::fused_per_tensor_launches();
