@@ -182,7 +182,8 @@ TEST_P(QuantizeTest, CudaUnalignedCodesMatchCpu) {
 // The CUDA kernels' fast paths (an integer amax of bf16 magnitudes, and x * (1/s) in place of
 // x / s away from rounding midpoints) against the CPU, exhaustively: every finite bf16 of
 // magnitude up to A, under scales from several A (s = A / 448: powers of two, thirds, a huge and a
-// tiny scale where 1/s leaves the safe range), each row led by A, one row with inf and NaN.
+// tiny scale where 1/s leaves the safe range), each row led by A, one row with inf and NaN. The
+// CPU side of the same inputs is checked against the reference in exhaustive_test.cc.
 TEST(FastQuant, EveryBf16UnderSeveralScalesMatchesCpu) {
   FERRY_SKIP_WITHOUT_GPU();
   const int64_t cols = 8192;
