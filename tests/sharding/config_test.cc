@@ -17,6 +17,16 @@ bool has_source(const ModelDesc& d, const std::string& name) {
   return false;
 }
 
+// The element of `list` (a manifest, a rank's params) called `name`, or null: callers assert it is
+// there before they look at it, so an expectation about a missing tensor fails instead of vanishing.
+template <typename List>
+const typename List::value_type* find_named(const List& list, const std::string& name) {
+  for (const auto& x : list) {
+    if (x.name == name) return &x;
+  }
+  return nullptr;
+}
+
 TEST(HfConfig, Llama) {
   auto c = parse_hf_config(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8,
     "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "num_hidden_layers": 2,
@@ -30,6 +40,7 @@ TEST(HfConfig, Llama) {
   auto d = describe_model(*c);
   ASSERT_TRUE(d.ok());
   EXPECT_FALSE(has_source(*d, "lm_head.weight"));  // tied
+  ASSERT_FALSE(d->params.back().sources.empty());
   EXPECT_EQ(d->params.back().sources[0], "model.embed_tokens.weight");
 }
 
@@ -60,14 +71,11 @@ TEST(HfConfig, Qwen3HasQkNormAndExplicitHeadDim) {
   auto d = describe_model(*c);
   ASSERT_TRUE(d.ok());
   const auto m = model_manifest(*d);
-  bool saw = false;
-  for (const auto& t : m) {
-    if (t.name == "model.layers.0.self_attn.q_proj.weight") {
-      EXPECT_EQ(t.shape, (Shape{128, 64}));
-    }
-    saw |= t.name == "model.layers.0.self_attn.q_norm.weight";
-  }
-  EXPECT_TRUE(saw);
+  const auto* q = find_named(m, "model.layers.0.self_attn.q_proj.weight");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->shape, (Shape{128, 64}));  // 8 heads of head_dim 16, not hidden / heads = 8
+  EXPECT_NE(find_named(m, "model.layers.0.self_attn.q_norm.weight"), nullptr);
+  EXPECT_NE(find_named(m, "model.layers.0.self_attn.k_norm.weight"), nullptr);
 }
 
 TEST(HfConfig, Qwen3MoeExpertsAndDenseLayers) {
@@ -85,15 +93,18 @@ TEST(HfConfig, Qwen3MoeExpertsAndDenseLayers) {
   auto rank = model_rank_spec(*d, 1, 2, 2, "fp8_per_channel");
   ASSERT_TRUE(rank.ok()) << rank.status().to_string();
   // EP 2 over TP 2: rank 1 holds experts 2 and 3 whole, and takes no tensor of experts 0 and 1.
-  for (const auto& p : rank->params) {
-    if (p.name == "model.layers.0.mlp.experts.w13_weight") {
-      EXPECT_EQ(p.shape, (Shape{2, 64, 64}));
-    }
-    if (p.name == "model.layers.0.mlp.experts.w2_weight") {
-      EXPECT_EQ(p.shape, (Shape{2, 64, 32}));
+  const auto* w13 = find_named(rank->params, "model.layers.0.mlp.experts.w13_weight");
+  const auto* w2 = find_named(rank->params, "model.layers.0.mlp.experts.w2_weight");
+  ASSERT_NE(w13, nullptr);
+  ASSERT_NE(w2, nullptr);
+  EXPECT_EQ(w13->shape, (Shape{2, 64, 64}));
+  EXPECT_EQ(w2->shape, (Shape{2, 64, 32}));
+  for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
+    for (int e = 0; e < 4; ++e) {
+      const std::string name = "model.layers.0.mlp.experts." + std::to_string(e) + "." + w + ".weight";
+      EXPECT_EQ(find_named(rank->expects, name) != nullptr, e >= 2) << name;
     }
   }
-  for (const auto& t : rank->expects) EXPECT_EQ(t.name.find("experts.0."), std::string::npos) << t.name;
 }
 
 TEST(HfConfig, MixtralExpertNames) {
@@ -141,15 +152,14 @@ TEST(Presets, KimiK2LaysOutOverTp16Ep16) {
   ASSERT_TRUE(d.ok());
   auto r = model_rank_spec(*d, 5, 16, 16, "fp8_block");
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  for (const auto& p : r->params) {
-    if (p.name == "model.layers.7.mlp.experts.w13_weight") {
-      EXPECT_EQ(p.shape, (Shape{24, 4096, 7168}));
-      EXPECT_EQ(p.slices.front().source, "model.layers.7.mlp.experts.120.gate_proj.weight");
-    }
-    if (p.name == "model.layers.7.self_attn.q_b_proj.weight") {
-      EXPECT_EQ(p.shape, (Shape{768, 1536}));
-    }
-  }
+  const auto* w13 = find_named(r->params, "model.layers.7.mlp.experts.w13_weight");
+  ASSERT_NE(w13, nullptr);
+  EXPECT_EQ(w13->shape, (Shape{24, 4096, 7168}));
+  ASSERT_FALSE(w13->slices.empty());
+  EXPECT_EQ(w13->slices.front().source, "model.layers.7.mlp.experts.120.gate_proj.weight");
+  const auto* q_b = find_named(r->params, "model.layers.7.self_attn.q_b_proj.weight");
+  ASSERT_NE(q_b, nullptr);
+  EXPECT_EQ(q_b->shape, (Shape{768, 1536}));
 }
 
 constexpr const char* kTinyMapping = R"({
