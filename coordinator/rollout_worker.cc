@@ -58,7 +58,9 @@ class RolloutWorkerImpl final : public RolloutWorker {
       FERRY_ASSIGN_OR_RETURN(address, setting_string("FERRY_COORDINATOR"));
     }
     if (address.empty()) return Status::invalid_argument("no coordinator address: set FERRY_COORDINATOR=host:port");
-    FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage));
+    reload::EngineOptions eo;
+    eo.none_dtype = options_.storage->none_dtype();  // f32 or f16 storage is written as such
+    FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage, std::move(eo)));
     device_ = options_.storage->device();
     if (device_.is_cuda() && transport::ipc_share_available()) {
       importer_ = std::make_unique<transport::IpcImporter>(device_.index);

@@ -14,6 +14,11 @@ constexpr size_t kHistory = 32;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A rank's error, cause first, then where it happened.
+Status on_rank(const Status& st, const Member& m, const char* step) {
+  return Status(st.code(), fmt::format("{} ({}, {})", st.message(), m.describe(), step));
+}
+
 }  // namespace
 
 std::string Member::describe() const {
@@ -168,7 +173,7 @@ Result<std::set<int>> UpdateMachine::participants_for(const wire::StartUpdate& s
 
 void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
   if (phase_ != Phase::kPausing || a.version() != version_ || !participants_.count(m.id)) return;
-  if (Status st = from_wire(a.status()); !st.ok()) return fail(st.with_context(m.describe() + " pause"));
+  if (Status st = from_wire(a.status()); !st.ok()) return fail(on_rank(st, m, "pause"));
   m.state = "paused";
   m.consistent = false;  // its storage is about to be rewritten
   acked_.insert(m.id);
@@ -223,7 +228,7 @@ void UpdateMachine::on_finish(Member& trainer, const wire::FinishUpdate& f) {
 
 void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
   if (phase_ != Phase::kFinalizing || f.version() != version_ || !participants_.count(m.id)) return;
-  if (Status st = from_wire(f.status()); !st.ok()) return fail(st.with_context(m.describe() + " finalize"));
+  if (Status st = from_wire(f.status()); !st.ok()) return fail(on_rank(st, m, "finalize"));
   acked_.insert(m.id);
   m.state = "complete";
   report_.set_bytes(report_.bytes() + f.bytes());

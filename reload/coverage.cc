@@ -63,6 +63,14 @@ Status Coverage::add(const Region& region) {
       fmt::format("{}: piece {} does not lie inside one expected slice of the parameter", name_, region.to_string()));
 }
 
+std::vector<size_t> Coverage::incomplete_slices() const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < expected_.size(); ++i) {
+    if (covered_per_slice_[i] != expected_[i].numel()) out.push_back(i);
+  }
+  return out;
+}
+
 std::string Coverage::describe_gaps() const {
   std::string out;
   for (size_t i = 0; i < expected_.size(); ++i) {

@@ -22,6 +22,8 @@ class Coverage {
   void reset();
   // Regions of the expected slices not yet fully covered, for error messages.
   std::string describe_gaps() const;
+  // Indices of the expected slices (in the order given) not yet fully covered.
+  std::vector<size_t> incomplete_slices() const;
   int64_t covered() const { return covered_; }
   int64_t expected() const { return expected_numel_; }
 

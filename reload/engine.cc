@@ -114,7 +114,7 @@ Status ReloadEngine::init() {
       auto view = storage_.get(name);
       if (!view.ok()) return view.status().with_context("registering " + p.name);
       if (view->shape() != t.shape || view->dtype() != t.dtype) {
-        return Status::invalid_argument(fmt::format("{}: storage {} where the {} layout needs {}[{}]", name,
+        return Status::invalid_argument(fmt::format("{}: storage {} where the {} layout needs {}{}", name,
                                                     view->describe(), p.scheme, dtype_name(t.dtype),
                                                     shape_to_string(t.shape)));
       }

@@ -16,23 +16,33 @@ Result<EngineReport> ReloadEngine::finalize() {
     for (uint32_t q : l.params) done = done && complete(params_[q]);
     if (done) FERRY_RETURN_IF_ERROR(process(l));
   }
-  std::string missing;
+  // What never arrived, by the checkpoint tensors the trainer sends (a parameter's slices each come
+  // from one), and the layers left incomplete.
+  std::vector<std::string> absent;
+  std::string layers;
   int n_missing = 0;
   for (const Layer& l : layers_) {
     if (l.processed) continue;
-    ++n_missing;
-    std::string gaps;
+    if (++n_missing <= 4) layers += fmt::format("{}{}{}", layers.empty() ? "" : ", ", l.name, l.refused ? " (refused: staging limit)" : "");
     for (uint32_t q : l.params) {
       const Param& p = params_[q];
+      const sharding::ParamSpec& ps = spec_.params[q];
       for (size_t i = 0; i < p.coverage.size(); ++i) {
         if (p.coverage[i].complete()) continue;
-        gaps += fmt::format("{}{} missing {}", gaps.empty() ? "" : "; ", input_name(q, static_cast<uint32_t>(i)),
-                            p.coverage[i].describe_gaps());
+        if (p.inputs.size() != 1) {  // whole checkpoint tensors, under their own names
+          absent.push_back(input_name(q, static_cast<uint32_t>(i)));
+          continue;
+        }
+        for (size_t k : p.coverage[i].incomplete_slices()) {
+          const auto& sl = ps.slices[k];
+          absent.push_back(fmt::format("{} {}", sl.source, sl.src.to_string()));
+        }
       }
     }
-    if (l.refused) gaps += " (refused: staging limit)";
-    if (n_missing <= 8) missing += fmt::format("\n  {}: {}", l.name, gaps);
   }
+  std::string missing;
+  for (size_t i = 0; i < absent.size() && i < 8; ++i) missing += (i ? ", " : "") + absent[i];
+  if (absent.size() > 8) missing += fmt::format(" and {} more", absent.size() - 8);
   // Every kernel of the update has finished (and reported its error) before the update ends: lent
   // device pieces are only guaranteed until then.
   if (Status synced = device_synchronize(storage_.device()); !synced.ok()) {
@@ -51,9 +61,10 @@ Result<EngineReport> ReloadEngine::finalize() {
                                          version_, unknown_.size(), names, unknown_.size() > 8 ? " ..." : ""));
   }
   if (n_missing) {
-    return Status::failed_precondition(
-        fmt::format("update v{} left {} of {} layers incomplete (they keep their previous weights):{}{}", version_,
-                    n_missing, layers_.size(), missing, n_missing > 8 ? "\n  ..." : ""));
+    return Status::failed_precondition(fmt::format(
+        "update v{} never received {}{}; {} of {} layers are incomplete and keep their previous weights: {}{}", version_,
+        absent.empty() ? "every piece of a layer" : "checkpoint tensors: ", missing, n_missing, layers_.size(), layers,
+        n_missing > 4 ? ", ..." : ""));
   }
   if (report_.census.moved) {
     std::string names;

@@ -49,9 +49,8 @@ Status ReloadEngine::account(Layer& layer, uint32_t param, uint32_t input, Held 
                              : held == Held::kScratch ? name + " (quantized scratch)"
                                                       : input_name(param, input) + " (lent)";
     return Status::resource_exhausted(fmt::format(
-        "staging {} for layer {} would hold {:.1f} MB, over FERRY_MAX_STAGING_BYTES={:.1f} MB; layer {} is refused",
-        what, layer.name, static_cast<double>(staging_bytes_ + bytes) / 1e6, static_cast<double>(max_staging_) / 1e6,
-        layer.name));
+        "staging {} for layer {} would hold {} bytes, over FERRY_MAX_STAGING_BYTES={} bytes; layer {} is refused", what,
+        layer.name, staging_bytes_ + bytes, max_staging_, layer.name));
   }
   if (!layer.staged) ++staged_layers_;
   layer.staged = true;

@@ -20,6 +20,7 @@ Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSp
 Result<ModelStorage> ModelStorage::allocate(const sharding::RankSpec& spec, Device device, DType none_dtype) {
   ModelStorage s;
   s.device_ = device;
+  s.none_dtype_ = none_dtype;
   for (const auto& p : spec.params) {
     FERRY_ASSIGN_OR_RETURN(auto layout, param_layout(p, none_dtype));
     for (const auto& t : layout) {

@@ -31,10 +31,13 @@ class ModelStorage {
   // use it to prove the census and the audit catch it.
   Status replace(const std::string& name, Buffer buffer);
   Device device() const { return device_; }
+  // The dtype its `none` parameters are stored in (the engine writes them so).
+  DType none_dtype() const { return none_dtype_; }
   uint64_t bytes() const;
 
  private:
   Device device_;
+  DType none_dtype_ = DType::kBF16;
   std::map<std::string, Buffer> buffers_;
   std::map<std::string, TensorView> views_;
 };

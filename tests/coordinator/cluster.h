@@ -59,6 +59,7 @@ struct Rank {
   std::atomic<int> pauses{0};
   std::atomic<int> resumes{0};
   std::atomic<uint64_t> last_resume{0};
+  std::atomic<bool> fail_resume{false};  // the resume hook fails while set
 
   // XXH3 over every storage tensor's bytes: changes if any byte of storage changes.
   uint64_t fingerprint() const {
@@ -95,6 +96,7 @@ class Cluster {
     };
     o.resume = [raw](uint64_t v) {
       raw->resumes++;
+      if (raw->fail_resume) return Status::internal("the engine could not restart its scheduler");
       raw->last_resume = v;
       return ok_status();
     };
