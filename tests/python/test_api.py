@@ -2,6 +2,7 @@
 
 import ctypes
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -47,11 +48,15 @@ def test_allocated_storage_is_shared_with_numpy():
     assert a[1, 2] == 0x42 and b[1, 2] == 0x42 and b.ctypes.data == a.ctypes.data
     norm = np.from_dlpack(storage.get("model.norm.weight"))
     assert norm.dtype == np.float32 and norm.shape == (64,) and not norm.any()
-    w = writable(views[name])
+    # The exported arrays keep the storage alive, and only they: once they go, it goes.
+    alive = weakref.ref(storage)
     del storage, views
     gc.collect()
-    w[0] = 1  # the exported arrays keep the storage alive
-    assert a[0, 0] == 1 and b[0, 0] == 1
+    assert alive() is not None
+    assert np.from_dlpack(alive().get(name)).ctypes.data == a.ctypes.data
+    del a, b, norm
+    gc.collect()
+    assert alive() is None
 
 
 def test_bf16_storage_exports_raw_bytes():
@@ -77,11 +82,20 @@ def test_wrap_uses_the_engine_arrays():
 
 def test_wrapped_arrays_live_as_long_as_the_storage():
     s = spec()
-    storage = ferry.ModelStorage.wrap(s, engine_arrays(s), none_dtype="f32")  # no other reference
+    arrays = engine_arrays(s)
+    alive = {name: weakref.ref(a) for name, a in arrays.items()}
+    storage = ferry.ModelStorage.wrap(s, arrays, none_dtype="f32")
+    del arrays  # the storage holds the only references now
     gc.collect()
-    for t in storage.tensors().values():
-        writable(t)[:] = 7
-        assert (np.from_dlpack(t.raw()) == 7).all()
+    for name, t in storage.tensors().items():
+        a = alive[name]()
+        assert a is not None, name
+        writable(t)[:] = 7  # written through ferry's view, read through the engine's array
+        assert (a.view(np.uint8) == 7).all(), name
+        del a
+    del storage, t
+    gc.collect()
+    assert [name for name, ref in alive.items() if ref() is not None] == []
 
 
 def test_wrap_errors_name_the_tensor():
@@ -143,9 +157,14 @@ def test_view_as_relabels_without_a_copy():
     bits = np.arange(6, dtype=np.uint16).reshape(2, 3)
     t = ferry.view_as(bits, "bf16")
     assert t.dtype == "bf16" and t.shape == (2, 3) and t.data_ptr == bits.ctypes.data
+    alive = weakref.ref(bits)
     del bits
     gc.collect()
+    assert alive() is not None  # the view keeps the array, not just its address
     assert list(np.from_dlpack(t.raw()).view(np.uint16)) == list(range(6))
+    del t
+    gc.collect()
+    assert alive() is None
     with pytest.raises(ferry.Error) as e:
         ferry.view_as(np.zeros(4, np.float32), "bf16")
     assert e.value.code == "InvalidArgument"
@@ -170,5 +189,5 @@ def test_specs_and_models():
                                '"num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 128, '
                                '"num_hidden_layers": 1, "torch_dtype": "float32"}')
     assert hf.family == "llama"
-    assert len(ferry.to_llama_config(hf).__class__.__name__) > 0
+    assert ferry.llama_manifest(ferry.to_llama_config(hf)) == manifest  # the same model as CFG
     assert len(ferry.describe_model(hf).rank_spec(1, 2, "fp8_block").params) == len(s.params)
