@@ -120,15 +120,24 @@ def test_updates_land_bit_exact(cluster):
 
 
 def test_bad_manifest_fails_before_a_byte_moves(cluster):
-    trainer, ranks, _ = cluster
+    trainer, ranks, out = cluster
     manifest = ferry.llama_manifest(ferry.LlamaConfig(**CONFIG))
     bad = [(t.name, t.dtype, [t.shape[0] + 1] + t.shape[1:]) if t.name == "model.norm.weight" else t for t in manifest]
     with pytest.raises(ferry.Error) as e:
         trainer.start_weight_update(10, bad)
     assert e.value.code == "InvalidArgument"
     assert "model.norm.weight" in e.value.message
-    for rank in ranks:
-        assert rank.lines.empty()  # no pause reached the ranks
+    # No pause reached the ranks: a rank prints its events in order, so after a good update the
+    # first line of each is that update's pause, not one for version 10 (an empty queue would
+    # prove nothing about a line still on its way).
+    weights = make_weights(manifest, seed=4)
+    trainer.start_weight_update(4, manifest, pause_mode="abort")
+    trainer.update_weights(weights)
+    assert trainer.finish_weight_update().version == 4
+    for r, rank in enumerate(ranks):
+        rank.expect("paused", 4, "abort", True)
+        rank.expect("resumed", 4)
+        check_rank_storage(out, 4, r, weights)
 
 
 def wait_resumed(rank, version):
