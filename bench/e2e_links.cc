@@ -66,7 +66,7 @@ class Probe final : public LinkProbe {
       FERRY_RETURN_IF_ERROR(r.send("listen"));
       std::string blob;
       FERRY_RETURN_IF_ERROR(expect_reply(r, "blob", &blob));
-      FERRY_ASSIGN_OR_RETURN(auto c, tx_->connect(blob, Clock::now() + 30s));
+      FERRY_ASSIGN_OR_RETURN(auto c, tx_->connect(blob, Clock::now() + 30s, {}));
       conns_.push_back(std::move(c));
     }
     sizes_.assign(ranks_.size(), {});

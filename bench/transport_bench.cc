@@ -197,15 +197,15 @@ Result<double> transport_seconds(const std::string& name, size_t bytes, int iter
   std::condition_variable cv;
   int received = 0;
   FERRY_ASSIGN_OR_RETURN(std::string blob, rx->listen(
-                                               [&](const uint8_t*, size_t) {
+                                               [&](const transport::ReceivedBucket&) {
                                                  std::lock_guard<std::mutex> lock(mu);
                                                  ++received;
                                                  cv.notify_all();
                                                  return ok_status();
                                                },
-                                               [](const Status&) {}));
+                                               [](const Status&) {}, nullptr));
   const auto deadline = Clock::now() + 600s;
-  FERRY_ASSIGN_OR_RETURN(auto conn, tx->connect(blob, Clock::now() + 30s));
+  FERRY_ASSIGN_OR_RETURN(auto conn, tx->connect(blob, Clock::now() + 30s, {}));
   constexpr int kInFlight = 2;
   std::vector<Buffer> bufs;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "transport/admission.h"
 #include "transport/cuda_ipc_socket.h"
 #include "transport/cuda_ipc_transport.h"
 #include "transport/cuda_ipc_wire.h"
@@ -288,7 +289,9 @@ class IpcConnection final : public Connection {
 
 }  // namespace
 
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline) {
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline,
+                                            std::string_view credential) {
+  FERRY_RETURN_IF_ERROR(check_credential(credential));
   const std::string_view scheme = kScheme;
   const size_t slash = blob.find('/', scheme.size());
   if (!blob.starts_with(scheme) || slash == std::string::npos || slash + 1 >= blob.size()) {
@@ -299,6 +302,8 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device,
     return Status::unavailable("the cuda_ipc receiver runs on another node (boot id " + boot + ")");
   }
   FERRY_ASSIGN_OR_RETURN(net::Socket sock, net::Socket::connect_unix(blob.substr(slash + 1), deadline));
+  const std::string frame = credential_frame(credential);  // first: nothing else is read before it
+  FERRY_RETURN_IF_ERROR(sock.write_all(frame.data(), frame.size(), deadline));
   ScopedDevice scoped(device);
   Hello hello{};
   hello.magic = kMagic;

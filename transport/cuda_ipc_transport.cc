@@ -20,6 +20,7 @@
 #include "core/settings.h"
 #include "transport/cuda_ipc_socket.h"
 #include "transport/cuda_ipc_wire.h"
+#include "transport/net_admission.h"
 
 namespace ferry::transport {
 namespace cuda_ipc {
@@ -79,6 +80,7 @@ struct Peer {
   net::Socket sock;
   std::string inbuf;
   int pid = 0;
+  int64_t identity = 0;  // what admission returned
   std::shared_ptr<RingResources> ring;
   uint64_t slot_bytes = 0;
   // Opened from the sender's handles (owned here), or the sender's own in the same process.
@@ -107,9 +109,10 @@ struct Peer {
 class IpcReceiver {
  public:
   IpcReceiver(net::Listener listener, int device, uint32_t slots, uint64_t slot_bytes, uint64_t max_bucket,
-              BucketCallback on_bucket, PeerClosedCallback on_closed)
+              BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit)
       : listener_(std::move(listener)), device_(device), slots_(slots), slot_bytes_(slot_bytes),
-        max_bucket_(max_bucket), on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)) {
+        max_bucket_(max_bucket), on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)),
+        admissions_("cuda_ipc", std::move(admit)) {
     thread_ = std::thread([this] { run(); });
   }
   ~IpcReceiver() { stop(); }
@@ -118,6 +121,7 @@ class IpcReceiver {
     if (stop_.exchange(true)) return;
     waker_.notify();
     if (thread_.joinable()) thread_.join();
+    admissions_.clear();
     for (auto& p : peers_) {
       const net::Msg m = net::text_msg(kClose, "cuda_ipc receiver shut down");
       (void)p->sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
@@ -129,7 +133,8 @@ class IpcReceiver {
   }
 
  private:
-  Status accept_peer(net::Socket s) {
+  // An admitted sender's handshake; its ring is allocated only now.
+  Status accept_peer(net::Socket s, int64_t identity) {
     const Deadline deadline = Clock::now() + kHandshake;
     Hello hello{};
     FERRY_RETURN_IF_ERROR(s.read_all(&hello, sizeof hello, deadline));
@@ -137,6 +142,7 @@ class IpcReceiver {
     hello.bus_id[sizeof hello.bus_id - 1] = '\0';
     auto peer = std::make_unique<Peer>();
     peer->pid = hello.pid;
+    peer->identity = identity;
     peer->slot_bytes = slot_bytes_;
     RingInfo info{};
     info.magic = kMagic;
@@ -208,7 +214,7 @@ class IpcReceiver {
       const uint8_t* data = static_cast<const uint8_t*>(p.ring->ring) + m.slot * slot_bytes_;
       Status st;
       if (m.offset == 0 && m.length == m.total) {
-        st = on_bucket_(data, m.length);
+        st = on_bucket_(ReceivedBucket{data, m.length, p.identity});
       } else {
         if (m.offset == 0) {
           if (m.total > max_bucket_) {
@@ -228,7 +234,7 @@ class IpcReceiver {
         FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, data, m.length, cudaMemcpyDeviceToDevice, stream_));
         FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // local copy: it cannot wait on the peer
         p.assembled += m.length;
-        if (p.assembled == m.total) st = on_bucket_(static_cast<const uint8_t*>(p.assembly), m.total);
+        if (p.assembled == m.total) st = on_bucket_(ReceivedBucket{static_cast<const uint8_t*>(p.assembly), m.total, p.identity});
       }
       // On the legacy stream: work the callback left on blocking streams finishes before reuse.
       FERRY_CUDA_CHECK(cudaEventRecord(p.ring->freed[m.slot], cudaStreamLegacy));
@@ -309,9 +315,14 @@ class IpcReceiver {
         }
         if (!s->valid()) break;
         progress = true;
-        Status st = accept_peer(std::move(*s));
-        if (!st.ok()) FERRY_LOG_WARN("cuda_ipc: refused a sender: {}", st.to_string());
+        admissions_.add(std::move(*s));
       }
+      admissions_.poll(
+          [this](net::Socket s, int64_t identity) {
+            Status st = accept_peer(std::move(s), identity);
+            if (!st.ok()) FERRY_LOG_WARN("cuda_ipc: refused a sender: {}", st.to_string());
+          },
+          &progress);
       bool waiting_on_gpu = false;
       for (size_t k = 0; k < peers_.size();) {
         Peer& p = *peers_[k];
@@ -336,9 +347,11 @@ class IpcReceiver {
       }
       std::vector<int> fds = {listener_.fd(), waker_.fd()};
       for (auto& p : peers_) fds.push_back(p->sock.fd());
+      admissions_.append_fds(fds);
       // A copy in flight is polled (it ends in microseconds to milliseconds); otherwise sleep on
-      // the sockets, bounded so stop() is seen even if the waker were missed.
-      const int timeout = waiting_on_gpu ? (++idle < kSpins ? 0 : 1) : 100;
+      // the sockets, bounded so stop() is seen even if the waker were missed, and so a silent
+      // peer's admission deadline is kept.
+      const int timeout = admissions_.timeout_ms(waiting_on_gpu ? (++idle < kSpins ? 0 : 1) : 100);
       if (net::wait_readable(fds.data(), fds.size(), timeout) & 2) waker_.drain();
     }
   }
@@ -350,6 +363,7 @@ class IpcReceiver {
   uint64_t max_bucket_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
+  net::Admissions admissions_;  // the thread's, then stop()'s after the join
   net::Waker waker_;
   cudaStream_t stream_ = nullptr;
   std::atomic<bool> stop_{false};
@@ -375,7 +389,7 @@ class IpcTransport final : public Transport {
     return std::unique_ptr<MemoryRegion>(std::make_unique<DeviceRegion>(data, size, device.index));
   }
 
-  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("cuda_ipc: listen() was already called on this transport");
     FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
@@ -387,12 +401,13 @@ class IpcTransport final : public Transport {
     const std::string name = fmt::format("ferry-cuda-ipc-{}-{}-{:x}", getpid(), counter++, net::process_nonce());
     FERRY_ASSIGN_OR_RETURN(net::Listener listener, net::Listener::unix_abstract(name));
     receiver_ = std::make_unique<IpcReceiver>(std::move(listener), device_, slots, slot_bytes, bucket * 4 + (64ull << 20),
-                                              std::move(on_bucket), std::move(on_closed));
+                                              std::move(on_bucket), std::move(on_closed), std::move(admit));
     return std::string(kScheme) + net::boot_id() + "/" + name;
   }
 
-  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
-    auto c = cuda_ipc::connect(blob, device_, deadline);
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
+                                              std::string_view credential) override {
+    auto c = cuda_ipc::connect(blob, device_, deadline, credential);
     if (!c.ok()) return c.status().with_context("cuda_ipc connect to " + blob);
     return c;
   }

@@ -13,8 +13,9 @@ Result<std::unique_ptr<Transport>> create_cuda_ipc_transport();
 
 namespace cuda_ipc {
 // Sender side (cuda_ipc_sender.cc): connects `device`'s memory to a listener blob
-// "cuda_ipc://<boot id>/<socket name>".
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline);
+// "cuda_ipc://<boot id>/<socket name>", presenting `credential` first.
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline,
+                                            std::string_view credential);
 }  // namespace cuda_ipc
 
 }  // namespace ferry::transport

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "transport/admission.h"
 #include "transport/cuda_ipc_socket.h"
 #include "transport/cuda_ipc_wire.h"
 #include "transport/handle.h"
@@ -256,7 +257,9 @@ class NcclConnection final : public Connection {
 
 }  // namespace
 
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline) {
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline,
+                                            std::string_view credential) {
+  FERRY_RETURN_IF_ERROR(check_credential(credential));
   const std::string_view scheme = kScheme;
   const size_t colon = blob.rfind(':');
   if (!blob.starts_with(scheme) || colon == std::string::npos || colon <= scheme.size()) {
@@ -265,6 +268,8 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device,
   std::string host = blob.substr(scheme.size(), colon - scheme.size());
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   FERRY_ASSIGN_OR_RETURN(net::Socket sock, net::Socket::connect_tcp(host, blob.substr(colon + 1), deadline));
+  const std::string frame = credential_frame(credential);  // first: nothing else is read before it
+  FERRY_RETURN_IF_ERROR(sock.write_all(frame.data(), frame.size(), deadline));
   ScopedDevice scoped(device);
   Hello hello{};
   hello.magic = kMagic;

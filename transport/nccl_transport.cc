@@ -21,10 +21,12 @@
 #include "transport/cuda_ipc_socket.h"
 #include "transport/cuda_ipc_wire.h"
 #include "transport/nccl_wire.h"
+#include "transport/net_admission.h"
 
 namespace ferry::transport {
 namespace nccl {
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline);
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device, Deadline deadline,
+                                            std::string_view credential);
 }  // namespace nccl
 
 namespace {
@@ -50,6 +52,7 @@ struct Peer {
   net::Socket sock;
   std::string inbuf;
   int pid = 0;
+  int64_t identity = 0;  // what admission returned
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   RecvSlot slots[kDepth];
@@ -73,10 +76,10 @@ struct Peer {
 class NcclReceiver {
  public:
   NcclReceiver(net::Listener listener, int device, uint64_t max_bucket, uint64_t slot_bytes, BucketCallback on_bucket,
-               PeerClosedCallback on_closed)
+               PeerClosedCallback on_closed, AdmitCallback admit)
       : listener_(std::move(listener)), device_(device), max_bucket_(max_bucket),
         slot_bytes_(std::max<uint64_t>(slot_bytes, kWarmupBytes)), on_bucket_(std::move(on_bucket)),
-        on_closed_(std::move(on_closed)) {
+        on_closed_(std::move(on_closed)), admissions_("nccl", std::move(admit)) {
     thread_ = std::thread([this] { run(); });
   }
   ~NcclReceiver() { stop(); }
@@ -85,6 +88,7 @@ class NcclReceiver {
     if (stop_.exchange(true)) return;
     waker_.notify();
     if (thread_.joinable()) thread_.join();
+    admissions_.clear();
     // Set-ups end at their own deadlines; what they finish joins the peers told to close below.
     std::vector<Setup> setups;
     {
@@ -116,12 +120,13 @@ class NcclReceiver {
     std::shared_ptr<std::atomic<bool>> done;
   };
 
-  void start_setup(net::Socket s) {
+  // Admitted senders only: a set-up thread, a communicator and buffers are spent on no one else.
+  void start_setup(net::Socket s, int64_t identity) {
     auto done = std::make_shared<std::atomic<bool>>(false);
-    std::thread t([this, done, sock = std::move(s)]() mutable {
+    std::thread t([this, done, identity, sock = std::move(s)]() mutable {
       Result<std::unique_ptr<Peer>> p =
           cudaSetDevice(device_) == cudaSuccess
-              ? accept_peer(std::move(sock))
+              ? accept_peer(std::move(sock), identity)
               : Result<std::unique_ptr<Peer>>(Status::internal("nccl: receiver set-up thread cannot use its device"));
       if (!p.ok()) FERRY_LOG_WARN("nccl: refused a sender: {}", p.status().to_string());
       {
@@ -155,7 +160,7 @@ class NcclReceiver {
     for (auto& s : finished) s.thread.join();
   }
 
-  Result<std::unique_ptr<Peer>> accept_peer(net::Socket s) {
+  Result<std::unique_ptr<Peer>> accept_peer(net::Socket s, int64_t identity) {
     const Deadline deadline = Clock::now() + kSetup;
     Hello hello{};
     FERRY_RETURN_IF_ERROR(s.read_all(&hello, sizeof hello, deadline));
@@ -164,6 +169,7 @@ class NcclReceiver {
     auto p = std::make_unique<Peer>();
     p->device = device_;
     p->pid = hello.pid;
+    p->identity = identity;
     Welcome w{};
     w.magic = kMagic;
     w.pid = getpid();
@@ -221,7 +227,7 @@ class NcclReceiver {
       }
       ++p.delivered;
       *progress = true;
-      FERRY_RETURN_IF_ERROR(on_bucket_(static_cast<const uint8_t*>(s.buf), s.size));
+      FERRY_RETURN_IF_ERROR(on_bucket_(ReceivedBucket{static_cast<const uint8_t*>(s.buf), s.size, p.identity}));
     }
     return ok_status();
   }
@@ -277,8 +283,9 @@ class NcclReceiver {
         auto s = listener_.accept();
         if (!s.ok() || !s->valid()) break;
         progress = true;
-        start_setup(std::move(*s));
+        admissions_.add(std::move(*s));
       }
+      admissions_.poll([this](net::Socket s, int64_t identity) { start_setup(std::move(s), identity); }, &progress);
       adopt(&progress);
       for (size_t k = 0; k < peers_.size();) {
         Peer& p = *peers_[k];
@@ -302,7 +309,8 @@ class NcclReceiver {
       }
       std::vector<int> fds = {listener_.fd(), waker_.fd()};
       for (auto& p : peers_) fds.push_back(p->sock.fd());
-      const int timeout = gpu_wait ? (++idle < kSpins ? 0 : 1) : 100;
+      admissions_.append_fds(fds);
+      const int timeout = admissions_.timeout_ms(gpu_wait ? (++idle < kSpins ? 0 : 1) : 100);
       if (net::wait_readable(fds.data(), fds.size(), timeout) & 2) waker_.drain();
     }
   }
@@ -313,6 +321,7 @@ class NcclReceiver {
   uint64_t slot_bytes_;  // each receive slot, allocated at set-up
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
+  net::Admissions admissions_;  // the serving thread's, then stop()'s after the join
   net::Waker waker_;
   std::atomic<bool> stop_{false};
   std::vector<std::unique_ptr<Peer>> peers_;
@@ -341,7 +350,7 @@ class NcclTransport final : public Transport {
     return std::unique_ptr<MemoryRegion>(std::make_unique<cuda_ipc::DeviceRegion>(data, size, device_));
   }
 
-  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("nccl: listen() was already called on this transport");
     FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
@@ -356,12 +365,14 @@ class NcclTransport final : public Transport {
     if (advertised.find(':') != std::string::npos) advertised = "[" + advertised + "]";
     const int port = listener.port();
     receiver_ = std::make_unique<NcclReceiver>(std::move(listener), device_, bucket * 4 + (64ull << 20),
-                                               bucket + (2ull << 20), std::move(on_bucket), std::move(on_closed));
+                                               bucket + (2ull << 20), std::move(on_bucket), std::move(on_closed),
+                                               std::move(admit));
     return fmt::format("{}{}:{}", kScheme, advertised, port);
   }
 
-  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
-    auto c = nccl::connect(blob, device_, deadline);
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
+                                              std::string_view credential) override {
+    auto c = nccl::connect(blob, device_, deadline, credential);
     if (!c.ok()) return c.status().with_context("nccl connect to " + blob);
     return c;
   }

@@ -2,7 +2,9 @@
 //
 // A receiver owns one listener segment: a table of sender entries and a doorbell word. Each sender
 // creates its own ring segment (so memory is spent only per live connection), offers its name in a
-// free entry, and unlinks it once the receiver has mapped it. A ring has `slots` fixed-size slots;
+// free entry with its credential, and unlinks it once the receiver has admitted it (by the credential,
+// before it maps anything of the sender's) and mapped it. An entry claimed but not offered within
+// kAdmissionDeadline is taken back. A ring has `slots` fixed-size slots;
 // record n goes to slot n % slots, whose turn word is 2*lap while empty and 2*lap+1 while full.
 // Buckets larger than a slot travel as fragments and are assembled on the receiving side.
 #pragma once
@@ -21,18 +23,21 @@
 
 namespace ferry::transport::shm {
 
-constexpr uint64_t kListenerMagic = 0x314c2d797272'6566ull;  // "ferry-L1"
+constexpr uint64_t kListenerMagic = 0x324c2d797272'6566ull;  // "ferry-L2"
 constexpr uint64_t kRingMagic = 0x31522d797272'6566ull;      // "ferry-R1"
 constexpr int kMaxSenders = 32;
 constexpr size_t kPage = 4096;
 
-enum EntryState : uint32_t { kFree = 0, kClaiming = 1, kOffered = 2, kAccepted = 3, kRefused = 4 };
+// kRefused: the ring could not be mapped; kDenied: the credential was not admitted.
+enum EntryState : uint32_t { kFree = 0, kClaiming = 1, kOffered = 2, kAccepted = 3, kRefused = 4, kDenied = 5 };
 enum PeerState : uint32_t { kOpen = 0, kClosed = 1, kAborted = 2 };
 
 struct alignas(64) ListenerEntry {
   std::atomic<uint32_t> state;
   int32_t sender_pid;
   char ring_name[64];
+  uint32_t credential_bytes;  // the receiver reads at most kMaxCredentialBytes of `credential`
+  char credential[kMaxCredentialBytes];
 };
 
 struct ListenerHeader {
@@ -111,7 +116,8 @@ bool process_alive(pid_t pid);
 void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::microseconds max_wait);
 void futex_wake(std::atomic<uint32_t>& word);
 
-// Sender side (shm_sender.cc): connects to a listener blob "shm://<boot id>/<segment>".
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline);
+// Sender side (shm_sender.cc): connects to a listener blob "shm://<boot id>/<segment>", offering
+// `credential` with its ring.
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, std::string_view credential);
 
 }  // namespace ferry::transport::shm

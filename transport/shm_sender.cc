@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/settings.h"
+#include "transport/admission.h"
 #include "transport/handle.h"
 #include "transport/shm_ring.h"
 
@@ -245,7 +246,8 @@ class OwnedShmConnection final : public Connection {
 
 namespace shm {
 
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) {
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, std::string_view credential) {
+  FERRY_RETURN_IF_ERROR(check_credential(credential));
   constexpr std::string_view kScheme = "shm://";
   const size_t slash = blob.find('/', kScheme.size());
   if (!blob.starts_with(kScheme) || slash == std::string::npos) {
@@ -294,7 +296,13 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
   if (entry == nullptr) return Status::resource_exhausted(fmt::format("shm: the receiver serves {} senders already", kMaxSenders));
   entry->sender_pid = getpid();
   std::snprintf(entry->ring_name, sizeof entry->ring_name, "%s", ring.name().c_str());
-  entry->state.store(kOffered, std::memory_order_release);
+  entry->credential_bytes = static_cast<uint32_t>(credential.size());
+  if (!credential.empty()) std::memcpy(entry->credential, credential.data(), credential.size());
+  // The receiver takes back an entry claimed for too long; then it is no longer ours to offer.
+  uint32_t claiming = kClaiming;
+  if (!entry->state.compare_exchange_strong(claiming, kOffered, std::memory_order_acq_rel)) {
+    return Status::deadline_exceeded("shm: the receiver took back the sender entry before it was offered");
+  }
   lh->doorbell.fetch_add(1, std::memory_order_release);
   futex_wake(lh->doorbell);
   for (;;) {
@@ -303,6 +311,10 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
     if (st == kRefused) {
       entry->state.store(kFree, std::memory_order_release);
       return Status::unavailable("shm: the receiver could not map the ring " + ring.name());
+    }
+    if (st == kDenied) {
+      entry->state.store(kFree, std::memory_order_release);
+      return Status::unauthenticated("shm: the receiver refused the connection's credential");
     }
     if (!process_alive(lh->receiver_pid) || lh->closed.load(std::memory_order_acquire) != 0) {
       return Status::unavailable("shm: the receiver went away while connecting");

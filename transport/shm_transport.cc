@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/settings.h"
 #include "core/shared_buffers.h"
+#include "transport/admission.h"
 #include "transport/handle.h"
 #include "transport/shm_ring.h"
 
@@ -30,9 +31,10 @@ constexpr int kSpins = 64;
 
 class ShmReceiver {
  public:
-  ShmReceiver(Segment listener, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed)
+  ShmReceiver(Segment listener, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed,
+              AdmitCallback admit)
       : listener_(std::move(listener)), lh_(static_cast<ListenerHeader*>(listener_.data())), max_bucket_(max_bucket),
-        on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)) {
+        on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)), admit_(std::move(admit)) {
     thread_ = std::thread([this] { run(); });
   }
   ~ShmReceiver() { stop(); }
@@ -52,6 +54,7 @@ class ShmReceiver {
     Segment ring;
     RingHeader* rh;
     ListenerEntry* entry;
+    int64_t identity = 0;  // what admission returned
     uint64_t record = 0;
     // The bucket being assembled from fragments (assembly_total bytes, assembled so far), in a
     // buffer from assembly_buffers_.
@@ -67,11 +70,49 @@ class ShmReceiver {
     p.entry->state.store(kFree, std::memory_order_release);
   }
 
+  // An entry claimed and not offered within kAdmissionDeadline goes back to the free list (its
+  // claimant died or never meant to offer): the table cannot be filled with silent claims. So does
+  // a refusal its sender never took back.
+  void reclaim(ListenerEntry& e, Clock::time_point& since, Clock::time_point now) {
+    uint32_t state = e.state.load(std::memory_order_acquire);
+    if (state != kClaiming && state != kRefused && state != kDenied) {
+      since = {};
+      return;
+    }
+    if (since == Clock::time_point{}) since = now;
+    if (now - since < kAdmissionDeadline) return;
+    since = {};
+    if (!e.state.compare_exchange_strong(state, kFree, std::memory_order_acq_rel) || state != kClaiming) return;
+    log_unadmitted("shm", fmt::format("pid {}", e.sender_pid),
+                   fmt::format("claimed a sender entry and offered nothing within {} ms", kAdmissionDeadline.count()));
+  }
+
+  // Judges an offer by its credential before the sender's ring is even opened.
+  bool admitted(ListenerEntry& e, int64_t* identity) {
+    const uint32_t n = e.credential_bytes;
+    const std::string who = fmt::format("pid {}", e.sender_pid);
+    Result<int64_t> id = Status::invalid_argument(fmt::format("a {}-byte credential announced", n));
+    if (n <= kMaxCredentialBytes) id = admit_peer(admit_, std::string(e.credential, n), "shm", who);
+    else log_unadmitted("shm", who, id.status().message());
+    if (!id.ok()) {
+      e.state.store(kDenied, std::memory_order_release);
+      futex_wake(e.state);
+      return false;
+    }
+    *identity = *id;
+    return true;
+  }
+
   bool accept_offers() {
     bool progress = false;
-    for (auto& e : lh_->entries) {
+    const auto now = Clock::now();
+    for (int k = 0; k < kMaxSenders; ++k) {
+      ListenerEntry& e = lh_->entries[k];
+      reclaim(e, claimed_since_[k], now);
       if (e.state.load(std::memory_order_acquire) != kOffered) continue;
       progress = true;
+      int64_t identity = 0;
+      if (!admitted(e, &identity)) continue;
       const std::string name(e.ring_name, strnlen(e.ring_name, sizeof e.ring_name));
       auto ring = Segment::open(name);
       auto* rh = ring.ok() ? static_cast<RingHeader*>(ring->data()) : nullptr;
@@ -87,6 +128,7 @@ class ShmReceiver {
       p->ring = std::move(*ring);
       p->rh = rh;
       p->entry = &e;
+      p->identity = identity;
       peers_.push_back(std::move(p));
       e.state.store(kAccepted, std::memory_order_release);
       futex_wake(e.state);
@@ -113,7 +155,7 @@ class ShmReceiver {
         // In place, with no owner (bucket_owner() stays null): the slot is the sender's again once
         // the callback returns, and the ring's slots go round in order, so a slot kept past the
         // callback would stall the sender at it (and every bucket behind it) until let go.
-        st = on_bucket_(data, len);
+        st = on_bucket_(ReceivedBucket{data, len, p.identity});
       } else {
         if (off == 0) {
           p.assembly.reset();
@@ -139,7 +181,7 @@ class ShmReceiver {
           if (p.assembled == total) {
             {
               BucketOwnerScope handed_over(p.assembly);
-              st = on_bucket_(p.assembly->data_as<uint8_t>(), total);
+              st = on_bucket_(ReceivedBucket{p.assembly->data_as<uint8_t>(), total, p.identity});
             }
             // Ours no longer: a buffer the callback did not keep goes back to the pool now, one it
             // kept when its last holder lets go (on any thread, even after this receiver is gone).
@@ -201,6 +243,8 @@ class ShmReceiver {
   uint64_t max_bucket_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
+  AdmitCallback admit_;
+  Clock::time_point claimed_since_[kMaxSenders] = {};  // when each entry was first seen claimed; thread only
   // Buffers buckets larger than a slot are assembled in. Memory stays bounded: a few idle ones are
   // kept (pages already touched), the rest are freed when let go.
   SharedBufferPool assembly_buffers_{2};
@@ -220,7 +264,7 @@ class ShmTransport final : public Transport {
     return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
   }
 
-  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("shm: listen() was already called on this transport");
     FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
@@ -232,12 +276,13 @@ class ShmTransport final : public Transport {
     lh->magic = kListenerMagic;
     std::string blob = "shm://" + boot_id() + listener.name();
     receiver_ = std::make_unique<ShmReceiver>(std::move(listener), bucket * 4 + (64ull << 20), std::move(on_bucket),
-                                              std::move(on_closed));
+                                              std::move(on_closed), std::move(admit));
     return blob;
   }
 
-  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
-    auto c = shm::connect(blob, deadline);
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
+                                              std::string_view credential) override {
+    auto c = shm::connect(blob, deadline, credential);
     if (!c.ok()) return c.status().with_context("shm connect to " + blob);
     return c;
   }

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/shared_buffers.h"
 #include "core/settings.h"
+#include "transport/admission.h"
 #include "transport/handle.h"
 
 namespace ferry::transport {
@@ -35,20 +36,64 @@ Status net_error(std::string_view what, const boost::system::error_code& ec) {
   return Status::unavailable(fmt::format("tcp {}: {}", what, ec.message()));
 }
 
-// Receives buckets from one sender.
+// Receives buckets from one sender, once it is admitted: the connection's first frame is the
+// sender's credential (admission.h), read within kAdmissionDeadline and judged before any bucket
+// header is read.
 class Receiver : public std::enable_shared_from_this<Receiver> {
  public:
-  Receiver(tcp::socket socket, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed)
-      : socket_(std::move(socket)), max_bucket_(max_bucket), on_bucket_(std::move(on_bucket)),
-        on_closed_(std::move(on_closed)) {}
+  Receiver(tcp::socket socket, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed,
+           AdmitCallback admit)
+      : socket_(std::move(socket)), admission_timer_(socket_.get_executor()), max_bucket_(max_bucket),
+        on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)), admit_(std::move(admit)) {}
 
-  void start() { read_header(); }
+  void start() {
+    boost::system::error_code ec;
+    const auto ep = socket_.remote_endpoint(ec);
+    peer_name_ = ec ? std::string("an unknown address") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
+    auto self = shared_from_this();
+    admission_timer_.expires_after(kAdmissionDeadline);
+    admission_timer_.async_wait([self](boost::system::error_code e) {
+      if (e || self->admitted_ || self->closed_) return;
+      self->unadmitted(fmt::format("no credential within {} ms", kAdmissionDeadline.count()));
+    });
+    read_credential();
+  }
   void close() {
+    closed_ = true;
+    admission_timer_.cancel();
     boost::system::error_code ec;
     socket_.close(ec);
   }
 
  private:
+  // At most kCredentialHeaderBytes + kMaxCredentialBytes are read before admission.
+  void read_credential() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(credential_header_), [self](boost::system::error_code ec, size_t) {
+      if (self->closed_) return;
+      if (ec) return self->unadmitted("closed before presenting a credential: " + ec.message());
+      auto n = credential_length(self->credential_header_);
+      if (!n.ok()) return self->unadmitted(n.status().message());
+      self->credential_.resize(*n);
+      asio::async_read(self->socket_, asio::buffer(self->credential_), [self](boost::system::error_code e, size_t) {
+        if (self->closed_) return;
+        if (e) return self->unadmitted("closed while presenting its credential: " + e.message());
+        self->admission_timer_.cancel();
+        auto id = admit_peer(self->admit_, self->credential_, "tcp", self->peer_name_);
+        if (!id.ok()) return self->close();
+        self->admitted_ = true;
+        self->peer_ = *id;
+        self->credential_.clear();
+        self->read_header();
+      });
+    });
+  }
+
+  void unadmitted(const std::string& why) {
+    log_unadmitted("tcp", peer_name_, why);
+    close();
+  }
+
   void read_header() {
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(header_), [self](boost::system::error_code ec, size_t) {
@@ -78,7 +123,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       Status st;
       {
         BucketOwnerScope handed_over(self->body_);
-        st = self->on_bucket_(self->body_->data_as<uint8_t>(), self->body_bytes_);
+        st = self->on_bucket_(ReceivedBucket{self->body_->data_as<uint8_t>(), self->body_bytes_, self->peer_});
       }
       if (!st.ok()) return self->finish(st);
       self->read_header();
@@ -91,9 +136,17 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   }
 
   tcp::socket socket_;
+  asio::steady_timer admission_timer_;
   uint64_t max_bucket_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
+  AdmitCallback admit_;
+  std::string peer_name_;
+  std::array<uint8_t, kCredentialHeaderBytes> credential_header_{};
+  std::string credential_;
+  bool admitted_ = false;
+  bool closed_ = false;  // closed here: a read still under way then ends without a word
+  int64_t peer_ = 0;
   std::array<uint8_t, 8> header_{};
   // A bucket's buffer is handed to the callback (bucket_owner()); one it kept returns here when its
   // last holder lets go, and the next bucket takes an idle one (pages already touched) or a new one.
@@ -208,7 +261,7 @@ class TcpTransport final : public Transport {
     return std::unique_ptr<MemoryRegion>(std::make_unique<HostRegion>(data, size));
   }
 
-  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
     max_bucket_ = bucket * 4 + (64ull << 20);
@@ -225,6 +278,7 @@ class TcpTransport final : public Transport {
       if (e) return done.set_value(net_error("listen on " + host, e));
       on_bucket_ = std::move(on_bucket);
       on_closed_ = std::move(on_closed);
+      admit_ = std::move(admit);
       accept();
       const auto ep = acceptor_.local_endpoint();
       done.set_value(fmt::format("tcp://{}:{}", ep.address().to_string(), ep.port()));
@@ -232,7 +286,9 @@ class TcpTransport final : public Transport {
     return done.get_future().get();
   }
 
-  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
+                                              std::string_view credential) override {
+    FERRY_RETURN_IF_ERROR(check_credential(credential).with_context("tcp connect"));
     constexpr std::string_view kScheme = "tcp://";
     const size_t colon = blob.rfind(':');
     if (!blob.starts_with(kScheme) || colon == std::string::npos || colon < kScheme.size()) {
@@ -242,15 +298,19 @@ class TcpTransport final : public Transport {
     const std::string port = blob.substr(colon + 1);
     auto socket = std::make_shared<tcp::socket>(io_);
     auto state = std::make_shared<CompletionState>();
-    asio::post(io_, [this, socket, state, host, port] {
+    auto frame = std::make_shared<std::string>(credential_frame(credential));
+    asio::post(io_, [this, socket, state, host, port, frame] {
       boost::system::error_code ec;
       tcp::resolver resolver(io_);
       auto eps = resolver.resolve(host, port, ec);
       if (ec) return state->complete(net_error("resolve " + host, ec));
-      asio::async_connect(*socket, eps, [socket, state, host, port](boost::system::error_code e, const tcp::endpoint&) {
+      asio::async_connect(*socket, eps, [socket, state, host, port, frame](boost::system::error_code e, const tcp::endpoint&) {
         if (e) return state->complete(net_error(fmt::format("connect to {}:{}", host, port), e));
         tune(*socket);
-        state->complete(ok_status());
+        // The credential goes first; buckets follow it on the same stream.
+        asio::async_write(*socket, asio::buffer(*frame), [state, frame](boost::system::error_code w, size_t) {
+          state->complete(w ? net_error("send the credential", w) : ok_status());
+        });
       });
     });
     Status st = state->wait(deadline);
@@ -284,7 +344,7 @@ class TcpTransport final : public Transport {
     acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
       if (ec) return;  // closed
       tune(socket);
-      auto r = std::make_shared<Receiver>(std::move(socket), max_bucket_, on_bucket_, on_closed_);
+      auto r = std::make_shared<Receiver>(std::move(socket), max_bucket_, on_bucket_, on_closed_, admit_);
       receivers_.remove_if([](const std::weak_ptr<Receiver>& w) { return w.expired(); });
       receivers_.push_back(r);
       r->start();
@@ -298,6 +358,7 @@ class TcpTransport final : public Transport {
   std::thread thread_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
+  AdmitCallback admit_;
   uint64_t max_bucket_ = 0;
   std::list<std::weak_ptr<Receiver>> receivers_;
 };

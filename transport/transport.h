@@ -70,11 +70,30 @@ class Connection {
   virtual void abort() = 0;
 };
 
+// Most bytes a credential may have; a receiver reads no more than this from an unadmitted peer.
+inline constexpr size_t kMaxCredentialBytes = 256;
+// How long a new sending connection has to present its credential; one that has not by then is
+// closed.
+inline constexpr std::chrono::milliseconds kAdmissionDeadline{5000};
+
+// Decides whether a new sending connection may deliver buckets, from the credential its sender
+// presented at connect. Returns the peer's identity (passed with every bucket of the connection)
+// or an error, which closes the connection before one byte of a bucket is read or allocated for.
+// Never runs at the same time as another callback of the same transport.
+using AdmitCallback = std::function<Result<int64_t>(std::string_view credential)>;
+
+// One received bucket: `size` bytes at `data`, from the peer whose identity admission returned.
+struct ReceivedBucket {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  int64_t peer = 0;
+};
+
 // Called once per received bucket; the bytes stay valid until it returns. A non-OK Status closes
 // the sending connection. One transport never runs two callbacks at once. The bytes are host memory
 // unless capabilities().device_memory is set and host_memory is not (cuda_ipc, nccl): then they
 // are device memory on the receiver's current device.
-using BucketCallback = std::function<Status(const uint8_t* data, size_t size)>;
+using BucketCallback = std::function<Status(const ReceivedBucket& bucket)>;
 
 // During a BucketCallback: the owner of the bucket's bytes when the transport hands them over, else
 // null. A receiver that holds a copy of it keeps the bytes valid past the callback (the transport
@@ -97,7 +116,8 @@ class BucketOwnerScope {
  private:
   std::shared_ptr<const void> previous_;
 };
-// Called when a sending peer's connection ends (OK for a clean close).
+// Called when an admitted sending peer's connection ends (OK for a clean close). A peer refused at
+// admission never reaches it (nor the bucket callback): the transport logs the refusal once.
 using PeerClosedCallback = std::function<void(const Status& why)>;
 
 class Transport {
@@ -109,9 +129,13 @@ class Transport {
   virtual Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) = 0;
 
   // Receiver side: starts accepting buckets; returns the connection blob senders connect with.
-  virtual Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) = 0;
-  // Sender side.
-  virtual Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) = 0;
+  // Every new sending connection first presents a credential (within kAdmissionDeadline) that
+  // `admit` judges; `admit` empty: every peer is admitted with identity 0. Every listener binds
+  // FERRY_LISTEN_HOST only.
+  virtual Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) = 0;
+  // Sender side: `credential` (at most kMaxCredentialBytes) is presented first on the new connection.
+  virtual Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
+                                                      std::string_view credential) = 0;
   // Stops listening and closes every connection.
   virtual void shutdown() = 0;
 };

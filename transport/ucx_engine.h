@@ -7,6 +7,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -41,6 +42,9 @@ constexpr unsigned kRefuseId = 4;
 // A receiver's answer to a same-host sender's goodbye: every bucket before it has been handled, so
 // the sender may now drop its endpoint (ucx_transport.cc says why it waits for this).
 constexpr unsigned kByeAckId = 5;
+// A sender's first message on every endpoint (every lane): its credential, as the message's data.
+// The receiver takes nothing else from an endpoint before it has admitted the credential.
+constexpr unsigned kHelloId = 6;
 
 // A same-host connection moves its buckets over several lanes, each an endpoint on a worker and
 // progress thread of its own (ucx_transport.cc), each to a listener and progress thread of its own
@@ -254,7 +258,24 @@ class Engine {
   // message that had already arrived was handled. Progress thread only.
   void after_drain(std::function<void()> fn) { drained_.push_back(std::move(fn)); }
 
+  // Runs `fn` on the progress thread at `when` (or as soon after as the thread gets to it); never if
+  // the engine stops first. Progress thread only.
+  void at(std::chrono::steady_clock::time_point when, std::function<void()> fn) { timers_.emplace(when, std::move(fn)); }
+
  private:
+  // Runs the timers that are due; returns how long the thread may sleep until the next (ms, at most 100).
+  int run_timers() {
+    const auto now = std::chrono::steady_clock::now();
+    while (!timers_.empty() && timers_.begin()->first <= now) {
+      auto fn = std::move(timers_.begin()->second);
+      timers_.erase(timers_.begin());
+      fn();
+    }
+    if (timers_.empty()) return 100;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(timers_.begin()->first - now).count() + 1;
+    return static_cast<int>(std::min<int64_t>(left, 100));
+  }
+
   void loop() {
     while (!stop_) {
       std::deque<std::function<void()>> cmds;
@@ -264,12 +285,13 @@ class Engine {
       }
       for (auto& c : cmds) c();
       if (stop_) break;
+      const int sleep_ms = run_timers();
       if (worker_ == nullptr) {  // torn down: commands only
         std::unique_lock<std::mutex> lock(mu_);
         if (!commands_.empty()) continue;
         lock.unlock();
         pollfd fd{efd_, POLLIN, 0};
-        poll(&fd, 1, 100);
+        poll(&fd, 1, sleep_ms);
         uint64_t v;
         while (read(efd_, &v, sizeof v) > 0) {
         }
@@ -289,7 +311,7 @@ class Engine {
       }
       if (ucp_worker_arm(worker_) != UCS_OK) continue;  // events pending: progress again
       pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {efd_, POLLIN, 0}};
-      poll(fds, 2, 100);
+      poll(fds, 2, sleep_ms);
       uint64_t v;
       while (read(efd_, &v, sizeof v) > 0) {
       }
@@ -306,6 +328,7 @@ class Engine {
     for (int i = 0; worker_ != nullptr && i < 1000 && ucp_worker_progress(worker_) != 0; ++i) {
     }
     drained_.clear();
+    timers_.clear();
     refusals_.clear();
     std::deque<std::function<void(ucs_status_t)>> dropped;
     for (CloseCtx* c : closes_) dropped.push_back(std::move(c->then));
@@ -355,6 +378,7 @@ class Engine {
   bool stop_ = false;  // progress thread only
   std::set<CloseCtx*> closes_;  // endpoint closes under way; progress thread only
   std::deque<std::function<void()>> drained_;  // after_drain(); progress thread only
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> timers_;  // at(); progress thread only
   std::map<ucp_ep_h, std::function<void(const std::string&, bool)>> refusals_;  // progress thread only
   std::mutex mu_;
   bool stopped_ = false;  // under mu_: the progress thread has left its loop

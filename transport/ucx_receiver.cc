@@ -11,6 +11,8 @@
 #include <mutex>
 #include <vector>
 
+#include "core/log.h"
+#include "transport/admission.h"
 #include "transport/ucx_buffer_pool.h"
 
 namespace ferry::transport::ucx {
@@ -24,6 +26,7 @@ struct Inbound {
   std::map<ucp_ep_h, std::weak_ptr<Receiver>> owners;  // the receiver that accepted each of `eps`
   uint64_t stream = 0;  // the lanes' stream id; 0: one endpoint without a header
   uint32_t lanes = 1;
+  int64_t peer = 0;  // the identity admission returned (every lane's is the same)
   std::set<ucp_ep_h> byes;  // the endpoints that said goodbye
   bool bye = false;         // every lane said goodbye
   bool closed = false;
@@ -66,10 +69,10 @@ std::shared_ptr<StreamTable> make_stream_table() {
 // Every member but `table_`'s contents is touched on the progress thread only.
 class Receiver : public std::enable_shared_from_this<Receiver> {
  public:
-  Receiver(std::shared_ptr<Engine> e, uint64_t max_bucket, BucketCallback b, PeerClosedCallback c,
+  Receiver(std::shared_ptr<Engine> e, uint64_t max_bucket, BucketCallback b, PeerClosedCallback c, AdmitCallback a,
            std::shared_ptr<StreamTable> table)
       : engine_(std::move(e)), pool_(table ? table->pool : std::make_shared<BufferPool>(engine_)),
-        max_bucket_(max_bucket), on_bucket_(std::move(b)), on_closed_(std::move(c)),
+        max_bucket_(max_bucket), on_bucket_(std::move(b)), on_closed_(std::move(c)), admit_(std::move(a)),
         table_(table ? std::move(table) : std::make_shared<StreamTable>()) {}
 
   void start(const std::string& host, std::shared_ptr<CompletionState> done, Listening* out) {
@@ -84,6 +87,9 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (st == UCS_OK) st = ucp_worker_set_am_recv_handler(engine_->worker(), &h);
     h.id = kAbortId;
     h.cb = &Receiver::on_abort;
+    if (st == UCS_OK) st = ucp_worker_set_am_recv_handler(engine_->worker(), &h);
+    h.id = kHelloId;
+    h.cb = &Receiver::on_hello;
     if (st == UCS_OK) st = ucp_worker_set_am_recv_handler(engine_->worker(), &h);
     if (st != UCS_OK) return done->complete(ucs_error("set handler", st));
     sockaddr_in sa{};
@@ -123,11 +129,13 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       engine_->close_ep(ep, true);
     }
     inbound_.clear();
+    for (auto& [ep, a] : unadmitted_) engine_->close_ep(ep, true);
+    unadmitted_.clear();
     // The handlers point at this receiver, which may go once stopped.
     ucp_am_handler_param_t h{};
     h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
     h.cb = nullptr;
-    for (unsigned id : {kDataId, kByeId, kAbortId}) {
+    for (unsigned id : {kDataId, kByeId, kAbortId, kHelloId}) {
       h.id = id;
       (void)ucp_worker_set_am_recv_handler(engine_->worker(), &h);
     }
@@ -138,20 +146,96 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   // The accepted endpoint takes the sender's error handling mode (UCX carries it in the connection
   // request and refuses a different one): peer error handling from another host, none from this
   // one (ucx_transport.cc says why). The error handler is installed in both: UCX calls it when the
-  // connection to the sender drops.
+  // connection to the sender drops. The endpoint is not admitted yet: until its hello's credential
+  // is (on_hello), anything else it sends closes it, and without a hello within kAdmissionDeadline
+  // it is closed.
   static void on_connect(ucp_conn_request_h req, void* arg) {
     auto* self = static_cast<Receiver*>(arg);
+    std::string who = "an unknown address";
+    ucp_conn_request_attr_t attr{};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    if (ucp_conn_request_query(req, &attr) == UCS_OK && attr.client_address.ss_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&attr.client_address);
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+      who = fmt::format("{}:{}", text, ntohs(a->sin_port));
+    }
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p.conn_request = req;
     p.err_handler.cb = &Receiver::on_ep_error;
     p.err_handler.arg = self;
     ucp_ep_h ep = nullptr;
-    if (ucp_ep_create(self->engine_->worker(), &p, &ep) != UCS_OK) return;
+    if (ucp_ep_create(self->engine_->worker(), &p, &ep) != UCS_OK) {
+      (void)ucp_listener_reject(self->listener_, req);
+      return;
+    }
+    const uint64_t ticket = ++self->admission_tickets_;
+    self->unadmitted_[ep] = Unadmitted{ticket, who, false};
+    self->engine_->at(Clock::now() + kAdmissionDeadline, [weak = self->weak_from_this(), ep, ticket] {
+      auto r = weak.lock();
+      if (!r) return;
+      auto it = r->unadmitted_.find(ep);
+      if (it == r->unadmitted_.end() || it->second.ticket != ticket) return;  // admitted, closed, or another endpoint
+      r->refuse_unadmitted(ep, fmt::format("no credential within {} ms", kAdmissionDeadline.count()));
+    });
+  }
+
+  // An endpoint's credential: admitted, it becomes a stream of its own (lanes join theirs with
+  // their first message); refused, the sender is told why and the endpoint is closed when the
+  // sender closes its end or at the admission deadline, whichever comes first (a same-host sender
+  // may still be wiring its endpoint up, and UCX 1.13 aborts a worker torn down in the middle of
+  // that: ucx_sender.cc's refused()). Only the first kMaxCredentialBytes would be read, and a hello
+  // too large to come eagerly is refused unread.
+  static ucs_status_t on_hello(void* arg, const void*, size_t, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Receiver*>(arg);
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+    const ucp_ep_h ep = param->reply_ep;
+    auto it = self->unadmitted_.find(ep);
+    if (it == self->unadmitted_.end() || it->second.refused) return UCS_OK;  // admitted already, or refused
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length > kMaxCredentialBytes) {
+      self->refuse_unadmitted(ep, fmt::format("a {}-byte credential", length));
+      return UCS_OK;
+    }
+    const std::string who = it->second.who;
+    auto id = admit_peer(self->admit_, std::string_view(static_cast<const char*>(data), length), "ucx", who);
+    if (!id.ok()) {  // admit_peer() logged why
+      it->second.refused = true;
+      self->notify(ep, kRefuseId, id.status().message());
+      return UCS_OK;
+    }
+    self->unadmitted_.erase(it);
     auto in = std::make_shared<Inbound>();
     in->eps.push_back(ep);
     in->owners[ep] = self->weak_from_this();
+    in->peer = *id;
     self->inbound_[ep] = in;
+    return UCS_OK;
+  }
+
+  // Closes an endpoint that was never admitted, logging why.
+  void refuse_unadmitted(ucp_ep_h ep, const std::string& why) {
+    auto it = unadmitted_.find(ep);
+    if (it == unadmitted_.end()) return;
+    if (!it->second.refused) log_unadmitted("ucx", it->second.who, why);
+    refuse(ep);
+  }
+
+  // Closes an endpoint that was never admitted (a stranger's: it is not told why).
+  void refuse(ucp_ep_h ep) {
+    unadmitted_.erase(ep);
+    engine_->close_ep(ep, true);
+  }
+
+  // True when a message other than a hello comes from an endpoint not admitted: nothing of it is
+  // read, and the endpoint is closed (left to its deadline if it was refused already).
+  bool from_unadmitted(const ucp_am_recv_param_t* param) {
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return false;
+    auto it = unadmitted_.find(param->reply_ep);
+    if (it == unadmitted_.end()) return false;
+    if (!it->second.refused) refuse_unadmitted(param->reply_ep, "sent before presenting a credential");
+    return true;
   }
 
   // Handled once the worker is drained: on one host the buckets and the goodbye come through shared
@@ -159,6 +243,10 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   // Whatever the sender sent before it closed has arrived by then, so a clean close stays clean.
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t st) {
     auto* self = static_cast<Receiver*>(arg);
+    if (self->unadmitted_.erase(ep) != 0) {  // never admitted: nothing to report
+      self->engine_->after_drain([r = self->shared_from_this(), ep] { r->engine_->close_ep(ep, true); });
+      return;
+    }
     auto it = self->inbound_.find(ep);
     if (it == self->inbound_.end()) return;
     std::weak_ptr<Inbound> weak = it->second;
@@ -179,6 +267,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   static ucs_status_t on_abort(void* arg, const void* header, size_t header_length, void*, size_t,
                                const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
+    if (self->from_unadmitted(param)) return UCS_OK;
     std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
     auto in = self->find(param, header, header_length);
     if (in && !in->closed) self->close(*in, Status::aborted("ucx sender aborted the connection"), EpClose::kAfterSender, nullptr);
@@ -297,8 +386,15 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       return it->second;
     }
     // Another lane of a stream seen before (here or at another receiver that shares the table);
-    // its own record has had no message yet.
+    // its own record has had no message yet. A lane joins only a stream of the peer it was
+    // admitted as: no admitted sender can slip buckets into another's stream.
     auto in = joined->second;
+    if (in->peer != it->second->peer) {
+      FERRY_LOG_WARN("ucx: closed a lane of peer {} that named a stream of peer {}", it->second->peer, in->peer);
+      inbound_.erase(it);
+      refuse(ep);
+      return nullptr;
+    }
     in->eps.push_back(ep);
     in->owners[ep] = weak_from_this();
     it->second = in;
@@ -308,6 +404,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   static ucs_status_t on_bye(void* arg, const void* header, size_t header_length, void*, size_t,
                              const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
+    if (self->from_unadmitted(param)) return UCS_OK;
     std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
     auto in = self->find(param, header, header_length);
     if (!in || in->closed) return UCS_OK;
@@ -322,6 +419,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
+    if (self->from_unadmitted(param)) return UCS_OK;
     std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
     auto in = self->find(param, header, header_length);
     if (!in || in->closed) return UCS_OK;
@@ -420,7 +518,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     Status st;
     {
       BucketOwnerScope handed_over(std::move(owner));
-      st = on_bucket_(data, size);
+      st = on_bucket_(ReceivedBucket{data, size, in.peer});
     }
     if (!st.ok()) close(in, st, EpClose::kRefuse, nullptr);
   }
@@ -430,17 +528,28 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   uint64_t max_bucket_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
+  AdmitCallback admit_;
   ucp_listener_h listener_ = nullptr;
-  std::map<ucp_ep_h, std::shared_ptr<Inbound>> inbound_;  // every accepted endpoint's stream
+  // Accepted endpoints that have not presented an admitted credential yet. A ticket tells a later
+  // endpoint at the same address from the one an admission deadline was set for.
+  struct Unadmitted {
+    uint64_t ticket = 0;
+    std::string who;       // the sender's address, for the log
+    bool refused = false;  // its credential was refused: closed when the sender closes, or at the deadline
+  };
+  std::map<ucp_ep_h, Unadmitted> unadmitted_;
+  uint64_t admission_tickets_ = 0;
+  std::map<ucp_ep_h, std::shared_ptr<Inbound>> inbound_;  // every admitted endpoint's stream
   const std::shared_ptr<StreamTable> table_;  // lanes' streams, by their id; maybe shared
   std::shared_ptr<Receiver> self_;  // alive while UCX may call us
 };
 
 Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
                                                  uint64_t max_bucket, BucketCallback on_bucket,
-                                                 PeerClosedCallback on_closed, Listening* where,
+                                                 PeerClosedCallback on_closed, AdmitCallback admit, Listening* where,
                                                  std::shared_ptr<StreamTable> table) {
-  auto r = std::make_shared<Receiver>(engine, max_bucket, std::move(on_bucket), std::move(on_closed), std::move(table));
+  auto r = std::make_shared<Receiver>(engine, max_bucket, std::move(on_bucket), std::move(on_closed), std::move(admit),
+                                      std::move(table));
   auto out = std::make_shared<Listening>();
   FERRY_RETURN_IF_ERROR(engine->call([r, host, out](std::shared_ptr<CompletionState> done) { r->start(host, done, out.get()); },
                                      Clock::now() + std::chrono::seconds(30)));

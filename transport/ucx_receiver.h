@@ -24,10 +24,12 @@ struct Listening {
   uint16_t port = 0;
 };
 
-// Starts listening on `host` (an IPv4 address), on a port of its choosing.
+// Starts listening on `host` (an IPv4 address), on a port of its choosing. Every accepted endpoint
+// must say hello (kHelloId) with a credential that `admit` takes within kAdmissionDeadline before
+// anything else it sends is read.
 Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
                                                  uint64_t max_bucket, BucketCallback on_bucket,
-                                                 PeerClosedCallback on_closed, Listening* where,
+                                                 PeerClosedCallback on_closed, AdmitCallback admit, Listening* where,
                                                  std::shared_ptr<StreamTable> table = nullptr);
 // Closes the listener and every accepted endpoint; waits until the progress thread has done so.
 void stop_receiver(const std::shared_ptr<Receiver>& r);

@@ -36,12 +36,13 @@ void request_done(void* req, ucs_status_t st, void* ud);
 // connection's `requests_` until its callback ran: a request on a torn-down worker never calls
 // back, and its context is freed by the connection instead.
 struct RequestContext {
-  enum class Kind { kData, kAbort, kBye };
+  enum class Kind { kData, kAbort, kBye, kHello };
   std::shared_ptr<UcxConnection> conn;
   std::shared_ptr<CompletionState> state;  // the bucket's (kData) or the close's (kBye)
   Kind kind;
   size_t size = 0;
   LaneHeader header;  // a lane's messages carry it; UCX reads it until the request completes
+  std::string payload;  // a hello's credential, read by UCX until the request completes
 };
 
 // The lanes of one same-host connection (see the top of this file). Set up before any lane is
@@ -61,10 +62,12 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
   UcxConnection(std::shared_ptr<Engine> engine, bool private_engine, std::shared_ptr<LaneGroup> group = nullptr)
       : engine_(std::move(engine)), private_(private_engine), group_(std::move(group)) {}
 
-  Status open(const std::string& host, uint16_t port, Deadline deadline) {
+  // Connects and says hello with `credential` before anything else; completes once the endpoint is
+  // wired up.
+  Status open(const std::string& host, uint16_t port, std::string_view credential, Deadline deadline) {
     auto self = shared_from_this();
     Status st = engine_->call(
-        [self, host, port](std::shared_ptr<CompletionState> done) {
+        [self, host, port, credential = std::string(credential)](std::shared_ptr<CompletionState> done) {
           sockaddr_storage ss{};
           auto* sa = reinterpret_cast<sockaddr_in*>(&ss);
           sa->sin_family = AF_INET;
@@ -90,20 +93,26 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
             auto c = weak.lock();
             if (!c) return;
             if (acked) return c->bye_acknowledged();
-            c->fail(Status::unavailable("ucx receiver closed the connection: " + why), true);
+            c->fail_when_wired(Status::unavailable("ucx receiver closed the connection: " + why));
           });
+          // The receiver reads nothing else from this endpoint before it admits this.
+          ucs_status_t now = UCS_OK;
+          if (!self->send_am(kHelloId, reinterpret_cast<const uint8_t*>(credential.data()), credential.size(), nullptr,
+                             RequestContext::Kind::kHello, nullptr, &now, 0, credential) &&
+              now != UCS_OK) {
+            return done->complete(ucs_error("send the credential", now));
+          }
           // A flush completes once the endpoint is wired up with the listener.
           ucp_request_param_t p{};
           p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
           p.cb.send = [](void* req, ucs_status_t s2, void* ud) {
-            static_cast<CompletionState*>(ud)->complete(s2 == UCS_OK ? ok_status() : ucs_error("connect", s2));
+            static_cast<UcxConnection*>(ud)->flushed(s2);  // keepalive_ holds it
             ucp_request_free(req);
           };
-          p.user_data = done.get();
+          p.user_data = self.get();
           self->flush_state_ = done;
           ucs_status_ptr_t r = ucp_ep_flush_nbx(self->ep_, &p);
-          if (r == nullptr) done->complete(ok_status());
-          else if (UCS_PTR_IS_ERR(r)) done->complete(ucs_error("connect", UCS_PTR_STATUS(r)));
+          if (!UCS_PTR_IS_PTR(r)) self->flushed(UCS_PTR_STATUS(r));
         },
         deadline);
     if (!st.ok()) abort();
@@ -183,8 +192,10 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
 
   // Sends an active message with this endpoint as its reply endpoint (as every bucket does), so
   // the receiver knows the sender. Returns false if it completed (or failed) at once.
+  // `payload`, when given, is copied into the request and sent instead of `data`.
   bool send_am(unsigned id, const uint8_t* data, size_t size, ucp_mem_h memh, RequestContext::Kind kind,
-               std::shared_ptr<CompletionState> state, ucs_status_t* immediate, uint64_t seq = 0);
+               std::shared_ptr<CompletionState> state, ucs_status_t* immediate, uint64_t seq = 0,
+               std::string_view payload = {});
 
   void say_goodbye(std::shared_ptr<CompletionState> done) {
     if (ep_ == nullptr || !failure_.ok() || !pending_.empty()) {
@@ -228,6 +239,26 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
     (void)send_am(kAbortId, nullptr, 0, nullptr, RequestContext::Kind::kAbort, nullptr, &now);
   }
 
+  // The connect's flush is done: the endpoint is wired up. A refusal that came meanwhile fails the
+  // connection only now (fail_when_wired()).
+  void flushed(ucs_status_t st) {
+    wired_ = true;
+    if (!refusal_.ok()) return fail(refusal_, true);
+    if (flush_state_) flush_state_->complete(st == UCS_OK ? ok_status() : ucs_error("connect", st));
+  }
+
+  // fail(), for a refusal (kRefuseId: at admission, or of a bucket later) or another lane's failure.
+  // A same-host endpoint still being wired up is failed once it is (flushed()): tearing its worker
+  // down while the wire-up holds requests makes UCX 1.13 abort ("pending request ... should have
+  // been flushed"), and a receiver that refuses keeps its end open for that long.
+  void fail_when_wired(Status st) {
+    if (private_ && !wired_ && failure_.ok()) {
+      if (refusal_.ok()) refusal_ = std::move(st);
+      return;
+    }
+    fail(std::move(st), true);
+  }
+
   static void on_error(void* arg, ucp_ep_h, ucs_status_t st) {
     auto* self = static_cast<UcxConnection*>(arg);
     // The receiver dropping a same-host connection after the goodbye is how a close may end.
@@ -252,7 +283,7 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
         if (!lane || lane.get() == this) continue;
         lane->engine_->run([lane, st] {
           lane->tell_aborted();
-          lane->fail(st, true);
+          lane->fail_when_wired(st);
         });
       }
     }
@@ -300,6 +331,8 @@ class UcxConnection final : public Connection, public std::enable_shared_from_th
   std::set<std::shared_ptr<CompletionState>> pending_;
   std::set<RequestContext*> requests_;
   std::shared_ptr<CompletionState> flush_state_;
+  bool wired_ = false;  // the connect's flush completed
+  Status refusal_;      // a refusal that came before it did
   std::shared_ptr<CompletionState> closing_;  // a same-host goodbye waiting for its answer
   std::shared_ptr<UcxConnection> keepalive_;
 
@@ -327,8 +360,10 @@ void request_done(void* req, ucs_status_t st, void* ud) {
 }
 
 bool UcxConnection::send_am(unsigned id, const uint8_t* data, size_t size, ucp_mem_h memh, RequestContext::Kind kind,
-                            std::shared_ptr<CompletionState> state, ucs_status_t* immediate, uint64_t seq) {
-  auto* ctx = new RequestContext{shared_from_this(), std::move(state), kind, size, LaneHeader{}};
+                            std::shared_ptr<CompletionState> state, ucs_status_t* immediate, uint64_t seq,
+                            std::string_view payload) {
+  auto* ctx = new RequestContext{shared_from_this(), std::move(state), kind, size, LaneHeader{}, std::string(payload)};
+  if (!payload.empty()) data = reinterpret_cast<const uint8_t*>(ctx->payload.data());
   const void* header = nullptr;
   size_t header_length = 0;
   if (group_) {
@@ -434,7 +469,7 @@ uint32_t same_host_lanes() {
 
 Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>& shared, const std::string& host,
                                                    uint16_t port, const std::vector<uint16_t>& local_ports,
-                                                   bool same_host, Deadline deadline) {
+                                                   bool same_host, std::string_view credential, Deadline deadline) {
   std::vector<std::shared_ptr<UcxConnection>> lanes;
   if (same_host) {  // lanes, each on a worker of its own, torn down to stop its requests (ucx_transport.cc)
     static std::atomic<uint32_t> streams{0};
@@ -453,7 +488,7 @@ Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>
   Status st;
   for (size_t i = 0; i < lanes.size(); ++i) {
     const uint16_t to = same_host && local_ports.size() >= 2 ? local_ports[i] : port;
-    st = lanes[i]->open(host, to, deadline);
+    st = lanes[i]->open(host, to, credential, deadline);
     if (!st.ok()) break;
   }
   if (!st.ok() && same_host) close_lanes(lanes, Clock::now());

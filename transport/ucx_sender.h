@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "transport/transport.h"
@@ -18,10 +19,11 @@ uint32_t same_host_lanes();
 
 // A connection to the listener at host:port. Another host: one endpoint on `shared`, with peer
 // error handling. This host (`same_host`): one lane per listener in `local_ports` (at most
-// same_host_lanes(); one lane to `port` when fewer than two), each on an engine of its own.
+// same_host_lanes(); one lane to `port` when fewer than two), each on an engine of its own. Every
+// lane's first message is a hello carrying `credential`.
 Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>& shared, const std::string& host,
                                                    uint16_t port, const std::vector<uint16_t>& local_ports,
-                                                   bool same_host, Deadline deadline);
+                                                   bool same_host, std::string_view credential, Deadline deadline);
 
 // ucx_endpoint_info() and ucx_lane_bytes() (ucx_transport.h).
 std::string describe_connection(Connection& c);

@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "core/settings.h"
+#include "transport/admission.h"
 #include "transport/ucx_engine.h"
 #include "transport/ucx_receiver.h"
 #include "transport/ucx_regions.h"
@@ -87,23 +88,30 @@ class UcxTransport final : public Transport {
   // The transport's listener, for senders on other hosts, and one per lane for this host's
   // senders, each on a context and progress thread of its own (top of this file). The local ones
   // share their streams and receive buffers (ucx::make_stream_table()). Their callbacks take turns.
-  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed) override {
+  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("ucx: listen() was already called on this transport");
     FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
     const uint64_t max_bucket = bucket * 4 + (64ull << 20);
     auto turn = std::make_shared<std::mutex>();
-    BucketCallback bucket_cb = [turn, cb = std::move(on_bucket)](const uint8_t* data, size_t size) {
+    BucketCallback bucket_cb = [turn, cb = std::move(on_bucket)](const ReceivedBucket& b) {
       std::lock_guard<std::mutex> l(*turn);
-      return cb(data, size);
+      return cb(b);
     };
+    AdmitCallback admit_cb;
+    if (admit) {
+      admit_cb = [turn, cb = std::move(admit)](std::string_view credential) {
+        std::lock_guard<std::mutex> l(*turn);
+        return cb(credential);
+      };
+    }
     PeerClosedCallback closed_cb = [turn, cb = std::move(on_closed)](const Status& why) {
       std::lock_guard<std::mutex> l(*turn);
       if (cb) cb(why);
     };
     ucx::Listening main;
-    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, max_bucket, bucket_cb, closed_cb, &main));
+    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, max_bucket, bucket_cb, closed_cb, admit_cb, &main));
     const std::string blob = main.blob;
     if (ucx::host_identity().empty() || ucx::same_host_lanes() < 2) return blob;
     std::string ports;
@@ -113,7 +121,7 @@ class UcxTransport final : public Transport {
       ucx::Listening where;
       Status st = local->init(/*indirect_ids=*/true);
       if (st.ok()) {
-        auto r = ucx::start_receiver(local, host, max_bucket, bucket_cb, closed_cb, &where, table);
+        auto r = ucx::start_receiver(local, host, max_bucket, bucket_cb, closed_cb, admit_cb, &where, table);
         if (r.ok()) {
           local_receivers_.push_back(*r);
           local_engines_.push_back(local);
@@ -141,7 +149,9 @@ class UcxTransport final : public Transport {
   // "ucx://host:port/boot-id[/local-port,local-port]"; without the boot id (or with another one)
   // the peer counts as on another host, and the endpoint keeps peer error handling. A sender on
   // this host connects lane k to local port k (one lane to the transport's port if there are none).
-  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline) override {
+  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
+                                              std::string_view credential) override {
+    FERRY_RETURN_IF_ERROR(check_credential(credential).with_context("ucx connect"));
     constexpr std::string_view kScheme = "ucx://";
     if (!blob.starts_with(kScheme)) return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
     std::string address = blob.substr(kScheme.size());
@@ -170,7 +180,7 @@ class UcxTransport final : public Transport {
     if (port <= 0 || port > 65535) return Status::invalid_argument("ucx: malformed port in '" + blob + "'");
     const bool same_host = !boot.empty() && boot == ucx::host_identity();
     auto conn = ucx::connect_sender(engine_, address.substr(0, colon), static_cast<uint16_t>(port), local_ports,
-                                    same_host, deadline);
+                                    same_host, credential, deadline);
     if (!conn.ok()) return conn.status().with_context("ucx connect to " + blob);
     return conn;
   }

@@ -104,13 +104,14 @@ class Conformance : public ::testing::TestWithParam<TransportCase> {
   int txd() const { return GetParam().tx_device; }
 
   std::string listen() {
-    auto blob = rx_->listen(inbox_->callback(), inbox_->closed_callback());
+    auto blob = rx_->listen(inbox_->callback(), inbox_->closed_callback(), suite_admit());
     EXPECT_TRUE(blob.ok()) << blob.status().to_string();
     return blob.ok() ? *blob : std::string();
   }
 
-  std::unique_ptr<Connection> connect(Transport& t, const std::string& blob) {
-    auto c = t.connect(blob, in(10s));
+  std::unique_ptr<Connection> connect(Transport& t, const std::string& blob,
+                                      std::string_view credential = kCredential) {
+    auto c = t.connect(blob, in(10s), credential);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -138,6 +139,7 @@ class Conformance : public ::testing::TestWithParam<TransportCase> {
     for (size_t i = 0; i < posted.size(); ++i) {
       EXPECT_EQ(got[first + i].size, posted[i].size) << "bucket " << i;
       EXPECT_EQ(got[first + i].hash, posted[i].hash) << "bucket " << i;
+      EXPECT_EQ(got[first + i].peer, kIdentity) << "bucket " << i;
     }
   }
 

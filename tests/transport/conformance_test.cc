@@ -197,7 +197,7 @@ TEST_P(Conformance, TwoSendersOneReceiver) {
   constexpr size_t kInFlight = 4;
   std::vector<uint64_t> hashes[2];
   auto run = [&](Transport& t, uint64_t sender) {
-    auto c = t.connect(blob, in(10s));
+    auto c = t.connect(blob, in(10s), kCredential);
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     auto src = Source::create(t, kBucket * kInFlight, txd());
     ASSERT_TRUE(src.ok()) << src.status().to_string();
@@ -306,7 +306,7 @@ TEST_P(Conformance, CloseWithBucketsUndelivered) {
 }
 
 TEST_P(Conformance, MalformedBlobFails) {
-  auto c = tx_->connect("not-a-blob", in(5s));
+  auto c = tx_->connect("not-a-blob", in(5s), kCredential);
   EXPECT_FALSE(c.ok());
 }
 

@@ -94,7 +94,9 @@ TEST_P(Handover, KeptBucketsOutliveLaterOnes) {
   std::vector<Seen> seen;
   std::vector<std::shared_ptr<const void>> kept;  // the even buckets' owners
   auto blob = (*rx)->listen(
-      [&](const uint8_t* data, size_t size) {
+      [&](const ReceivedBucket& b) {
+        const uint8_t* data = b.data;
+        const size_t size = b.size;
         std::shared_ptr<const void> owner = bucket_owner();
         std::lock_guard<std::mutex> lock(mu);
         if (seen.size() % 2 == 0 && seen.size() < kCount && owner) kept.push_back(owner);
@@ -102,9 +104,9 @@ TEST_P(Handover, KeptBucketsOutliveLaterOnes) {
         cv.notify_all();
         return ok_status();
       },
-      [](const Status&) {});
+      [](const Status&) {}, nullptr);
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto conn = (*tx)->connect(*blob, in(10s));
+  auto conn = (*tx)->connect(*blob, in(10s), {});
   ASSERT_TRUE(conn.ok()) << conn.status().to_string();
   size_t total = 0;
   for (size_t n : sizes) total += n;
@@ -185,16 +187,18 @@ TEST(UcxHandover, EagerBehindRendezvousIsHandedOver) {
   };
   std::vector<Seen> seen;
   auto blob = (*rx)->listen(
-      [&](const uint8_t* data, size_t size) {
+      [&](const ReceivedBucket& b) {
+        const uint8_t* data = b.data;
+        const size_t size = b.size;
         std::unique_lock<std::mutex> lock(mu);
         seen.push_back({data, size, bucket_owner()});
         cv.notify_all();
         if (!cv.wait_until(lock, in(60s), [&] { return gate_open; })) return Status::deadline_exceeded("gate stayed shut");
         return ok_status();
       },
-      [](const Status&) {});
+      [](const Status&) {}, nullptr);
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto conn = (*tx)->connect(*blob, in(10s));
+  auto conn = (*tx)->connect(*blob, in(10s), {});
   ASSERT_TRUE(conn.ok()) << conn.status().to_string();
   // On the way out, before the connection closes: a failed assertion leaves no receiver held.
   struct OpenGate {

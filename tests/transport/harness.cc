@@ -43,8 +43,16 @@ void fill_payload(uint8_t* dst, size_t size, uint64_t sender, uint64_t seq) {
 
 uint64_t hash_bytes(const uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
 
+AdmitCallback suite_admit() {
+  return [](std::string_view credential) -> Result<int64_t> {
+    if (credential == kCredential) return kIdentity;
+    if (credential == kSecondCredential) return kSecondIdentity;
+    return Status::unauthenticated("not a credential of the suite");
+  };
+}
+
 BucketCallback Inbox::callback() {
-  return [this](const uint8_t* d, size_t n) { return on_bucket(d, n); };
+  return [this](const ReceivedBucket& b) { return on_bucket(b); };
 }
 
 PeerClosedCallback Inbox::closed_callback() {
@@ -55,7 +63,9 @@ PeerClosedCallback Inbox::closed_callback() {
   };
 }
 
-Status Inbox::on_bucket(const uint8_t* data, size_t size) {
+Status Inbox::on_bucket(const ReceivedBucket& b) {
+  const uint8_t* data = b.data;
+  const size_t size = b.size;
   std::vector<uint8_t> host;
   const uint8_t* bytes = data;
 #if defined(FERRY_HAVE_CUDA)
@@ -71,6 +81,7 @@ Status Inbox::on_bucket(const uint8_t* data, size_t size) {
   Received r;
   r.size = size;
   r.hash = hash_bytes(bytes, size);
+  r.peer = b.peer;
   if (size >= 16) {
     std::memcpy(&r.sender, bytes, 8);
     std::memcpy(&r.seq, bytes + 8, 8);
@@ -276,7 +287,7 @@ Status run_receiver(Transport& t, int fd) {
   std::condition_variable cv;
   bool first = true;
   FERRY_ASSIGN_OR_RETURN(std::string blob, t.listen(
-                                               [&](const uint8_t*, size_t) {
+                                               [&](const ReceivedBucket&) {
                                                  std::unique_lock<std::mutex> lock(mu);
                                                  if (first) report(fd, "bucket");
                                                  first = false;
@@ -284,7 +295,7 @@ Status run_receiver(Transport& t, int fd) {
                                                  cv.wait_for(lock, 60s);
                                                  return Status::deadline_exceeded("child receiver stalled");
                                                },
-                                               [](const Status&) {}));
+                                               [](const Status&) {}, suite_admit()));
   report(fd, "blob " + blob);
   std::unique_lock<std::mutex> lock(mu);
   cv.wait_for(lock, 60s);
@@ -293,7 +304,7 @@ Status run_receiver(Transport& t, int fd) {
 
 // Posts stream_schedule() with up to four buckets in flight, then closes cleanly.
 Status run_stream_sender(Transport& t, const std::string& blob, int device, int fd) {
-  FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(30s)));
+  FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(30s), kCredential));
   const auto schedule = stream_schedule();
   size_t end = 0;
   for (const auto& [off, size] : schedule) end = std::max(end, off + size);
@@ -315,7 +326,7 @@ Status run_stream_sender(Transport& t, const std::string& blob, int device, int 
 }
 
 Status run_sender(Transport& t, const std::string& blob, int device, int fd) {
-  FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(10s)));
+  FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(10s), kCredential));
   constexpr size_t kBucket = 8 << 20;
   constexpr size_t kSlots = 4;
   FERRY_ASSIGN_OR_RETURN(Source src, Source::create(t, kBucket * kSlots, device));

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/buffer.h"
@@ -30,9 +31,18 @@ uint64_t hash_bytes(const uint8_t* data, size_t size);
 struct Received {
   size_t size = 0;
   uint64_t hash = 0;
+  int64_t peer = -1;  // the identity admission returned for its connection
   uint64_t sender = ~0ull;  // from the payload header; ~0 when the bucket is shorter than 16 bytes
   uint64_t seq = ~0ull;
 };
+
+// The credentials the suite's senders present, and the identities the suite's admit() returns for
+// them; anything else is refused.
+inline constexpr std::string_view kCredential = "conformance-sender";
+inline constexpr int64_t kIdentity = 42;
+inline constexpr std::string_view kSecondCredential = "conformance-second-sender";
+inline constexpr int64_t kSecondIdentity = 43;
+AdmitCallback suite_admit();
 
 // Records every bucket a receiver gets. The callback can be held at a gate to build backpressure.
 class Inbox {
@@ -51,7 +61,7 @@ class Inbox {
   std::vector<Status> closed();
 
  private:
-  Status on_bucket(const uint8_t* data, size_t size);
+  Status on_bucket(const ReceivedBucket& b);
 
   bool device_memory_;
   std::mutex mu_;

@@ -24,9 +24,9 @@ TEST(UcxSameHost, EndpointUsesSharedMemoryAndCma) {
   ASSERT_TRUE(rx.ok()) << rx.status().to_string();
   auto tx = create_transport("ucx");
   ASSERT_TRUE(tx.ok()) << tx.status().to_string();
-  auto blob = (*rx)->listen([](const uint8_t*, size_t) { return ok_status(); }, [](const Status&) {});
+  auto blob = (*rx)->listen([](const ReceivedBucket&) { return ok_status(); }, [](const Status&) {}, nullptr);
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto conn = (*tx)->connect(*blob, in(10s));
+  auto conn = (*tx)->connect(*blob, in(10s), {});
   ASSERT_TRUE(conn.ok()) << conn.status().to_string();
   std::vector<uint8_t> src((size_t{4} << 20) + 3, 7);
   auto region = (*tx)->register_memory(src.data(), src.size(), Device::cpu());
@@ -56,16 +56,18 @@ TEST(UcxSameHost, BucketsGoOverTwoLanesInOrder) {
   std::mutex mu;
   std::vector<uint8_t> firsts;  // each bucket's first byte, in delivery order
   auto blob = (*rx)->listen(
-      [&](const uint8_t* data, size_t size) {
+      [&](const ReceivedBucket& b) {
+        const uint8_t* data = b.data;
+        const size_t size = b.size;
         bool whole = true;
         for (size_t i = 0; i < size; i += 4096) whole = whole && data[i] == data[0];
         std::lock_guard<std::mutex> lock(mu);
         firsts.push_back(whole ? data[0] : 0xff);
         return ok_status();
       },
-      [](const Status&) {});
+      [](const Status&) {}, nullptr);
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto conn = (*tx)->connect(*blob, in(10s));
+  auto conn = (*tx)->connect(*blob, in(10s), {});
   ASSERT_TRUE(conn.ok()) << conn.status().to_string();
   constexpr size_t kBucket = size_t{4} << 20;  // rendezvous
   constexpr int kCount = 8;
