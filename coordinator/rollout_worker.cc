@@ -131,6 +131,12 @@ class RolloutWorkerImpl final : public RolloutWorker {
     return ended_;
   }
 
+  std::vector<DataEndpoint> data_endpoints() const override {
+    std::vector<DataEndpoint> out;
+    for (const auto& e : endpoints_) out.push_back({e.transport(), e.blob()});
+    return out;
+  }
+
   Status resume() override {
     const uint64_t v = version_.load();
     if (!consistent_.load()) {

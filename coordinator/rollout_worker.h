@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "reload/model_storage.h"
@@ -35,6 +36,12 @@ struct RolloutOptions {
   std::function<Status(const PauseRequest&)> pause;
   // Runs once every rank of the replica holds `version` complete.
   std::function<Status(uint64_t version)> resume;
+};
+
+// A data transport a rank listens on, and the blob a sender connects with.
+struct DataEndpoint {
+  std::string transport;
+  std::string blob;
 };
 
 class RolloutWorker {
@@ -59,6 +66,8 @@ class RolloutWorker {
   // Runs the resume hook again after it failed at the end of an update (the rank stays paused, its
   // replica not serving, until this or a later update succeeds) and tells the coordinator.
   virtual Status resume() = 0;
+  // Where this rank takes buckets, in its preference order (what the coordinator hands senders).
+  virtual std::vector<DataEndpoint> data_endpoints() const = 0;
 };
 
 }  // namespace ferry::coordinator

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +17,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "coordinator/bucket.h"
 #include "coordinator/status_client.h"
+#include "transport/transport.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/coordinator/process.h"
 #include "tests/coordinator/raw_socket.h"
@@ -315,6 +318,59 @@ TEST_F(FailClosed, UnauthenticatedConnectionsAreCappedBoundedAndTimedOut) {
   // Members are untouched by all this: the next update lands too.
   auto again = c.update(2, Checkpoint(c.manifest(), 2));
   EXPECT_TRUE(again.ok()) << again.status().to_string();
+}
+
+// Issue case 5: with FERRY_TOKEN set, a process that never joined connects to a rank's data port
+// and sends well-formed buckets of the open update, claiming to be each of the first members with a
+// credential it cannot compute. None is admitted: the update lands exactly as a clean one does.
+TEST_F(FailClosed, DataPortRefusesAStrangerWithoutTheKey) {
+  setenv("FERRY_TOKEN", "correct horse", 1);
+  setenv("FERRY_TRANSPORT", "tcp", 1);
+  struct Unset {
+    ~Unset() {
+      unsetenv("FERRY_TOKEN");
+      unsetenv("FERRY_TRANSPORT");
+    }
+  } unset;
+  Cluster c(1, "none"), clean(1, "none");
+  ASSERT_TRUE(c.start().ok());
+  ASSERT_TRUE(clean.start().ok());
+  const auto manifest = c.manifest();
+  Checkpoint ck(manifest, 2);
+  ASSERT_TRUE(clean.update(2, ck).ok());
+  ASSERT_TRUE(c.trainer().start_weight_update(2, manifest).ok());
+  std::string blob;
+  for (const auto& e : c.rank(0).worker->data_endpoints()) {
+    if (e.transport == "tcp") blob = e.blob;
+  }
+  ASSERT_FALSE(blob.empty());
+  auto stranger = transport::create_transport("tcp");
+  ASSERT_TRUE(stranger.ok());
+  coordinator::BucketBuilder forged(1 << 16);
+  size_t admitted = 0;
+  for (int claimed = 1; claimed <= 6; ++claimed) {
+    forged.reset(2, claimed, 0);
+    uint8_t* p = forged.add_piece(0, Region{{0}, {16}}, DType::kBF16, 32);
+    std::memset(p, 0x7f, 32);
+    auto n = forged.seal(false);
+    ASSERT_TRUE(n.ok());
+    std::string credential(4, '\0');
+    credential[0] = static_cast<char>(claimed);
+    credential += std::string(32, 'x');  // no key: an HMAC it cannot compute
+    auto conn = (*stranger)->connect(blob, Clock::now() + std::chrono::seconds(2), credential);
+    if (!conn.ok()) continue;
+    auto region = (*stranger)->register_memory(forged.data(), *n, Device::cpu());
+    ASSERT_TRUE(region.ok());
+    auto h = (*conn)->post(**region, 0, *n);
+    if (h.ok() && (*h)->wait(Clock::now() + std::chrono::seconds(2)).ok()) ++admitted;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  coordinator::MapSource src(ck.views);
+  ASSERT_TRUE(c.trainer().update_weights(src).ok());
+  auto r = c.trainer().finish_weight_update();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(c.rank(0).fingerprint(), clean.rank(0).fingerprint());
+  (void)admitted;  // a post may complete into the socket before the refusal closes it
 }
 
 // Issue case 7: the trainer that embeds the coordinator is killed mid-update; each rank exits
