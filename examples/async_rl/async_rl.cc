@@ -33,6 +33,7 @@ class Replica {
 
   Status start(const std::string& coordinator) {
     FERRY_ASSIGN_OR_RETURN(spec_, tiny::rank_spec(cfg_, options_.scheme));
+    spec_.replica = index_;  // each replica its own (TP 1): a second "replica 0 rank 0" would replace the first
     FERRY_ASSIGN_OR_RETURN(auto storage, ferry::reload::ModelStorage::allocate(spec_, ferry::Device::cpu()));
     storage_ = std::make_unique<ferry::reload::ModelStorage>(std::move(storage));
     // The decoder takes its tensors from a registry over the same storage the worker updates.
