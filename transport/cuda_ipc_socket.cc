@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include "core/log.h"
+
 namespace ferry::transport::net {
 namespace {
 
@@ -214,18 +216,36 @@ Result<Listener> Listener::tcp(const std::string& host) {
   return l;
 }
 
-Result<Socket> Listener::accept() {
+Socket Listener::accept() {
+  if (Clock::now() < retry_at_) return Socket();
   for (;;) {
     const int fd = accept4(sock_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
+      backoff_ = std::chrono::milliseconds(1);
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // fails harmlessly on Unix sockets
       return Socket(fd);
     }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Socket();
-    return sys_error("accept");
+    const int e = errno;
+    if (e == EINTR || e == ECONNABORTED) continue;  // that connection is gone; the next may wait
+    if (e == EAGAIN || e == EWOULDBLOCK) return Socket();
+    const uint64_t bit = e < 64 ? uint64_t{1} << e : 0;
+    if (bit == 0 || (logged_ & bit) == 0) {
+      logged_ |= bit;
+      FERRY_LOG_WARN("accept on a control listener failed ({}); retrying with back-off, connections wait in the backlog",
+                     std::strerror(e));
+    }
+    retry_at_ = Clock::now() + backoff_;
+    backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(100));
+    return Socket();
   }
+}
+
+int Listener::poll_fd() const { return Clock::now() < retry_at_ ? -1 : sock_.fd(); }
+
+int Listener::timeout_ms(int cap) const {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(retry_at_ - Clock::now()).count() + 1;
+  return left > 0 ? static_cast<int>(std::min<int64_t>(left, cap)) : cap;
 }
 
 Waker::Waker() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}

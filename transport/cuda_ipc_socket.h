@@ -39,27 +39,35 @@ class Socket {
   int fd_ = -1;
 };
 
+// A listening socket whose accept() survives its errors (cuda_ipc's and nccl's receiving threads
+// poll it between their other work).
 class Listener {
  public:
   Listener() = default;
-  Listener(Listener&& o) noexcept : sock_(std::move(o.sock_)), port_(o.port_) {}
-  Listener& operator=(Listener&& o) noexcept {
-    sock_ = std::move(o.sock_);
-    port_ = o.port_;
-    return *this;
-  }
+  Listener(Listener&& o) noexcept = default;
+  Listener& operator=(Listener&& o) noexcept = default;
 
   static Result<Listener> unix_abstract(const std::string& name);
   // Binds `host` on a free port.
   static Result<Listener> tcp(const std::string& host);
   int fd() const { return sock_.fd(); }
   int port() const { return port_; }
-  // A pending connection, or an invalid Socket when none is waiting.
-  Result<Socket> accept();
+  // A pending connection, or an invalid Socket when none is waiting or accept() is backing off.
+  // Any error (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...) is logged once per kind and accepting pauses
+  // for a back-off that doubles from 1 ms to 100 ms while it persists: descriptors free up as
+  // connections close, and a listener out of them neither ends nor spins.
+  Socket accept();
+  // What a poll loop watches for new connections: -1 (ignored by poll()) while backing off.
+  int poll_fd() const;
+  // `cap`, or less when the back-off ends sooner (ms).
+  int timeout_ms(int cap) const;
 
  private:
   Socket sock_;
   int port_ = 0;
+  Deadline retry_at_{};                        // accept() waits until then after an error
+  std::chrono::milliseconds backoff_{1};
+  uint64_t logged_ = 0;                         // errno values already logged (those under 64)
 };
 
 // Wakes a poll() loop from another thread (an eventfd).

@@ -308,14 +308,10 @@ class IpcReceiver {
     while (!stop_.load(std::memory_order_acquire)) {
       bool progress = false;
       for (;;) {
-        auto s = listener_.accept();
-        if (!s.ok()) {
-          FERRY_LOG_WARN("cuda_ipc: accept failed: {}", s.status().to_string());
-          break;
-        }
-        if (!s->valid()) break;
+        net::Socket s = listener_.accept();
+        if (!s.valid()) break;
         progress = true;
-        admissions_.add(std::move(*s));
+        admissions_.add(std::move(s));
       }
       admissions_.poll(
           [this](net::Socket s, int64_t identity) {
@@ -345,13 +341,13 @@ class IpcReceiver {
         idle = 0;
         continue;
       }
-      std::vector<int> fds = {listener_.fd(), waker_.fd()};
+      std::vector<int> fds = {listener_.poll_fd(), waker_.fd()};
       for (auto& p : peers_) fds.push_back(p->sock.fd());
       admissions_.append_fds(fds);
       // A copy in flight is polled (it ends in microseconds to milliseconds); otherwise sleep on
       // the sockets, bounded so stop() is seen even if the waker were missed, and so a silent
       // peer's admission deadline is kept.
-      const int timeout = admissions_.timeout_ms(waiting_on_gpu ? (++idle < kSpins ? 0 : 1) : 100);
+      const int timeout = listener_.timeout_ms(admissions_.timeout_ms(waiting_on_gpu ? (++idle < kSpins ? 0 : 1) : 100));
       if (net::wait_readable(fds.data(), fds.size(), timeout) & 2) waker_.drain();
     }
   }

@@ -280,10 +280,10 @@ class NcclReceiver {
     while (!stop_.load(std::memory_order_acquire)) {
       bool progress = false, gpu_wait = false;
       for (;;) {
-        auto s = listener_.accept();
-        if (!s.ok() || !s->valid()) break;
+        net::Socket s = listener_.accept();
+        if (!s.valid()) break;
         progress = true;
-        admissions_.add(std::move(*s));
+        admissions_.add(std::move(s));
       }
       admissions_.poll([this](net::Socket s, int64_t identity) { start_setup(std::move(s), identity); }, &progress);
       adopt(&progress);
@@ -307,10 +307,10 @@ class NcclReceiver {
         idle = 0;
         continue;
       }
-      std::vector<int> fds = {listener_.fd(), waker_.fd()};
+      std::vector<int> fds = {listener_.poll_fd(), waker_.fd()};
       for (auto& p : peers_) fds.push_back(p->sock.fd());
       admissions_.append_fds(fds);
-      const int timeout = admissions_.timeout_ms(gpu_wait ? (++idle < kSpins ? 0 : 1) : 100);
+      const int timeout = listener_.timeout_ms(admissions_.timeout_ms(gpu_wait ? (++idle < kSpins ? 0 : 1) : 100));
       if (net::wait_readable(fds.data(), fds.size(), timeout) & 2) waker_.drain();
     }
   }

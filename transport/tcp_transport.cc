@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/accept_loop.h"
 #include "core/asio.h"
 #include <fmt/format.h>
 
@@ -279,7 +280,9 @@ class TcpTransport final : public Transport {
       on_bucket_ = std::move(on_bucket);
       on_closed_ = std::move(on_closed);
       admit_ = std::move(admit);
-      accept();
+      // Backs off and keeps accepting on any error: a burst that exhausts descriptors (EMFILE) must
+      // not end the listener.
+      accept_loop_ = accept_forever(acceptor_, [this](tcp::socket socket) { adopt(std::move(socket)); }, "tcp data listener");
       const auto ep = acceptor_.local_endpoint();
       done.set_value(fmt::format("tcp://{}:{}", ep.address().to_string(), ep.port()));
     });
@@ -329,6 +332,7 @@ class TcpTransport final : public Transport {
     std::promise<void> done;
     asio::post(io_, [&] {
       boost::system::error_code ec;
+      if (accept_loop_) accept_loop_->stop();
       acceptor_.close(ec);
       for (auto& w : receivers_) {
         if (auto r = w.lock()) r->close();
@@ -340,21 +344,18 @@ class TcpTransport final : public Transport {
   }
 
  private:
-  void accept() {
-    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-      if (ec) return;  // closed
-      tune(socket);
-      auto r = std::make_shared<Receiver>(std::move(socket), max_bucket_, on_bucket_, on_closed_, admit_);
-      receivers_.remove_if([](const std::weak_ptr<Receiver>& w) { return w.expired(); });
-      receivers_.push_back(r);
-      r->start();
-      accept();
-    });
+  void adopt(tcp::socket socket) {
+    tune(socket);
+    auto r = std::make_shared<Receiver>(std::move(socket), max_bucket_, on_bucket_, on_closed_, admit_);
+    receivers_.remove_if([](const std::weak_ptr<Receiver>& w) { return w.expired(); });
+    receivers_.push_back(r);
+    r->start();
   }
 
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   tcp::acceptor acceptor_;
+  std::shared_ptr<AcceptLoop> accept_loop_;  // the I/O thread's
   std::thread thread_;
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;

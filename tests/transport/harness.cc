@@ -1,7 +1,10 @@
 #include "tests/transport/harness.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <spdlog/sinks/sink.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +12,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +20,10 @@
 #include <fstream>
 #include <thread>
 
+#include "core/asio.h"
 #include "core/device_copy.h"
+#include "core/log.h"
+#include "tests/transport/stranger.h"
 
 #if defined(FERRY_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -302,6 +309,92 @@ Status run_receiver(Transport& t, int fd) {
   return ok_status();
 }
 
+// Hands every log line's text to `fn` (it formats nothing).
+class LogWatch final : public spdlog::sinks::sink {
+ public:
+  explicit LogWatch(std::function<void(std::string_view)> fn) : fn_(std::move(fn)) {}
+  void log(const spdlog::details::log_msg& msg) override { fn_(std::string_view(msg.payload.data(), msg.payload.size())); }
+  void flush() override {}
+  void set_pattern(const std::string&) override {}
+  void set_formatter(std::unique_ptr<spdlog::formatter>) override {}
+
+ private:
+  std::function<void(std::string_view)> fn_;
+};
+
+// A tcp receiver with few descriptors to spare: it lowers RLIMIT_NOFILE to kSpare above the
+// descriptors it holds once listening, reports its blob, says when an accept failed
+// ("accept_failed"), and reports "bucket" for every bucket it gets.
+Status run_fd_limited_receiver(Transport& t, int fd) {
+  constexpr rlim_t kSpare = 8;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool warming = true;
+  int warm_buckets = 0, warm_closes = 0, unadmitted = 0;
+  std::atomic<bool> told{false};
+  ::ferry::logger().sinks().push_back(std::make_shared<LogWatch>([&](std::string_view text) {
+    if (text.find("accept failed") != std::string_view::npos && !told.exchange(true)) report(fd, "accept_failed");
+    if (text.find("before admission") != std::string_view::npos) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++unadmitted;
+      cv.notify_all();
+    }
+  }));
+  if (::ferry::logger().level() > spdlog::level::warn) ::ferry::logger().set_level(spdlog::level::warn);
+  FERRY_ASSIGN_OR_RETURN(std::string blob, t.listen(
+                                               [&](const ReceivedBucket&) {
+                                                 std::lock_guard<std::mutex> lock(mu);
+                                                 if (!warming) report(fd, "bucket");
+                                                 ++warm_buckets;
+                                                 cv.notify_all();
+                                                 return ok_status();
+                                               },
+                                               [&](const Status&) {
+                                                 std::lock_guard<std::mutex> lock(mu);
+                                                 ++warm_closes;
+                                                 cv.notify_all();
+                                               },
+                                               suite_admit()));
+  // UBSan's first check of an object's dynamic type opens a pipe, which fails once descriptors run
+  // out (a false "invalid vptr" report). So the receiver's paths are walked once while there are
+  // descriptors: a sender that delivers a bucket and closes, a peer that closes unadmitted, an
+  // accept error's log line.
+  {
+    FERRY_ASSIGN_OR_RETURN(auto tx, create_transport("tcp"));
+    FERRY_ASSIGN_OR_RETURN(auto conn, tx->connect(blob, in(10s), kCredential));
+    uint8_t byte = 1;
+    FERRY_ASSIGN_OR_RETURN(auto region, tx->register_memory(&byte, 1, Device::cpu()));
+    FERRY_ASSIGN_OR_RETURN(auto h, conn->post(*region, 0, 1));
+    FERRY_RETURN_IF_ERROR(h->wait(in(10s)));
+    conn.reset();
+    tx->shutdown();
+    const int raw = raw_tcp_socket(blob);
+    if (raw >= 0) close(raw);
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, 10s, [&] { return warm_buckets == 1 && warm_closes == 1 && unadmitted == 1; })) {
+      return Status::deadline_exceeded("fd_limited_receiver: the warm-up did not finish");
+    }
+    warming = false;
+  }
+  FERRY_LOG_WARN("fd_limited_receiver: ready ({}, {})", boost::system::error_code(EMFILE, boost::system::system_category()).message(),
+                 boost::system::error_code(boost::asio::error::eof).message());
+  rlim_t open_fds = 0;  // below the report descriptor (100), which stays open above the limit
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.' && std::atoi(e->d_name) < 100) ++open_fds;
+    }
+    closedir(d);
+  }
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = open_fds + kSpare;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return Status::internal(std::string("setrlimit: ") + std::strerror(errno));
+  report(fd, "blob " + blob);
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait_for(lock, 60s, [] { return false; });  // the parent kills us
+  return ok_status();
+}
+
 // Posts stream_schedule() with up to four buckets in flight, then closes cleanly.
 Status run_stream_sender(Transport& t, const std::string& blob, int device, int fd) {
   FERRY_ASSIGN_OR_RETURN(auto conn, t.connect(blob, in(30s), kCredential));
@@ -366,6 +459,7 @@ Status run_child_role() {
   if (std::string(role) == "receiver") return run_receiver(*t, fd);
   if (std::string(role) == "sender") return run_sender(*t, blob, device, fd);
   if (std::string(role) == "stream_sender") return run_stream_sender(*t, blob, device, fd);
+  if (std::string(role) == "fd_limited_receiver") return run_fd_limited_receiver(*t, fd);
   return Status::invalid_argument(std::string("unknown child role ") + role);
 }
 
