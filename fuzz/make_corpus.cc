@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "core/version.h"
+#include "coordinator/auth.h"
 #include "coordinator/bucket.h"
 #include "coordinator/frame.h"
+#include "transport/admission.h"
 
 namespace {
 
@@ -333,6 +335,24 @@ void buckets() {
   put("bucket", "bad_piece_outside", std::string(8, 'p') + hb + u32(static_cast<uint32_t>(hb.size())) + u32(kBucketMagic));
 }
 
+// What a peer sends first on a data connection, for fuzz_admission (its keys and receiver).
+void admission() {
+  auto frame = [](const std::string& key, int sender) {
+    auto c = data_credential(key, sender, 2);
+    return transport::credential_frame(c.ok() ? *c : std::string());
+  };
+  const std::string a(32, 'a'), b(32, 'b');
+  put("admission", "sender_1", frame(a, 1));
+  put("admission", "sender_7", frame(b, 7));
+  put("admission", "wrong_key", frame(b, 1));
+  put("admission", "unknown_sender", frame(a, 3));
+  put("admission", "empty", transport::credential_frame(""));
+  const std::string ok = frame(a, 1);
+  put("admission", "bad_magic", "XXXX" + ok.substr(4));
+  put("admission", "bad_oversized", ok.substr(0, 4) + u32(1u << 20) + ok.substr(8));
+  put("admission", "bad_truncated", ok.substr(0, ok.size() - 3));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,5 +364,6 @@ int main(int argc, char** argv) {
   frames();
   handlers();
   buckets();
+  admission();
   return 0;
 }

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(fuzz_frame fuzz_handlers fuzz_bucket); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(fuzz_frame fuzz_handlers fuzz_bucket fuzz_admission); fi
 build_dir=${FERRY_FUZZ_BUILD_DIR:-build-fuzz}
 
 cc=$(command -v clang-14 || command -v clang)
