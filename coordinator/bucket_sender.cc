@@ -1,8 +1,10 @@
 #include "coordinator/bucket_sender.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -58,7 +60,20 @@ Status pack_piece(Device bucket, const std::optional<std::pair<uint64_t, uint64_
   return copy_now(bucket.index, where, packed.data(), bytes);
 }
 
+std::mutex sealed_hook_mu;
+std::atomic<bool> sealed_hook_set{false};
+SealedBucketHook& sealed_hook() {
+  static SealedBucketHook hook;
+  return hook;
+}
+
 }  // namespace
+
+void set_sealed_bucket_hook_for_testing(SealedBucketHook hook) {
+  std::lock_guard<std::mutex> lock(sealed_hook_mu);
+  sealed_hook_set = static_cast<bool>(hook);
+  sealed_hook() = std::move(hook);
+}
 
 // One destination rank: its connection, a pool of bucket buffers, and the buckets in flight.
 struct BucketSender::Destination {
@@ -257,6 +272,11 @@ Status BucketSender::flush(Destination& d) {
   if (!size.ok()) {
     d.free.push_back(k);
     return size.status();
+  }
+  if (sealed_hook_set && b.device().is_cpu()) {
+    const sharding::RankSpec& rank = (*ranks_)[static_cast<size_t>(&d - dests_.data())];
+    std::lock_guard<std::mutex> lock(sealed_hook_mu);
+    if (sealed_hook()) sealed_hook()(rank.replica, rank.tp_rank, b.data(), *size);
   }
   auto handle = d.conn->post(*d.regions[k], 0, *size);
   if (!handle.ok()) {

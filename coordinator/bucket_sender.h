@@ -43,6 +43,12 @@ struct BucketSenderSettings {
   bool direct = false;        // FERRY_DIRECT allows direct reads
 };
 
+// For tests of the receive path: runs on every bucket in host memory after it is sealed and before
+// it is posted, with its destination rank, its bytes and their size; it may change the bytes, as a
+// faulty link would. Process-wide, for every BucketSender; an empty function removes it.
+using SealedBucketHook = std::function<void(int replica, int tp_rank, uint8_t* bucket, size_t size)>;
+void set_sealed_bucket_hook_for_testing(SealedBucketHook hook);
+
 class BucketSender {
  public:
   // `on_posted` runs after each bucket is posted (the trainer's progress bar).
