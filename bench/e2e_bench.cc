@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -60,6 +61,7 @@ class Child {
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
+  pid_t pid() const { return pid_; }
   ~Child() {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
@@ -76,7 +78,21 @@ class Child {
 struct Measured {
   double seconds = 0, pause = 0, plan = 0, transfer = 0, process = 0, resume = 0, other = 0;
   uint64_t bytes = 0;
+  uint64_t trainer_rss = 0, rank_rss = 0;  // resident bytes after the updates (ranks: the largest)
 };
+
+// Resident bytes of process `pid` (0: this one), from /proc; 0 when unreadable.
+uint64_t resident_bytes(pid_t pid) {
+  FILE* f = std::fopen(pid > 0 ? fmt::format("/proc/{}/status", pid).c_str() : "/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %lu kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
 
 struct Samples {
   std::vector<double> s, pa, pl, tr, pr, re, ot;
@@ -115,12 +131,13 @@ void print(const E2eOptions& o, const std::string& transport, const sharding::Pl
         "\"predicted\":{{\"control\":{:.9f},\"pipeline\":{:.9f},\"critical\":\"{}\",\"fill\":{:.9f},\"busy\":{:.9f},"
         "\"drain\":{:.9f},\"pack\":{:.9f},\"process\":{:.9f},\"host\":{:.9f}}},"
         "\"links\":{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},"
-        "\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},\"process_gbps\":{:.3f}}}}}\n",
+        "\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},\"process_gbps\":{:.3f}}},"
+        "\"memory\":{{\"trainer_rss_bytes\":{},\"rank_rss_bytes\":{}}}}}\n",
         name, o.tp, o.updates, m.bytes, plan.buckets.size(), m.seconds, c.predicted_seconds, ratio, m.pause, m.plan,
         m.transfer, m.process, m.resume, m.other, c.control_seconds, c.pipeline_seconds, c.critical, c.fill_seconds,
         c.busy_seconds, c.drain_seconds, c.pack_seconds, c.process_seconds, c.host_seconds, l.round_trip_seconds,
         l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
-        l.process_bytes_per_second / 1e9);
+        l.process_bytes_per_second / 1e9, m.trainer_rss, m.rank_rss);
   } else {
     fmt::print("e2e {:<22} tp {} {:>9} B {:>3} buckets  measured {:.6f} s  predicted {:.6f} s  ratio {:.2f}\n", name,
                o.tp, m.bytes, plan.buckets.size(), m.seconds, c.predicted_seconds, ratio);
@@ -134,6 +151,8 @@ void print(const E2eOptions& o, const std::string& transport, const sharding::Pl
                " pack {:.2f} GB/s, process {:.2f} GB/s per rank\n",
                l.round_trip_seconds, transport, l.host_bytes_per_second / 1e9,
                l.seconds_per_bucket, l.pack_bytes_per_second / 1e9, l.process_bytes_per_second / 1e9);
+    fmt::print("    memory:    trainer {:.1f} MB, largest rank {:.1f} MB resident after the updates\n",
+               static_cast<double>(m.trainer_rss) / 1e6, static_cast<double>(m.rank_rss) / 1e6);
   }
   std::fflush(stdout);
 }
@@ -190,6 +209,9 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
   }
   const e2e::Links links = probe->links();
   probe.reset();
+  // The footprint of this transport's update path, while its connections are still open.
+  m.trainer_rss = resident_bytes(0);
+  for (const auto& c : children) m.rank_rss = std::max(m.rank_rss, resident_bytes(c.pid()));
   for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r.send("done"));
   m.seconds = e2e::median(samples.s);
   m.pause = e2e::median(samples.pa);

@@ -64,6 +64,8 @@ TEST_P(E2eBench, PrintsOneWellFormedLine) {
     EXPECT_GT(j.at("links").at(k).get<double>(), 0.0) << k;
   }
   EXPECT_GE(j.at("links").at("seconds_per_bucket").get<double>(), 0.0);
+  // The footprint: resident bytes of the trainer and of the largest rank, both measured.
+  for (const char* k : {"trainer_rss_bytes", "rank_rss_bytes"}) EXPECT_GT(j.at("memory").at(k).get<uint64_t>(), 1u << 20) << k;
 }
 
 std::vector<std::string> transports() {
