@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "transport/cuda_ipc_socket.h"
 #include "transport/cuda_ipc_wire.h"
 #include "transport/nccl_wire.h"
+#include "transport/listen_host.h"
 #include "transport/net_admission.h"
 
 namespace ferry::transport {
@@ -392,6 +394,13 @@ class NcclTransport final : public Transport {
 
 Result<std::unique_ptr<Transport>> create_nccl_transport() {
   if (!cuda_device_available()) return Status::unavailable("nccl: no CUDA device here");
+  // NCCL's bootstrap listens on the interface NCCL_SOCKET_IFNAME names, by default the first that
+  // is not loopback: unless the user chose one, it is the interface holding FERRY_LISTEN_HOST
+  // ("=" asks NCCL for that exact name). NCCL reads it once, at its first communicator.
+  if (std::getenv("NCCL_SOCKET_IFNAME") == nullptr) {
+    FERRY_ASSIGN_OR_RETURN(std::string iface, listen_interface());
+    if (!iface.empty()) setenv("NCCL_SOCKET_IFNAME", ("=" + iface).c_str(), /*overwrite=*/0);
+  }
   int device = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&device));
   return std::unique_ptr<Transport>(std::make_unique<NcclTransport>(device));

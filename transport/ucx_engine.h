@@ -1,6 +1,7 @@
 // ucx internals shared by the sending and receiving ends: the worker with its progress thread.
 #pragma once
 
+#include <dirent.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "transport/handle.h"
+#include "transport/listen_host.h"
 
 namespace ferry::transport::ucx {
 
@@ -77,6 +79,29 @@ inline Status ucs_error(std::string_view what, ucs_status_t st) {
   return Status::unavailable(fmt::format("ucx {}: {}", what, ucs_status_string(st)));
 }
 
+// The network devices UCX may use (UCX_NET_DEVICES) so that nothing it listens on is bound beyond
+// FERRY_LISTEN_HOST: UCX's tcp transport listens on the address of every interface it uses, so
+// only the interface holding FERRY_LISTEN_HOST is given, beside every RDMA port (which listen on
+// no socket). Empty: no restriction (FERRY_LISTEN_HOST is a wildcard).
+inline Result<std::string> listen_net_devices() {
+  FERRY_ASSIGN_OR_RETURN(std::string devices, listen_interface());
+  if (devices.empty()) return devices;
+  if (DIR* hcas = opendir("/sys/class/infiniband")) {
+    while (dirent* hca = readdir(hcas)) {
+      if (hca->d_name[0] == '.') continue;
+      const std::string ports_dir = fmt::format("/sys/class/infiniband/{}/ports", hca->d_name);
+      if (DIR* ports = opendir(ports_dir.c_str())) {
+        while (dirent* port = readdir(ports)) {
+          if (port->d_name[0] != '.') devices += fmt::format(",{}:{}", hca->d_name, port->d_name);
+        }
+        closedir(ports);
+      }
+    }
+    closedir(hcas);
+  }
+  return devices;
+}
+
 // The worker and its progress thread. Work for the worker is queued with run() from any thread.
 class Engine {
  public:
@@ -110,6 +135,10 @@ class Engine {
   // can arrive for a request of a worker that is gone. A user's own UCX_PROTO_INDIRECT_ID is left
   // as it is.
   Status init(bool indirect_ids = true) {
+    std::string devices;
+    if (std::getenv("UCX_NET_DEVICES") == nullptr) {
+      FERRY_ASSIGN_OR_RETURN(devices, listen_net_devices());
+    }
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return ucs_error("read config", st);
@@ -118,6 +147,13 @@ class Engine {
       if (st != UCS_OK) {
         ucp_config_release(config);
         return ucs_error("config PROTO_INDIRECT_ID", st);
+      }
+    }
+    if (!devices.empty()) {  // a user's UCX_NET_DEVICES is left as it is
+      st = ucp_config_modify(config, "NET_DEVICES", devices.c_str());
+      if (st != UCS_OK) {
+        ucp_config_release(config);
+        return ucs_error("config NET_DEVICES=" + devices, st);
       }
     }
     ucp_params_t params{};

@@ -103,6 +103,35 @@ TEST_P(Conformance, PeersWithoutACredentialAreClosedByTheDeadline) {
   EXPECT_EQ(inbox_->received().size(), posted.size());
 }
 
+// Every socket a transport listens on while it receives and sends is bound to FERRY_LISTEN_HOST:
+// none on another interface's address, nor on every address. Regression (ucx): UCX's tcp
+// transport listened on each network interface's address beside the loopback one.
+TEST_P(Conformance, ListensOnlyOnTheListenHost) {
+  ScopedEnv host("FERRY_LISTEN_HOST", "127.0.0.1");
+  const auto before = listening_tcp_sockets();
+  auto rx = create_transport(GetParam().name);
+  ASSERT_TRUE(rx.ok()) << rx.status().to_string();
+  auto tx = create_transport(GetParam().name);
+  ASSERT_TRUE(tx.ok()) << tx.status().to_string();
+  Inbox inbox(rx->get()->capabilities().device_memory);
+  auto blob = (*rx)->listen(inbox.callback(), inbox.closed_callback(), suite_admit());
+  ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+  auto c = connect(**tx, *blob);
+  ASSERT_TRUE(c);
+  auto src = Source::create(**tx, (size_t{4} << 20) + 4096, txd());  // rendezvous-sized: every lane wired up
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  auto posted = post_all(*c, *src, {{0, 4096}, {4096, size_t{4} << 20}}, 1);
+  for (auto& p : posted) ASSERT_TRUE(p.handle->wait(in(30s)).ok());
+  ASSERT_TRUE(inbox.wait_for_count(posted.size(), in(30s)));
+  for (const auto& [inode, address] : listening_tcp_sockets()) {
+    if (before.count(inode) != 0) continue;
+    EXPECT_TRUE(address == "127.0.0.1") << GetParam().name << " listens on " << address << " (socket " << inode << ")";
+  }
+  c.reset();
+  (*tx)->shutdown();
+  (*rx)->shutdown();
+}
+
 // The size of this process's address space (VmSize), in bytes.
 uint64_t address_space_bytes() {
   std::ifstream in("/proc/self/status");

@@ -1,5 +1,6 @@
 #include "tests/transport/harness.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "core/asio.h"
@@ -198,6 +200,47 @@ bool use_device(int device) {
   (void)device;
 #endif
   return true;
+}
+
+std::map<uint64_t, std::string> listening_tcp_sockets() {
+  std::set<uint64_t> mine;  // this process's socket inodes
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char target[64] = {};
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t n = readlink(path.c_str(), target, sizeof target - 1);
+      unsigned long long inode = 0;
+      if (n > 0 && std::sscanf(target, "socket:[%llu]", &inode) == 1) mine.insert(inode);
+    }
+    closedir(d);
+  }
+  std::map<uint64_t, std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      char local[64] = {}, remote[64] = {};
+      unsigned state = 0;
+      unsigned long long inode = 0;
+      // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+      if (std::sscanf(line.c_str(), " %*s %63s %63s %x %*s %*s %*s %*s %*s %llu", local, remote, &state, &inode) != 4) continue;
+      if (state != 0x0A || mine.count(inode) == 0) continue;  // TCP_LISTEN
+      std::string hex(local, std::strchr(local, ':') ? std::strchr(local, ':') - local : std::strlen(local));
+      uint8_t bytes[16] = {};
+      const size_t len = hex.size() / 2;
+      for (size_t i = 0; i < len && i < 16; ++i) bytes[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+      // The kernel prints each 32-bit word in host order (little endian here).
+      for (size_t w = 0; w + 4 <= len; w += 4) {
+        std::swap(bytes[w], bytes[w + 3]);
+        std::swap(bytes[w + 1], bytes[w + 2]);
+      }
+      char text[INET6_ADDRSTRLEN] = {};
+      inet_ntop(len == 4 ? AF_INET : AF_INET6, bytes, text, sizeof text);
+      out[inode] = text;
+    }
+  }
+  return out;
 }
 
 uint64_t available_memory_bytes() {

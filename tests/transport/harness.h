@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -86,6 +87,9 @@ class Source {
   bool device_ = false;
   std::unique_ptr<MemoryRegion> region_;
 };
+
+// This process's listening TCP sockets: their inode and local address ("127.0.0.1", "::1", ...).
+std::map<uint64_t, std::string> listening_tcp_sockets();
 
 // Bytes of memory this machine can still give, from /proc/meminfo.
 uint64_t available_memory_bytes();
