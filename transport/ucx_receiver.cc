@@ -50,8 +50,9 @@ struct Inbound {
 
 // The streams of the receivers that share it, by id. The lanes of one same-host connection reach
 // different receivers (one per lane, each on a progress thread of its own: ucx_transport.cc), so a
-// stream and its Inbound are shared between those threads: every handler holds `mu` (recursive: a
-// close may call back into the handlers on the same thread) while it touches either.
+// stream and its Inbound are shared between those threads: every handler holds `mu` (through a
+// TableLock, below; recursive: a close may call back into the handlers on the same thread) while it
+// touches either.
 // They also share one pool of receive buffers (unmapped: see BufferPool), so a buffer that one
 // lane's bucket left is there for the next bucket, whichever lane brings it.
 struct StreamTable {
@@ -65,6 +66,45 @@ std::shared_ptr<StreamTable> make_stream_table() {
   t->pool = std::make_shared<BufferPool>(nullptr);
   return t;
 }
+
+// Holds a table's lock. Nothing calls into UCX while a thread holds it: UCX calls back into the
+// handlers (which take it) while holding a lock of its own (a receive completing in
+// ucp_ep_req_purge, when an endpoint is closed under a rendezvous), so a UCX call made under the
+// table's lock (ucp_rndv_receive takes that lock) could deadlock with it. What must call into UCX
+// under the lock goes through later(): it runs once the thread's outermost TableLock lets go.
+class TableLock {
+ public:
+  explicit TableLock(StreamTable& t) : table_(t) {
+    table_.mu.lock();
+    ++depth();
+  }
+  ~TableLock() {
+    std::vector<std::function<void()>> deferred;
+    if (--depth() == 0) deferred.swap(queue());
+    table_.mu.unlock();
+    for (auto& fn : deferred) fn();
+  }
+  TableLock(const TableLock&) = delete;
+  TableLock& operator=(const TableLock&) = delete;
+
+  // Runs `fn` now if this thread holds no table's lock, else as soon as it lets go of it. Also
+  // drops what `fn` holds only then (a bucket's buffer: unmapping it calls into UCX).
+  static void later(std::function<void()> fn) {
+    if (depth() == 0) return fn();
+    queue().push_back(std::move(fn));
+  }
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+  static std::vector<std::function<void()>>& queue() {
+    thread_local std::vector<std::function<void()>> q;
+    return q;
+  }
+  StreamTable& table_;
+};
 
 // Every member but `table_`'s contents is touched on the progress thread only.
 class Receiver : public std::enable_shared_from_this<Receiver> {
@@ -121,14 +161,18 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   std::shared_ptr<Engine> engine() const { return engine_; }
 
   void stop() {
-    std::lock_guard<std::recursive_mutex> lock(table_->mu);
-    if (listener_) ucp_listener_destroy(std::exchange(listener_, nullptr));
-    for (auto& [ep, in] : inbound_) {
-      in->closed = true;
-      forget(*in, ep);
-      engine_->close_ep(ep, true);
+    std::vector<ucp_ep_h> eps;
+    {
+      TableLock lock(*table_);
+      for (auto& [ep, in] : inbound_) {
+        in->closed = true;
+        forget(*in, ep);
+        eps.push_back(ep);
+      }
+      inbound_.clear();
     }
-    inbound_.clear();
+    if (listener_) ucp_listener_destroy(std::exchange(listener_, nullptr));
+    for (ucp_ep_h ep : eps) engine_->close_ep(ep, true);
     for (auto& [ep, a] : unadmitted_) engine_->close_ep(ep, true);
     unadmitted_.clear();
     // The handlers point at this receiver, which may go once stopped.
@@ -225,7 +269,12 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   // Closes an endpoint that was never admitted (a stranger's: it is not told why).
   void refuse(ucp_ep_h ep) {
     unadmitted_.erase(ep);
-    engine_->close_ep(ep, true);
+    close_endpoint(ep);
+  }
+
+  // Closes an endpoint of ours (forced where UCX allows it), once no table lock is held.
+  void close_endpoint(ucp_ep_h ep) {
+    TableLock::later([self = shared_from_this(), ep] { self->engine_->close_ep(ep, true); });
   }
 
   // True when a message other than a hello comes from an endpoint not admitted: nothing of it is
@@ -251,7 +300,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (it == self->inbound_.end()) return;
     std::weak_ptr<Inbound> weak = it->second;
     self->engine_->after_drain([r = self->shared_from_this(), weak, ep, st] {
-      std::lock_guard<std::recursive_mutex> lock(r->table_->mu);
+      TableLock lock(*r->table_);
       auto in = weak.lock();
       auto found = r->inbound_.find(ep);
       if (!in || found == r->inbound_.end() || found->second != in) return;  // closed meanwhile, or stopped
@@ -268,7 +317,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
                                const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
     if (self->from_unadmitted(param)) return UCS_OK;
-    std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
+    TableLock lock(*self->table_);
     auto in = self->find(param, header, header_length);
     if (in && !in->closed) self->close(*in, Status::aborted("ucx sender aborted the connection"), EpClose::kAfterSender, nullptr);
     return UCS_OK;
@@ -292,7 +341,10 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   void close(Inbound& in, Status why, EpClose how, ucp_ep_h ep) {
     if (!in.closed) {
       in.closed = true;
+      // The buckets' buffers go back to their pool (maybe unmapped: a UCX call) after the lock.
+      auto dropped = std::make_shared<decltype(in.queue)>(std::move(in.queue));
       in.queue.clear();
+      TableLock::later([dropped] {});
       if (how == EpClose::kRefuse) {
         const std::string text = why.to_string();
         for (ucp_ep_h e : in.eps) {
@@ -324,7 +376,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     if (!owner) return;
     if (owner.get() == this) return fn(*this, e);
     owner->engine_->run([owner, e, fn = std::move(fn)] {
-      std::lock_guard<std::recursive_mutex> lock(owner->table_->mu);
+      TableLock lock(*owner->table_);
       fn(*owner, e);
     });
   }
@@ -339,7 +391,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     // ucx_transport.cc); the flushing close below sends this first.
     if (ack) notify(e, kByeAckId, std::string());
     forget(*in, e);
-    engine_->close_ep(e, true);
+    close_endpoint(e);
   }
 
   // Takes `e` out of its stream; the stream's id goes with its last endpoint.
@@ -353,7 +405,11 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   }
 
   // A message to the sender at the other end of `ep` (kRefuseId with the reason, kByeAckId).
+  // Sent once no table lock is held.
   void notify(ucp_ep_h ep, unsigned id, std::string why) {
+    TableLock::later([self = shared_from_this(), ep, id, why = std::move(why)] { self->send_notice(ep, id, why); });
+  }
+  void send_notice(ucp_ep_h ep, unsigned id, std::string why) {
     auto* text = new std::string(std::move(why));
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -405,7 +461,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
                              const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
     if (self->from_unadmitted(param)) return UCS_OK;
-    std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
+    TableLock lock(*self->table_);
     auto in = self->find(param, header, header_length);
     if (!in || in->closed) return UCS_OK;
     in->byes.insert(param->reply_ep);
@@ -420,14 +476,31 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Receiver*>(arg);
     if (self->from_unadmitted(param)) return UCS_OK;
-    std::lock_guard<std::recursive_mutex> lock(self->table_->mu);
-    auto in = self->find(param, header, header_length);
-    if (!in || in->closed) return UCS_OK;
+    std::shared_ptr<Inbound> in;
+    auto pending = std::make_shared<Inbound::Pending>();
+    {
+      TableLock lock(*self->table_);
+      in = self->find(param, header, header_length);
+      if (!in || !self->take(in, header, header_length, data, length, param, pending)) return UCS_OK;
+    }
+    // A rendezvous bucket, its place in the stream taken: its buffer and its receive, with no table
+    // lock held (TableLock says why).
+    self->receive(in, pending, data, length);
+    return UCS_OK;
+  }
+
+  // Under the table's lock: takes an arriving bucket into its stream. Delivers one that is next and
+  // complete (eager) at once; queues one behind others; returns true for a rendezvous bucket whose
+  // place in the stream is taken and whose data the caller receives into `pending` (receive()).
+  bool take(const std::shared_ptr<Inbound>& in, const void* header, size_t header_length, void* data, size_t length,
+            const ucp_am_recv_param_t* param, const std::shared_ptr<Inbound::Pending>& pending) {
+    Receiver* self = this;
+    if (in->closed) return false;
     if (length > self->max_bucket_) {
       self->close(*in, Status::resource_exhausted(fmt::format("ucx: a {}-byte bucket; the limit is {}", length,
                                                               self->max_bucket_)),
                   EpClose::kRefuse, nullptr);
-      return UCS_OK;
+      return false;
     }
     uint64_t seq = 0;
     if (in->stream != 0 && header_length == sizeof(LaneHeader)) {
@@ -439,7 +512,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     }
     if (seq < in->next_deliver || in->queue.count(seq) != 0) {
       self->close(*in, Status::data_loss(fmt::format("ucx: bucket {} arrived twice", seq)), EpClose::kRefuse, nullptr);
-      return UCS_OK;
+      return false;
     }
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     if (!rndv && in->queue.empty() && seq == in->next_deliver) {
@@ -450,24 +523,31 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       // threshold, the small ones; a receiver that wants them past the callback copies them.
       ++in->next_deliver;
       self->deliver(*in, static_cast<const uint8_t*>(data), length, nullptr);
-      return UCS_OK;
+      return false;
     }
-    auto pending = std::make_shared<Inbound::Pending>();
     pending->size = length;
     if (!rndv) {
       pending->copy.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
       in->queue[seq] = pending;
       self->arrived(in, pending, UCS_OK);
-      return UCS_OK;
+      return false;
     }
+    in->queue[seq] = pending;  // not ready: nothing reads it but its receive until it is
+    return true;
+  }
+
+  // No table lock held: a buffer (mapping one is a UCX call), then the receive.
+  void receive(const std::shared_ptr<Inbound>& in, const std::shared_ptr<Inbound::Pending>& pending, void* data,
+               size_t length) {
+    Receiver* self = this;
     pending->pool = self->pool_;
     pending->block = self->pool_->take(std::max<size_t>(length, 1));
     if (!pending->block) {
+      TableLock lock(*self->table_);
       self->close(*in, Status::resource_exhausted(fmt::format("ucx: no memory for a {}-byte bucket", length)),
                   EpClose::kRefuse, nullptr);
-      return UCS_OK;
+      return;
     }
-    in->queue[seq] = pending;
     struct Ctx {
       Receiver* self;
       std::shared_ptr<Inbound> in;
@@ -483,7 +563,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     p.cb.recv_am = [](void* req, ucs_status_t st, size_t, void* ud) {
       auto* c = static_cast<Ctx*>(ud);
       {
-        std::lock_guard<std::recursive_mutex> lock(c->self->table_->mu);
+        TableLock lock(*c->self->table_);
         c->self->arrived(c->in, c->pending, st);
       }
       delete c;
@@ -492,10 +572,12 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     p.user_data = ctx;
     ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->engine_->worker(), data, pending->block->buffer.data(), length, &p);
     if (!UCS_PTR_IS_PTR(r)) {
-      self->arrived(in, pending, UCS_PTR_STATUS(r));
+      {
+        TableLock lock(*self->table_);
+        self->arrived(in, pending, UCS_PTR_STATUS(r));
+      }
       delete ctx;
     }
-    return UCS_OK;
   }
 
   // Delivers the buckets that are next in sequence and have all arrived.
@@ -509,6 +591,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       in->queue.erase(in->queue.begin());
       ++in->next_deliver;
       deliver(*in, front->data(), front->size, front);  // handed over: `front` owns the bytes
+      TableLock::later([front] {});  // its buffer, unless the callback kept it, goes back after the lock
     }
     if (!in->closed && in->bye && in->queue.empty()) close(*in, ok_status(), EpClose::kNow, nullptr);
   }
