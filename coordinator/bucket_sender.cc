@@ -91,6 +91,7 @@ struct BucketSender::Destination {
   bool direct = false;               // reads this trainer's device tensors in place
   Device bucket_device = Device::cpu();  // where the buckets are (a device transport's device)
   std::set<uint64_t> announced;      // shared allocations this connection was told of
+  uint64_t connected_for = 0;        // the largest bucket the connection was opened for
 };
 
 BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> on_posted)
@@ -161,7 +162,8 @@ Result<transport::Transport*> BucketSender::transport_named(const std::string& n
 
 // Connects to the first of the rank's endpoints, in its preference order, that can be reached;
 // FERRY_TRANSPORT, when set, allows only that one.
-Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints) {
+Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints,
+                                  uint64_t max_bucket) {
   const sharding::RankSpec& rank = (*ranks_)[i];
   FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
   Status last = Status::unavailable(fmt::format("replica {} rank {} advertises no data transport this trainer can use",
@@ -173,7 +175,8 @@ Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<st
       last = t.status();
       continue;
     }
-    auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms), identity_.credentials.at(i));
+    auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms),
+                           transport::ConnectOptions(identity_.credentials.at(i), max_bucket));
     if (!c.ok()) {
       FERRY_LOG_INFO("{} cannot reach replica {} rank {}: {}", e.transport(), rank.replica, rank.tp_rank,
                      c.status().message());
@@ -196,17 +199,23 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
   std::vector<Destination> next(ranks_->size());
   for (size_t i = 0; i < ranks_->size(); ++i) {
     Destination& d = next[i];
+    // The largest bucket this destination gets: the plan's bytes for it, up to the bucket size, and
+    // at least its largest row. Connections that reserve memory (shm's ring) are sized from it.
+    const size_t want =
+        std::max<uint64_t>(std::min<uint64_t>(settings_.bucket_bytes, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
     for (auto& old : dests_) {
       bool same = false;
       for (const auto& e : endpoints[i]) same = same || e.blob() == old.endpoint;
-      if (same && old.conn && old.in_flight.empty()) {
+      // A connection opened for smaller buckets is opened again (its ring would split them).
+      if (same && old.conn && old.in_flight.empty() && old.connected_for >= want) {
         d = std::move(old);
         break;
       }
     }
     if (!d.conn) {
-      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints));
+      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints, want));
       d.announced.clear();
+      d.connected_for = want;
     }
     // Direct reads need the rank on this node (shm reached it) with device storage.
     d.direct = settings_.direct && d.transport->name() == "shm" && storage_devices[i].starts_with("cuda");
@@ -217,8 +226,6 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     d.open_ref_bytes = 0;
     // Transports that move device memory only (nccl, cuda_ipc) send buckets built on their device.
     const Device where = transport::bucket_device(d.transport->capabilities());
-    const size_t want =
-        std::max<uint64_t>(std::min<uint64_t>(settings_.bucket_bytes, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
     if (d.pool.empty() || d.pool.front()->capacity() < want || d.bucket_device != where) {
       d.bucket_device = where;
       d.pool.clear();

@@ -83,7 +83,8 @@ class BucketSender {
   struct Destination;
 
   Result<transport::Transport*> transport_named(const std::string& name);
-  Status connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints);
+  Status connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints,
+                      uint64_t max_bucket);
   Status connect_all(const std::vector<std::vector<wire::Endpoint>>& endpoints,
                      const std::vector<std::string>& storage_devices);
   Result<BucketBuilder*> open_bucket(Destination& d);

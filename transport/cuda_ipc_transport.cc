@@ -402,7 +402,8 @@ class IpcTransport final : public Transport {
   }
 
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                              std::string_view credential) override {
+                                              const ConnectOptions& options) override {
+    const std::string_view credential = options.credential;
     auto c = cuda_ipc::connect(blob, device_, deadline, credential);
     if (!c.ok()) return c.status().with_context("cuda_ipc connect to " + blob);
     return c;

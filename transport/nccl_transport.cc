@@ -373,7 +373,8 @@ class NcclTransport final : public Transport {
   }
 
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                              std::string_view credential) override {
+                                              const ConnectOptions& options) override {
+    const std::string_view credential = options.credential;
     auto c = nccl::connect(blob, device_, deadline, credential);
     if (!c.ok()) return c.status().with_context("nccl connect to " + blob);
     return c;

@@ -118,6 +118,8 @@ void futex_wake(std::atomic<uint32_t>& word);
 
 // Sender side (shm_sender.cc): connects to a listener blob "shm://<boot id>/<segment>", offering
 // `credential` with its ring.
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, std::string_view credential);
+// The ring has FERRY_BUCKETS_IN_FLIGHT slots, each of `options.max_bucket_bytes` (when set, else
+// FERRY_BUCKET_BYTES and room for headers), up to a bound; its pages are reserved and mapped now.
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, const ConnectOptions& options);
 
 }  // namespace ferry::transport::shm

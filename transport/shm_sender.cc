@@ -246,7 +246,8 @@ class OwnedShmConnection final : public Connection {
 
 namespace shm {
 
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, std::string_view credential) {
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, const ConnectOptions& options) {
+  const std::string_view credential = options.credential;
   FERRY_RETURN_IF_ERROR(check_credential(credential));
   constexpr std::string_view kScheme = "shm://";
   const size_t slash = blob.find('/', kScheme.size());
@@ -266,7 +267,9 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
 
   const uint32_t slots = static_cast<uint32_t>(std::clamp<int64_t>(s.in_flight, 2, 16));
   auto page_round = [](uint64_t n) { return (n + kPage - 1) / kPage * kPage; };
-  uint64_t slot_bytes = page_round(s.bucket_bytes + kSlack);
+  // A slot holds the largest bucket the connection will carry: the plan's when the sender knows it
+  // (a small model's update does not reserve rings for 64 MiB buckets), else the setting's.
+  uint64_t slot_bytes = page_round(options.max_bucket_bytes > 0 ? options.max_bucket_bytes : s.bucket_bytes + kSlack);
   slot_bytes = std::min<uint64_t>(slot_bytes, std::max<uint64_t>(kMaxRingBytes / slots / kPage * kPage, kMinSlotBytes));
   Segment ring;
   for (;;) {

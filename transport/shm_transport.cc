@@ -281,8 +281,8 @@ class ShmTransport final : public Transport {
   }
 
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                              std::string_view credential) override {
-    auto c = shm::connect(blob, deadline, credential);
+                                              const ConnectOptions& options) override {
+    auto c = shm::connect(blob, deadline, options);
     if (!c.ok()) return c.status().with_context("shm connect to " + blob);
     return c;
   }

@@ -290,7 +290,8 @@ class TcpTransport final : public Transport {
   }
 
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                              std::string_view credential) override {
+                                              const ConnectOptions& options) override {
+    const std::string_view credential = options.credential;
     FERRY_RETURN_IF_ERROR(check_credential(credential).with_context("tcp connect"));
     constexpr std::string_view kScheme = "tcp://";
     const size_t colon = blob.rfind(':');

@@ -120,6 +120,20 @@ class BucketOwnerScope {
 // admission never reaches it (nor the bucket callback): the transport logs the refusal once.
 using PeerClosedCallback = std::function<void(const Status& why)>;
 
+// How a sender connects. Converts from a credential alone.
+struct ConnectOptions {
+  ConnectOptions() = default;
+  ConnectOptions(std::string_view c, uint64_t max_bucket = 0) : credential(c), max_bucket_bytes(max_bucket) {}
+  ConnectOptions(const std::string& c, uint64_t max_bucket = 0) : credential(c), max_bucket_bytes(max_bucket) {}
+  ConnectOptions(const char* c, uint64_t max_bucket = 0) : credential(c), max_bucket_bytes(max_bucket) {}
+
+  std::string_view credential;  // presented first on the connection; must outlive connect()
+  // The largest bucket (header and trailer included) the connection will post; 0: FERRY_BUCKET_BYTES
+  // and room for headers. A transport that reserves memory per connection (shm's ring) sizes it so:
+  // a bucket larger than that still travels, in pieces.
+  uint64_t max_bucket_bytes = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -133,9 +147,10 @@ class Transport {
   // `admit` judges; `admit` empty: every peer is admitted with identity 0. Every listener binds
   // FERRY_LISTEN_HOST only.
   virtual Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) = 0;
-  // Sender side: `credential` (at most kMaxCredentialBytes) is presented first on the new connection.
+  // Sender side: `options.credential` (at most kMaxCredentialBytes) is presented first on the new
+  // connection.
   virtual Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                                      std::string_view credential) = 0;
+                                                      const ConnectOptions& options) = 0;
   // Stops listening and closes every connection.
   virtual void shutdown() = 0;
 };

@@ -150,7 +150,8 @@ class UcxTransport final : public Transport {
   // the peer counts as on another host, and the endpoint keeps peer error handling. A sender on
   // this host connects lane k to local port k (one lane to the transport's port if there are none).
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                              std::string_view credential) override {
+                                              const ConnectOptions& options) override {
+    const std::string_view credential = options.credential;
     FERRY_RETURN_IF_ERROR(check_credential(credential).with_context("ucx connect"));
     constexpr std::string_view kScheme = "ucx://";
     if (!blob.starts_with(kScheme)) return Status::invalid_argument("ucx: malformed endpoint '" + blob + "'");
