@@ -15,8 +15,8 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_check.h"
-#include "transport/cuda_ipc_socket.h"
-#include "transport/cuda_ipc_wire.h"
+#include "transport/common/socket.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
 #endif
 
 namespace ferry::transport {

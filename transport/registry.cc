@@ -1,16 +1,10 @@
-// The one place transports are listed, in priority order. Adding a transport adds one line here.
+// The registry: every backend built into this ferry, in priority order. Each backend's folder
+// registers itself (ferry_transport_backend() in its CMakeLists.txt); the generated header
+// includes their factories' headers and lists them.
 #include <fmt/format.h>
 
 #include "core/settings.h"
-#if defined(FERRY_TRANSPORT_CUDA_IPC)
-#include "transport/cuda_ipc_transport.h"
-#endif
-#if defined(FERRY_TRANSPORT_NCCL)
-#include "transport/nccl_transport.h"
-#endif
-#include "transport/shm_transport.h"
-#include "transport/tcp_transport.h"
-#include "transport/ucx_transport.h"
+#include "transport/registered_backends.h"
 #include "transport/transport.h"
 
 namespace ferry::transport {
@@ -28,21 +22,9 @@ BucketOwnerScope::BucketOwnerScope(std::shared_ptr<const void> owner) : previous
 BucketOwnerScope::~BucketOwnerScope() { t_bucket_owner = std::move(previous_); }
 
 const std::vector<TransportFactory>& transport_factories() {
-  // cuda_ipc and nccl hand the receiver DEVICE memory, so "auto" never picks them: they are used
-  // only when named (FERRY_TRANSPORT), until receivers take device buckets.
-  static const std::vector<TransportFactory> factories = {
-#if defined(FERRY_TRANSPORT_CUDA_IPC)
-      {"cuda_ipc", create_cuda_ipc_transport, /*automatic=*/false},
-#endif
-#if defined(FERRY_TRANSPORT_NCCL)
-      {"nccl", create_nccl_transport, /*automatic=*/false},
-#endif
-      {"shm", create_shm_transport},
-#if defined(FERRY_TRANSPORT_UCX)
-      {"ucx", create_ucx_transport},
-#endif
-      {"tcp", create_tcp_transport},
-  };
+  // cuda_ipc and nccl hand the receiver DEVICE memory, so they register MANUAL: "auto" never
+  // picks them, they are used only when named (FERRY_TRANSPORT).
+  static const std::vector<TransportFactory> factories = {FERRY_REGISTERED_TRANSPORTS};
   return factories;
 }
 

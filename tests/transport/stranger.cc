@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "transport/admission.h"
-#include "transport/shm_ring.h"
+#include "transport/shm/shm_ring.h"
 
 namespace ferry::transport::testing {
 namespace {

@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "tests/transport/stranger.h"
-#include "transport/ucx_engine.h"
+#include "transport/ucx/ucx_engine.h"
 
 namespace ferry::transport::testing {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tests/transport/conformance.h"
-#include "transport/ucx_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace ferry::transport::testing {
 namespace {

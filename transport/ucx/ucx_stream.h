@@ -12,7 +12,7 @@
 #include <set>
 #include <vector>
 
-#include "transport/ucx_buffer_pool.h"
+#include "transport/ucx/ucx_buffer_pool.h"
 
 namespace ferry::transport::ucx {
 

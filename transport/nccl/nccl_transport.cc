@@ -1,7 +1,7 @@
 // nccl, receiving end and the transport: one thread accepts senders and hands each to a set-up
 // thread (handshake, communicator, warm-up, under a deadline); the serving thread posts receives
 // for every connected sender as headers arrive and runs the callbacks, never two at once.
-#include "transport/nccl_transport.h"
+#include "transport/nccl/nccl_transport.h"
 
 #include <unistd.h>
 
@@ -19,11 +19,11 @@
 #include "core/buffer.h"
 #include "core/log.h"
 #include "core/settings.h"
-#include "transport/cuda_ipc_socket.h"
-#include "transport/cuda_ipc_wire.h"
-#include "transport/nccl_wire.h"
+#include "transport/common/socket.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
+#include "transport/nccl/nccl_wire.h"
 #include "transport/listen_host.h"
-#include "transport/net_admission.h"
+#include "transport/common/socket_admission.h"
 
 namespace ferry::transport {
 namespace nccl {

@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc_socket.h"
+#include "transport/common/socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>

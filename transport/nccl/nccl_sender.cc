@@ -13,10 +13,10 @@
 
 #include "core/log.h"
 #include "transport/admission.h"
-#include "transport/cuda_ipc_socket.h"
-#include "transport/cuda_ipc_wire.h"
+#include "transport/common/socket.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
 #include "transport/handle.h"
-#include "transport/nccl_wire.h"
+#include "transport/nccl/nccl_wire.h"
 
 namespace ferry::transport::nccl {
 namespace {

@@ -51,7 +51,7 @@
 // buffers mapped once and hands them over (bucket_owner()). The user's UCX_* variables are read as
 // they are (ucp_config_read) and never written. Device memory goes through a pinned host mirror
 // when this UCX build cannot move CUDA memory itself (checked at run time).
-#include "transport/ucx_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -61,10 +61,10 @@
 
 #include "core/settings.h"
 #include "transport/admission.h"
-#include "transport/ucx_engine.h"
-#include "transport/ucx_receiver.h"
-#include "transport/ucx_regions.h"
-#include "transport/ucx_sender.h"
+#include "transport/ucx/ucx_engine.h"
+#include "transport/ucx/ucx_receiver.h"
+#include "transport/ucx/ucx_regions.h"
+#include "transport/ucx/ucx_sender.h"
 
 namespace ferry::transport {
 namespace {

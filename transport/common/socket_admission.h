@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/cuda_ipc_socket.h"
+#include "transport/common/socket.h"
 #include "transport/transport.h"
 
 namespace ferry::transport::net {

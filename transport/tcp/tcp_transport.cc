@@ -1,4 +1,4 @@
-#include "transport/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 #include <array>
 #include <deque>

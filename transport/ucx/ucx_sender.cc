@@ -1,7 +1,7 @@
 // ucx's sending side: a connection's endpoints (one lane to another host, one lane per core to a
 // receiver on this host), its posts from the memory regions of ucx_regions.cc, and the close of a
 // connection's lanes. ucx_transport.cc says why same-host lanes look the way they do.
-#include "transport/ucx_sender.h"
+#include "transport/ucx/ucx_sender.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,8 +22,8 @@
 #include <fmt/format.h>
 
 #include "transport/handle.h"
-#include "transport/ucx_engine.h"
-#include "transport/ucx_regions.h"
+#include "transport/ucx/ucx_engine.h"
+#include "transport/ucx/ucx_regions.h"
 
 namespace ferry::transport::ucx {
 namespace {

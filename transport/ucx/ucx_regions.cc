@@ -1,10 +1,10 @@
-#include "transport/ucx_regions.h"
+#include "transport/ucx/ucx_regions.h"
 
 #include <string>
 
 #include "core/buffer.h"
 #include "transport/handle.h"
-#include "transport/ucx_engine.h"
+#include "transport/ucx/ucx_engine.h"
 
 #if defined(FERRY_HAVE_CUDA)
 #include <cuda_runtime_api.h>

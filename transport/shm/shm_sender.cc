@@ -15,7 +15,7 @@
 #include "core/settings.h"
 #include "transport/admission.h"
 #include "transport/handle.h"
-#include "transport/shm_ring.h"
+#include "transport/shm/shm_ring.h"
 
 namespace ferry::transport {
 namespace {

@@ -1,4 +1,4 @@
-#include "transport/shm_ring.h"
+#include "transport/shm/shm_ring.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 // shm, receiving end and the transport: one thread serves every sender's ring, so callbacks never
 // run concurrently; a whole bucket in one slot goes to the callback in place, and one larger than a
 // slot is assembled from its fragments into a pooled buffer that is handed over (bucket_owner()).
-#include "transport/shm_transport.h"
+#include "transport/shm/shm_transport.h"
 
 #include <unistd.h>
 
@@ -18,7 +18,7 @@
 #include "core/shared_buffers.h"
 #include "transport/admission.h"
 #include "transport/handle.h"
-#include "transport/shm_ring.h"
+#include "transport/shm/shm_ring.h"
 
 namespace ferry::transport {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "transport/transport.h"
-#include "transport/ucx_engine.h"
+#include "transport/ucx/ucx_engine.h"
 
 namespace ferry::transport::ucx {
 

@@ -23,7 +23,7 @@
 
 #include "core/cuda_check.h"
 #include "core/status.h"
-#include "transport/nccl_check.h"
+#include "transport/nccl/nccl_check.h"
 #include "transport/transport.h"
 
 namespace ferry::transport::nccl {

@@ -1,8 +1,8 @@
-#include "transport/ucx_buffer_pool.h"
+#include "transport/ucx/ucx_buffer_pool.h"
 
 #include <algorithm>
 
-#include "transport/ucx_engine.h"
+#include "transport/ucx/ucx_engine.h"
 
 namespace ferry::transport::ucx {
 

@@ -1,4 +1,4 @@
-#include "transport/net_admission.h"
+#include "transport/common/socket_admission.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "transport/ucx_receiver.h"
+#include "transport/ucx/ucx_receiver.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,8 +13,8 @@
 
 #include "core/log.h"
 #include "transport/admission.h"
-#include "transport/ucx_buffer_pool.h"
-#include "transport/ucx_stream.h"
+#include "transport/ucx/ucx_buffer_pool.h"
+#include "transport/ucx/ucx_stream.h"
 
 namespace ferry::transport::ucx {
 

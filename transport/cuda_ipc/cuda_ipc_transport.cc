@@ -1,7 +1,7 @@
 // cuda_ipc, receiving end and the transport: one thread accepts senders, owns each one's device
 // ring, and hands buckets to the callback in place (fragments of larger buckets are assembled in
 // a device buffer first). Callbacks never run concurrently.
-#include "transport/cuda_ipc_transport.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
 
 #include <unistd.h>
 
@@ -18,9 +18,9 @@
 #include "core/buffer.h"
 #include "core/log.h"
 #include "core/settings.h"
-#include "transport/cuda_ipc_socket.h"
-#include "transport/cuda_ipc_wire.h"
-#include "transport/net_admission.h"
+#include "transport/common/socket.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
+#include "transport/common/socket_admission.h"
 
 namespace ferry::transport {
 namespace cuda_ipc {

@@ -12,9 +12,9 @@
 
 #include "core/log.h"
 #include "transport/admission.h"
-#include "transport/cuda_ipc_socket.h"
-#include "transport/cuda_ipc_transport.h"
-#include "transport/cuda_ipc_wire.h"
+#include "transport/common/socket.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
 #include "transport/handle.h"
 
 namespace ferry::transport::cuda_ipc {
