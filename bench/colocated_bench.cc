@@ -70,7 +70,9 @@ ferry::sharding::LlamaConfig llama3_8b(int layers) {
 
 int run_rank(const std::string& coordinator, const std::string& scheme, int layers, int tp_rank, int tp, int device) {
   ferry::set_log_identity(fmt::format("rank {}", tp_rank));
-  auto spec = ferry::sharding::llama_rank_spec(llama3_8b(layers), tp_rank, tp, scheme);
+  auto linear = ferry::parse_scheme(scheme);
+  if (!linear.ok()) return std::cerr << linear.status().to_string() << "\n", 1;
+  auto spec = ferry::sharding::llama_rank_spec(llama3_8b(layers), tp_rank, tp, *linear);
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
   // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
   if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
@@ -238,8 +240,10 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   const auto manifest = ferry::sharding::llama_manifest(cfg);
   std::vector<ferry::sharding::RankSpec> specs;
   uint64_t storage_bytes = 0;
+  auto linear = ferry::parse_scheme(scheme);
+  if (!linear.ok()) return std::cerr << linear.status().to_string() << "\n", 1;
   for (int r = 0; r < tp; ++r) {
-    auto spec = ferry::sharding::llama_rank_spec(cfg, r, tp, scheme);
+    auto spec = ferry::sharding::llama_rank_spec(cfg, r, tp, *linear);
     if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
     for (const auto& p : spec->params) {
       auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16);

@@ -158,7 +158,8 @@ Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int 
              const std::string& transport) {
   set_log_identity(fmt::format("bench rank {}", rank));
   const demo::Model m;
-  FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(demo::llama_config(m), rank, tp, scheme));
+  FERRY_ASSIGN_OR_RETURN(const Scheme linear, parse_scheme(scheme));
+  FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(demo::llama_config(m), rank, tp, linear));
   FERRY_ASSIGN_OR_RETURN(auto probe, e2e::ProbeSocket::connect(probe_port));
   std::mutex send_mu;
   auto reply = [&](const std::string& s) {

@@ -22,7 +22,6 @@
 namespace ferry {
 namespace {
 
-using kernels::Scheme;
 
 constexpr int kRuns = 7;
 
@@ -144,25 +143,25 @@ Status bench_device(bool json, Device dev, size_t rows, size_t cols) {
   FERRY_RETURN_IF_ERROR(base.status);
   const double base_gbps = 2.0 * static_cast<double>(in_bytes) / base.seconds / 1e9;
 
-  for (Scheme s : kernels::kAllSchemes) {
+  for (Scheme s : kAllSchemes) {
     if (s == Scheme::kGptqInt4) continue;
-    if (s == Scheme::kInt4Group && cols % kernels::kInt4GroupSize != 0) continue;
+    if (s == Scheme::kInt4Group && cols % kGroupSize != 0) continue;
     FERRY_ASSIGN_OR_RETURN(auto layout, kernels::storage_layout(s, shape, {}, DType::kF16));
     FERRY_ASSIGN_OR_RETURN(Tensors out, allocate(layout, dev));
     auto t = time_runs(dev.is_cuda(), [&] { return kernels::quantize(s, input, {}, out.views, exec); });
-    FERRY_RETURN_IF_ERROR(t.status.with_context(kernels::scheme_name(s)));
-    print(json, kernels::scheme_name(s), dev, in_bytes + out.bytes, t.seconds, base_gbps);
+    FERRY_RETURN_IF_ERROR(t.status.with_context(scheme_name(s)));
+    print(json, scheme_name(s), dev, in_bytes + out.bytes, t.seconds, base_gbps);
   }
 
   // gptq_int4: the reload of a checkpoint with logical weight [rows, cols] ([N, K]).
-  if (cols % kernels::kGptqGroupSize == 0) {
+  if (cols % kGroupSize == 0) {
     const Shape w{static_cast<int64_t>(rows), static_cast<int64_t>(cols)};
     FERRY_ASSIGN_OR_RETURN(auto ck_layout, kernels::gptq_checkpoint_layout(w));
     FERRY_ASSIGN_OR_RETURN(auto st_layout, kernels::gptq_storage_layout(w));
     FERRY_ASSIGN_OR_RETURN(Tensors ck, allocate(ck_layout, dev));
     FERRY_ASSIGN_OR_RETURN(Tensors out, allocate(st_layout, dev));
     std::vector<int32_t> g(cols);
-    for (size_t k = 0; k < cols; ++k) g[k] = static_cast<int32_t>(k / kernels::kGptqGroupSize);
+    for (size_t k = 0; k < cols; ++k) g[k] = static_cast<int32_t>(k / kGroupSize);
     std::shuffle(g.begin(), g.end(), rng);
     FERRY_RETURN_IF_ERROR(upload(ck.views[2].data(), g.data(), g.size() * 4, dev));
     auto t = time_runs(dev.is_cuda(),

@@ -85,9 +85,10 @@ void print(bool json, const std::string& name, uint64_t bytes, double seconds, d
   }
 }
 
-Status bench_scheme(bool json, const std::string& scheme) {
+Status bench_scheme(bool json, Scheme linear) {
+  const std::string scheme(scheme_name(linear));
   const tiny::Config cfg = demo_shape();
-  FERRY_ASSIGN_OR_RETURN(auto spec, tiny::rank_spec(cfg, scheme));
+  FERRY_ASSIGN_OR_RETURN(auto spec, tiny::rank_spec(cfg, linear));
   FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
   FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, storage));
   FERRY_ASSIGN_OR_RETURN(auto weights, tiny::Weights::random(cfg, spec, 1));
@@ -183,8 +184,8 @@ Status bench_scheme(bool json, const std::string& scheme) {
   auto bare = [&]() -> Status {
     for (size_t i = 0; i < spec.params.size(); ++i) {
       const auto& p = spec.params[i];
-      FERRY_ASSIGN_OR_RETURN(auto s, kernels::parse_scheme(p.scheme));
-      if (s == kernels::Scheme::kGptqInt4) {
+      const Scheme s = p.scheme;
+      if (s == Scheme::kGptqInt4) {
         FERRY_RETURN_IF_ERROR(kernels::gptq_reload(ins[i][0], ins[i][1], ins[i][2], outs[i], exec));
       } else {
         FERRY_RETURN_IF_ERROR(kernels::quantize(s, ins[i][0], p.shard_rows, outs[i], exec));
@@ -221,9 +222,9 @@ int run_reload_bench(bool json, const std::string& device) {
     fmt::print(stderr, "bench reload: device '{}' (cpu or all; CUDA storage is not benchmarked yet)\n", device);
     return 1;
   }
-  for (kernels::Scheme s : kernels::kAllSchemes) {
-    const std::string name(kernels::scheme_name(s));
-    Status st = bench_scheme(json, name);
+  for (Scheme s : kAllSchemes) {
+    const std::string name(scheme_name(s));
+    Status st = bench_scheme(json, s);
     if (!st.ok()) {
       fmt::print(stderr, "bench reload {}: {}\n", name, st.to_string());
       return 1;

@@ -1,6 +1,9 @@
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
+#include "core/scheme.h"
 
 #ifdef FERRY_HAVE_KERNELS_BENCH
 #include "bench/kernels_bench.h"
@@ -79,8 +82,12 @@ void add_bench_command(CLI::App& app) {
   e2e->add_option("--transport", e2e_options.transport, "tcp, shm, ucx, or all")
       ->check(CLI::IsMember({"tcp", "shm", "ucx", "all"}))
       ->capture_default_str();
+  std::vector<std::string> online;
+  for (Scheme s : kAllSchemes) {
+    if (scheme_is_online(s)) online.emplace_back(scheme_name(s));
+  }
   e2e->add_option("--scheme", e2e_options.scheme, "quantization of the rollout's linear layers (online schemes)")
-      ->check(CLI::IsMember({"none", "fp8_per_tensor", "fp8_per_channel", "fp8_block", "int8_per_channel", "int4_group"}))
+      ->check(CLI::IsMember(online))
       ->capture_default_str();
   e2e->add_option("--updates", e2e_options.updates, "timed rounds (links, then an update) after a warm-up round")
       ->capture_default_str();

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/scheme.h"
 #include "core/settings.h"
 #include "sharding/cost_model.h"
 #include "sharding/layout.h"
@@ -87,7 +88,8 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
   }
   if (opts.bucket_bytes == 0) return Status::invalid_argument("bucket bytes must be positive");
   if (a.trainers <= 0) return Status::invalid_argument("--trainers must be positive");
-  FERRY_ASSIGN_OR_RETURN(auto ranks, sharding::model_rank_specs(model, a.replicas, a.tp, a.ep, a.scheme));
+  FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(a.scheme));
+  FERRY_ASSIGN_OR_RETURN(auto ranks, sharding::model_rank_specs(model, a.replicas, a.tp, a.ep, scheme));
   const sharding::Manifest manifest = sharding::model_manifest(model);
   int64_t params = 0;
   for (const auto& t : manifest) params += shape_numel(t.shape);

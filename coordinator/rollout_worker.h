@@ -2,7 +2,7 @@
 // updates on background threads. The engine's pause and resume hooks run around every update.
 //
 //   RolloutOptions o;
-//   o.spec = ferry::sharding::llama_rank_spec(cfg, tp_rank, tp_size, "fp8_per_tensor").value();
+//   o.spec = ferry::sharding::llama_rank_spec(cfg, tp_rank, tp_size, ferry::Scheme::kFp8PerTensor).value();
 //   o.storage = &storage;                 // the tensors the model's kernels read
 //   o.pause = [&](const PauseRequest& r) { engine.pause(r.mode); return ferry::ok_status(); };
 //   o.resume = [&](uint64_t v) { engine.resume(); return ferry::ok_status(); };

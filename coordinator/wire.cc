@@ -68,7 +68,7 @@ void to_wire(const sharding::RankSpec& spec, wire::RankSpec* out) {
     w->set_layer(p.layer);
     put(p.shape, w->mutable_shape());
     w->set_source_dtype(std::string(dtype_name(p.source_dtype)));
-    w->set_scheme(p.scheme);
+    w->set_scheme(std::string(scheme_name(p.scheme)));
     for (int64_t r : p.shard_rows) w->add_shard_rows(r);
     for (const auto& s : p.slices) {
       wire::Slice* ws = w->add_slices();
@@ -94,7 +94,9 @@ Result<sharding::RankSpec> from_wire(const wire::RankSpec& w) {
     auto dt = parse_dtype(wp.source_dtype());
     if (!dt.ok()) return dt.status().with_context(p.name);
     p.source_dtype = *dt;
-    p.scheme = wp.scheme();
+    auto scheme = parse_scheme(wp.scheme());
+    if (!scheme.ok()) return scheme.status().with_context(p.name);
+    p.scheme = *scheme;
     p.shard_rows.assign(wp.shard_rows().begin(), wp.shard_rows().end());
     for (const auto& ws : wp.slices()) {
       sharding::SourceSlice s;

@@ -27,7 +27,6 @@
 
 namespace ferry::kernels {
 
-inline constexpr int64_t kGptqGroupSize = 128;
 inline constexpr int64_t kGptqPackFactor = 8;  // int4 codes per i32 word
 inline constexpr int64_t kGptqZeroPoint = 8;
 inline constexpr int64_t kGptqTileN = 64;  // output columns per workspace counter

@@ -27,7 +27,7 @@ Status gptq_reload(const detail::GptqArgs& a, int threads) {
       }
     }
   });
-  std::memcpy(a.out_scales, a.scales, static_cast<size_t>(a.k / kGptqGroupSize * n) * sizeof(uint16_t));
+  std::memcpy(a.out_scales, a.scales, static_cast<size_t>(a.k / kGroupSize * n) * sizeof(uint16_t));
   std::memset(a.workspace, 0, static_cast<size_t>(a.workspace_len) * sizeof(int32_t));
   return ok_status();
 }

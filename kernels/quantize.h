@@ -35,32 +35,11 @@
 #include <string_view>
 #include <vector>
 
+#include "core/scheme.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
 namespace ferry::kernels {
-
-enum class Scheme : uint8_t {
-  kNone,            // dtype conversion and copy (bf16 / f16 / f32 storage)
-  kFp8PerTensor,    // e4m3fn, one f32 scale per logical shard of a fused parameter
-  kFp8PerChannel,   // e4m3fn, one f32 scale per output row
-  kFp8Block,        // e4m3fn, one f32 scale per 128x128 block
-  kInt8PerChannel,  // symmetric int8, one f32 scale per output row
-  kInt4Group,       // packed symmetric int4, one f16 scale per group of 128 input columns
-  kGptqInt4,        // quantized reload of a GPTQ act-order checkpoint
-};
-
-inline constexpr Scheme kAllSchemes[] = {Scheme::kNone,           Scheme::kFp8PerTensor, Scheme::kFp8PerChannel,
-                                         Scheme::kFp8Block,       Scheme::kInt8PerChannel, Scheme::kInt4Group,
-                                         Scheme::kGptqInt4};
-
-inline constexpr int64_t kFp8BlockSize = 128;   // fp8_block: rows and cols per scale block
-inline constexpr int64_t kInt4GroupSize = 128;  // int4_group: columns per scale
-
-// "none", "fp8_per_tensor", "fp8_per_channel", "fp8_block", "int8_per_channel", "int4_group",
-// "gptq_int4".
-std::string_view scheme_name(Scheme scheme);
-Result<Scheme> parse_scheme(std::string_view name);
 
 // One tensor of a scheme's storage, registered with the layer. `suffix` replaces ".weight" in the
 // parameter name ("weight", "weight_scale", ...). Runtime tensors are read by kernels but are not

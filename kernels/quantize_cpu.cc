@@ -137,12 +137,12 @@ void fp8_block(const QuantArgs& a, int threads) {
 
 void int4_group(const QuantArgs& a, int threads) {
   const Rows in{a.in, kind_of(a.in_dtype), a.cols};
-  const int64_t groups = a.rows * (a.cols / kInt4GroupSize);
+  const int64_t groups = a.rows * (a.cols / kGroupSize);
   uint8_t* out = static_cast<uint8_t*>(a.out);
   uint16_t* scale = static_cast<uint16_t*>(a.scale);
-  parallel_for(groups, std::max<int64_t>(1, kMinElemsPerWorker / kInt4GroupSize), threads, [&](int64_t b, int64_t e) {
+  parallel_for(groups, std::max<int64_t>(1, kMinElemsPerWorker / kGroupSize), threads, [&](int64_t b, int64_t e) {
     // Groups tile the rows exactly (cols % 128 == 0).
-    int4_groups(in.at(b * kInt4GroupSize), in.kind, out + b * kInt4GroupSize / 2, scale + b, e - b);
+    int4_groups(in.at(b * kGroupSize), in.kind, out + b * kGroupSize / 2, scale + b, e - b);
   });
 }
 

@@ -1,4 +1,4 @@
-// Scheme names and the storage each scheme needs.
+// The storage each scheme needs.
 #include <fmt/format.h>
 
 #include <string>
@@ -30,29 +30,6 @@ Geometry geometry(Scheme scheme, const Shape& shape) {
 }
 
 }  // namespace detail
-
-std::string_view scheme_name(Scheme scheme) {
-  switch (scheme) {
-    case Scheme::kNone: return "none";
-    case Scheme::kFp8PerTensor: return "fp8_per_tensor";
-    case Scheme::kFp8PerChannel: return "fp8_per_channel";
-    case Scheme::kFp8Block: return "fp8_block";
-    case Scheme::kInt8PerChannel: return "int8_per_channel";
-    case Scheme::kInt4Group: return "int4_group";
-    case Scheme::kGptqInt4: return "gptq_int4";
-  }
-  return "unknown";
-}
-
-Result<Scheme> parse_scheme(std::string_view name) {
-  for (Scheme s : kAllSchemes) {
-    if (scheme_name(s) == name) return s;
-  }
-  return Status::invalid_argument(fmt::format(
-      "unknown quantization scheme '{}' (expected one of none fp8_per_tensor fp8_per_channel fp8_block "
-      "int8_per_channel int4_group gptq_int4)",
-      name));
-}
 
 Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& shape, std::span<const int64_t> shard_rows,
                                                   DType none_dtype) {
@@ -97,13 +74,13 @@ Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& sh
       out.push_back({"weight_scale", DType::kF32, stacked({rows}), false});
       break;
     case Scheme::kInt4Group:
-      if (cols % kInt4GroupSize != 0) {
+      if (cols % kGroupSize != 0) {
         return Status::invalid_argument(fmt::format(
-            "storage_layout: int4_group needs cols divisible by {}, shape {} has {} cols", kInt4GroupSize,
+            "storage_layout: int4_group needs cols divisible by {}, shape {} has {} cols", kGroupSize,
             shape_to_string(shape), cols));
       }
       out.push_back({"weight", DType::kI4Packed, stacked({rows, cols}), false});
-      out.push_back({"weight_scale", DType::kF16, stacked({rows, cols / kInt4GroupSize}), false});
+      out.push_back({"weight_scale", DType::kF16, stacked({rows, cols / kGroupSize}), false});
       break;
     case Scheme::kGptqInt4:
       return gptq_storage_layout(shape);
@@ -118,9 +95,9 @@ Status check_gptq_shape(const Shape& shape) {
     return Status::invalid_argument(
         fmt::format("gptq_int4: the logical weight must be [N, K], got {}", shape_to_string(shape)));
   }
-  if (shape[0] <= 0 || shape[1] <= 0 || shape[1] % kGptqGroupSize != 0) {
+  if (shape[0] <= 0 || shape[1] <= 0 || shape[1] % kGroupSize != 0) {
     return Status::invalid_argument(fmt::format(
-        "gptq_int4: weight {} needs N > 0 and K a positive multiple of {}", shape_to_string(shape), kGptqGroupSize));
+        "gptq_int4: weight {} needs N > 0 and K a positive multiple of {}", shape_to_string(shape), kGroupSize));
   }
   return ok_status();
 }
@@ -131,7 +108,7 @@ Result<std::vector<StorageTensor>> gptq_checkpoint_layout(const Shape& shape) {
   FERRY_RETURN_IF_ERROR(check_gptq_shape(shape));
   const int64_t n = shape[0], k = shape[1];
   return std::vector<StorageTensor>{{"qweight", DType::kI32, {k / kGptqPackFactor, n}, false},
-                                    {"scales", DType::kF16, {k / kGptqGroupSize, n}, false},
+                                    {"scales", DType::kF16, {k / kGroupSize, n}, false},
                                     {"g_idx", DType::kI32, {k}, false}};
 }
 
@@ -139,7 +116,7 @@ Result<std::vector<StorageTensor>> gptq_storage_layout(const Shape& shape) {
   FERRY_RETURN_IF_ERROR(check_gptq_shape(shape));
   const int64_t n = shape[0], k = shape[1];
   return std::vector<StorageTensor>{{"qweight", DType::kI32, {k / kGptqPackFactor, n}, false},
-                                    {"scales", DType::kF16, {k / kGptqGroupSize, n}, false},
+                                    {"scales", DType::kF16, {k / kGroupSize, n}, false},
                                     {"perm", DType::kI32, {k}, true},
                                     {"workspace", DType::kI32, {ceil_div(n, kGptqTileN) + 1}, true}};
 }

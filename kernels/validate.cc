@@ -152,7 +152,7 @@ Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales,
 }
 
 Result<std::vector<int32_t>> gptq_permutation(const int32_t* g_idx, int64_t k) {
-  const int64_t groups = k / kGptqGroupSize;
+  const int64_t groups = k / kGroupSize;
   std::vector<int64_t> count(static_cast<size_t>(groups), 0);
   for (int64_t i = 0; i < k; ++i) {
     const int32_t g = g_idx[i];
@@ -163,14 +163,14 @@ Result<std::vector<int32_t>> gptq_permutation(const int32_t* g_idx, int64_t k) {
     ++count[static_cast<size_t>(g)];
   }
   for (int64_t g = 0; g < groups; ++g) {
-    if (count[static_cast<size_t>(g)] != kGptqGroupSize) {
+    if (count[static_cast<size_t>(g)] != kGroupSize) {
       return Status::invalid_argument(fmt::format("gptq_reload g_idx: group {} holds {} rows (every group must hold {})",
-                                                  g, count[static_cast<size_t>(g)], kGptqGroupSize));
+                                                  g, count[static_cast<size_t>(g)], kGroupSize));
     }
   }
   // Counting sort by group keeps equal groups in increasing k: a stable argsort.
   std::vector<int64_t> next(static_cast<size_t>(groups));
-  for (int64_t g = 0; g < groups; ++g) next[static_cast<size_t>(g)] = g * kGptqGroupSize;
+  for (int64_t g = 0; g < groups; ++g) next[static_cast<size_t>(g)] = g * kGroupSize;
   std::vector<int32_t> perm(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) {
     perm[static_cast<size_t>(next[static_cast<size_t>(g_idx[i])]++)] = static_cast<int32_t>(i);

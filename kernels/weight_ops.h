@@ -69,14 +69,14 @@ FERRY_HOST_DEVICE float weight_at(const WeightRef& w, int64_t r, int64_t c) {
     case Scheme::kInt4Group: {
       const uint8_t byte = static_cast<const uint8_t*>(w.w)[i / 2];
       const int32_t q = ops::int4_value((i & 1) ? (byte >> 4) : byte);
-      const uint16_t s = static_cast<const uint16_t*>(w.scale)[r * (w.cols / kInt4GroupSize) + c / kInt4GroupSize];
+      const uint16_t s = static_cast<const uint16_t*>(w.scale)[r * (w.cols / kGroupSize) + c / kGroupSize];
       return static_cast<float>(q) * f16_to_f32(s);
     }
     case Scheme::kGptqInt4: {
       // Sorted qweight i32[K/8, N]; r = n, c = k'.
       const uint32_t word = static_cast<uint32_t>(static_cast<const int32_t*>(w.w)[(c / kGptqPackFactor) * w.rows + r]);
       const int32_t q = static_cast<int32_t>((word >> (4 * (c % kGptqPackFactor))) & 0xFu) - static_cast<int32_t>(kGptqZeroPoint);
-      const uint16_t s = static_cast<const uint16_t*>(w.scale)[(c / kGptqGroupSize) * w.rows + r];
+      const uint16_t s = static_cast<const uint16_t*>(w.scale)[(c / kGroupSize) * w.rows + r];
       return static_cast<float>(q) * f16_to_f32(s);
     }
   }

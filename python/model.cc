@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/quantize.h"
+#include "core/scheme.h"
 #include "python/bindings.h"
 #include "sharding/layout.h"
 #include "sharding/llama.h"
@@ -28,6 +28,14 @@ void dtype_property(py::class_<C>& cls, const char* name, T C::*member) {
   cls.def_property(
       name, [member](const C& c) { return std::string(dtype_name(c.*member)); },
       [member](C& c, py::handle v) { c.*member = take(dtype_from_python(v)); });
+}
+
+// A Scheme member as its name (core/scheme.h); an unknown name raises ferry.Error (InvalidArgument).
+template <typename C>
+void scheme_property(py::class_<C>& cls, const char* name, Scheme C::*member) {
+  cls.def_property(
+      name, [member](const C& c) { return std::string(scheme_name(c.*member)); },
+      [member](C& c, const std::string& v) { c.*member = take(parse_scheme(v)); });
 }
 
 // Keyword construction for plain structs: Config(hidden_size=64, ...).
@@ -89,13 +97,13 @@ void init_model(py::module_& m) {
   ps.def_readwrite("name", &ParamSpec::name)
       .def_readwrite("layer", &ParamSpec::layer)
       .def_readwrite("shape", &ParamSpec::shape)
-      .def_readwrite("scheme", &ParamSpec::scheme)
       .def_readwrite("shard_rows", &ParamSpec::shard_rows)
       .def_readwrite("slices", &ParamSpec::slices)
       .def("__repr__", [](const ParamSpec& p) {
-        return fmt::format("ParamSpec('{}', [{}], {})", p.name, fmt::join(p.shape, ", "), p.scheme);
+        return fmt::format("ParamSpec('{}', [{}], {})", p.name, fmt::join(p.shape, ", "), scheme_name(p.scheme));
       });
   dtype_property(ps, "source_dtype", &ParamSpec::source_dtype);
+  scheme_property(ps, "scheme", &ParamSpec::scheme);
 
   py::class_<RankSpec>(m, "RankSpec", "One rank of one replica: its parameters and the sources it takes.")
       .def_readwrite("replica", &RankSpec::replica)
@@ -140,7 +148,7 @@ void init_model(py::module_& m) {
       .def("manifest", [](const ModelDesc& d) { return sharding::model_manifest(d); })
       .def("rank_spec",
            [](const ModelDesc& d, int tp_rank, int tp_size, const std::string& scheme, int ep_size, int replica) {
-             return take(sharding::model_rank_spec(d, tp_rank, tp_size, ep_size, scheme, replica));
+             return take(sharding::model_rank_spec(d, tp_rank, tp_size, ep_size, take(parse_scheme(scheme)), replica));
            },
            py::arg("tp_rank"), py::arg("tp_size"), py::arg("scheme") = "none", py::arg("ep_size") = 1,
            py::arg("replica") = 0);
@@ -149,7 +157,7 @@ void init_model(py::module_& m) {
   m.def(
       "llama_rank_spec",
       [](const LlamaConfig& c, int tp_rank, int tp_size, const std::string& scheme, int replica) {
-        RankSpec s = take(sharding::llama_rank_spec(c, tp_rank, tp_size, scheme));
+        RankSpec s = take(sharding::llama_rank_spec(c, tp_rank, tp_size, take(parse_scheme(scheme))));
         s.replica = replica;
         return s;
       },
@@ -164,7 +172,7 @@ void init_model(py::module_& m) {
   m.def("model_from_file", [](const std::string& path) { return take(sharding::model_from_file(path)); });
   m.def("schemes", [] {
     std::vector<std::string> out;
-    for (auto s : kernels::kAllSchemes) out.emplace_back(kernels::scheme_name(s));
+    for (auto s : kAllSchemes) out.emplace_back(scheme_name(s));
     return out;
   });
 }

@@ -115,7 +115,7 @@ Status ReloadEngine::init() {
       if (!view.ok()) return view.status().with_context("registering " + p.name);
       if (view->shape() != t.shape || view->dtype() != t.dtype) {
         return Status::invalid_argument(fmt::format("{}: storage {} where the {} layout needs {}{}", name,
-                                                    view->describe(), p.scheme, dtype_name(t.dtype),
+                                                    view->describe(), scheme_name(p.scheme), dtype_name(t.dtype),
                                                     shape_to_string(t.shape)));
       }
       FERRY_RETURN_IF_ERROR(

@@ -11,8 +11,7 @@ std::string storage_name(const std::string& param, const std::string& suffix) {
 }
 
 Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSpec& p, DType none_dtype) {
-  FERRY_ASSIGN_OR_RETURN(kernels::Scheme scheme, kernels::parse_scheme(p.scheme));
-  auto layout = kernels::storage_layout(scheme, p.shape, p.shard_rows, none_dtype);
+  auto layout = kernels::storage_layout(p.scheme, p.shape, p.shard_rows, none_dtype);
   if (!layout.ok()) return layout.status().with_context(p.name);
   return layout;
 }

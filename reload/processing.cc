@@ -30,35 +30,6 @@ void ScratchArena::clear() {
   bytes_ = 0;
 }
 
-Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
-  if (bytes == 0) return ok_status();
-  if (dst_device.is_cpu() && src_device.is_cpu()) {
-    std::memcpy(dst, src, bytes);
-    return ok_status();
-  }
-#if FERRY_HAVE_CUDA
-  FERRY_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
-  // cudaMemcpy into device memory may return before the bytes land (from pageable host memory once
-  // they are staged for the DMA; device to device at once), ordered only before later work on the
-  // legacy default stream. Callers read them from other streams (the engine's process streams) and
-  // other processes (a colocated rank reading a trainer's weights), so the copy is complete here.
-  if (!dst_device.is_cpu()) FERRY_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-  return ok_status();
-#else
-  return Status::unavailable("copy to or from a CUDA device: ferry was built without CUDA");
-#endif
-}
-
-Status device_synchronize(Device device) {
-  if (device.is_cpu()) return ok_status();
-#if FERRY_HAVE_CUDA
-  FERRY_CUDA_CHECK(cudaSetDevice(device.index));
-  FERRY_CUDA_CHECK(cudaDeviceSynchronize());
-  return ok_status();
-#else
-  return Status::unavailable("CUDA device: ferry was built without CUDA");
-#endif
-}
 
 #if FERRY_HAVE_CUDA
 struct ProcessStreams::Impl {
@@ -129,11 +100,10 @@ void* ProcessStreams::stream(size_t) const { return nullptr; }
 Status ProcessStreams::join(size_t) { return Status::unavailable("process streams: ferry was built without CUDA"); }
 #endif
 
-Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<const TensorView> full, int64_t row0,
+Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const TensorView> full, int64_t row0,
                                              int64_t rows) {
-  using kernels::Scheme;
   if (scheme == Scheme::kFp8PerTensor || scheme == Scheme::kGptqInt4) {
-    return Status::invalid_argument(fmt::format("{}: no row-wise storage views", kernels::scheme_name(scheme)));
+    return Status::invalid_argument(fmt::format("{}: no row-wise storage views", scheme_name(scheme)));
   }
   if (full.empty()) return Status::invalid_argument("storage_rows: no storage");
   const int64_t total = full[0].dim(0);
@@ -141,7 +111,7 @@ Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<c
     return Status::out_of_range(fmt::format("storage_rows: rows {}+{} of {}", row0, rows, total));
   }
   const bool blocks = scheme == Scheme::kFp8Block;
-  if (blocks && (row0 % kernels::kFp8BlockSize != 0 || (rows % kernels::kFp8BlockSize != 0 && row0 + rows != total))) {
+  if (blocks && (row0 % kFp8BlockSize != 0 || (rows % kFp8BlockSize != 0 && row0 + rows != total))) {
     return Status::invalid_argument(fmt::format("fp8_block: rows {}+{} do not cover whole 128-row blocks", row0, rows));
   }
   std::vector<TensorView> out;
@@ -150,8 +120,8 @@ Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<c
     const TensorView& t = full[i];
     int64_t r0 = row0, n = rows;
     if (blocks && i == 1) {
-      r0 = row0 / kernels::kFp8BlockSize;
-      n = (row0 + rows + kernels::kFp8BlockSize - 1) / kernels::kFp8BlockSize - r0;
+      r0 = row0 / kFp8BlockSize;
+      n = (row0 + rows + kFp8BlockSize - 1) / kFp8BlockSize - r0;
     }
     Shape shape = t.shape();
     if (shape.empty()) return Status::invalid_argument("storage_rows: scalar storage tensor");
@@ -167,9 +137,9 @@ namespace {
 
 class OnlineKernel final : public ProcessingKernel {
  public:
-  OnlineKernel(kernels::Scheme scheme, sharding::ParamSpec param) : scheme_(scheme), param_(std::move(param)) {}
+  explicit OnlineKernel(sharding::ParamSpec param) : scheme_(param.scheme), param_(std::move(param)) {}
 
-  std::string name() const override { return std::string(kernels::scheme_name(scheme_)); }
+  std::string name() const override { return std::string(scheme_name(scheme_)); }
   std::vector<kernels::StorageTensor> inputs() const override {
     return {{"weight", param_.source_dtype, param_.shape, false}};
   }
@@ -182,12 +152,12 @@ class OnlineKernel final : public ProcessingKernel {
     for (size_t d = 1; d < s.size(); ++d) {
       if (dst.offset[d] != 0 || dst.size[d] != s[d]) return false;
     }
-    if (scheme_ == kernels::Scheme::kFp8PerTensor) {
+    if (scheme_ == Scheme::kFp8PerTensor) {
       // Whole logical shards (q, k, v of a fused qkv): each has its own scale.
       return s.size() == 2 && shard_span(dst.offset[0], dst.size[0]).has_value();
     }
-    if (scheme_ == kernels::Scheme::kFp8Block) {
-      const int64_t b = kernels::kFp8BlockSize;
+    if (scheme_ == Scheme::kFp8Block) {
+      const int64_t b = kFp8BlockSize;
       return dst.offset[0] % b == 0 && (dst.size[0] % b == 0 || dst.offset[0] + dst.size[0] == s[0]);
     }
     return true;
@@ -200,12 +170,12 @@ class OnlineKernel final : public ProcessingKernel {
     }
     const int64_t begin = dst.offset[0], end = begin + dst.size[0];
     int64_t r0 = begin, r1 = end;
-    if (scheme_ == kernels::Scheme::kFp8Block) {
+    if (scheme_ == Scheme::kFp8Block) {
       // Whole bands, and the last one however long when the piece reaches the end of the tensor.
-      const int64_t b = kernels::kFp8BlockSize;
+      const int64_t b = kFp8BlockSize;
       r0 = (begin + b - 1) / b * b;
       r1 = end == s[0] ? end : end / b * b;
-    } else if (scheme_ == kernels::Scheme::kFp8PerTensor) {
+    } else if (scheme_ == Scheme::kFp8PerTensor) {
       // Whole logical shards.
       if (s.size() != 2) return {0, 0};
       const std::vector<int64_t> shards = param_.shard_rows.empty() ? std::vector<int64_t>{s[0]} : param_.shard_rows;
@@ -225,7 +195,7 @@ class OnlineKernel final : public ProcessingKernel {
   }
   Status process_rows(const TensorView& input, int64_t row0, std::span<const TensorView> out,
                       const kernels::Exec& exec) override {
-    if (scheme_ == kernels::Scheme::kFp8PerTensor) {
+    if (scheme_ == Scheme::kFp8PerTensor) {
       const auto span = shard_span(row0, input.dim(0));
       if (!span || out.size() != 2) {
         return Status::invalid_argument(
@@ -264,7 +234,7 @@ class OnlineKernel final : public ProcessingKernel {
     return std::nullopt;
   }
 
-  kernels::Scheme scheme_;
+  Scheme scheme_;
   sharding::ParamSpec param_;
 };
 
@@ -287,13 +257,12 @@ class GptqKernel final : public ProcessingKernel {
 }  // namespace
 
 Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpec& param, DType /*none_dtype*/) {
-  FERRY_ASSIGN_OR_RETURN(kernels::Scheme scheme, kernels::parse_scheme(param.scheme));
-  if (scheme == kernels::Scheme::kGptqInt4) {
+  if (param.scheme == Scheme::kGptqInt4) {
     auto in = kernels::gptq_checkpoint_layout(param.shape);
     if (!in.ok()) return in.status().with_context(param.name);
     return std::unique_ptr<ProcessingKernel>(new GptqKernel(std::move(*in)));
   }
-  return std::unique_ptr<ProcessingKernel>(new OnlineKernel(scheme, param));
+  return std::unique_ptr<ProcessingKernel>(new OnlineKernel(param));
 }
 
 }  // namespace ferry::reload

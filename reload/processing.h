@@ -4,6 +4,8 @@
 // after the copy-in.
 #pragma once
 
+#include "core/device_copy.h"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,13 +70,12 @@ using KernelFactory = std::function<Result<std::unique_ptr<ProcessingKernel>>(co
 
 // Views of rows [row0, row0 + rows) of every tensor of an online scheme's storage `full` (which
 // follows storage_layout for `shape`). Fails when the rows do not align with the scheme's grouping.
-Result<std::vector<TensorView>> storage_rows(kernels::Scheme scheme, std::span<const TensorView> full, int64_t row0,
+Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const TensorView> full, int64_t row0,
                                              int64_t rows);
 
-// Byte copy between host and device memory (either side may be either), complete on return.
-Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
-// Waits for the work enqueued on `device` (nothing on the CPU).
-Status device_synchronize(Device device);
+// Host/device byte copies and device waits live in core (core/device_copy.h).
+using ::ferry::copy_bytes;
+using ::ferry::device_synchronize;
 
 // A few streams of a CUDA device that an engine's layers are processed on, one layer to a stream in
 // turn, so that the kernels of one layer (and their tails: most of a layer's tensors fill the GPU for

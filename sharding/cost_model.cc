@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "sharding/scheme_check.h"
+#include "core/scheme.h"
 
 namespace ferry::sharding {
 namespace {

@@ -144,7 +144,7 @@ struct RankBuilder {
   int r;
   int tp;
   int ep;
-  std::string scheme;
+  Scheme scheme;
 
   ParamSpec start(const ParamRule& rule, Shape shape) const {
     ParamSpec p;
@@ -152,7 +152,7 @@ struct RankBuilder {
     p.layer = rule.layer.empty() ? layer_of(rule.param) : rule.layer;
     p.shape = std::move(shape);
     p.source_dtype = rule.dtype;
-    p.scheme = rule.quantize ? scheme : "none";
+    p.scheme = rule.quantize ? scheme : Scheme::kNone;
     return p;
   }
 
@@ -323,7 +323,7 @@ Status validate_model(const ModelDesc& model, int tp_size, int ep_size) {
 }
 
 Result<RankSpec> model_rank_spec(const ModelDesc& model, int tp_rank, int tp_size, int ep_size,
-                                 const std::string& linear_scheme, int replica) {
+                                 Scheme linear_scheme, int replica) {
   FERRY_RETURN_IF_ERROR(validate_model(model, tp_size, ep_size));
   if (tp_rank < 0 || tp_rank >= tp_size) {
     return Status::invalid_argument(fmt::format("tp rank {} outside TP size {}", tp_rank, tp_size));
@@ -356,7 +356,7 @@ Result<RankSpec> model_rank_spec(const ModelDesc& model, int tp_rank, int tp_siz
 }
 
 Result<std::vector<RankSpec>> model_rank_specs(const ModelDesc& model, int replicas, int tp_size, int ep_size,
-                                               const std::string& linear_scheme) {
+                                               Scheme linear_scheme) {
   if (replicas <= 0) return Status::invalid_argument("replicas must be positive");
   std::vector<RankSpec> one;
   for (int r = 0; r < tp_size; ++r) {

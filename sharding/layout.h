@@ -34,7 +34,7 @@ struct ParamRule {
   std::vector<std::string> sources;  // checkpoint names; for kExperts templates holding "{E}"
   std::vector<Shape> shapes;         // full shape of each source (of one expert for kExperts)
   DType dtype = DType::kBF16;        // dtype of the sources
-  bool quantize = false;             // true: the rank's linear scheme; false: "none"
+  bool quantize = false;             // true: the rank's linear scheme; false: none
   int64_t unit = 1;                  // kColumn: rows that stay together (a head)
   int64_t num_heads = 0;             // kQkv
   int64_t num_kv_heads = 0;          // kQkv
@@ -64,10 +64,10 @@ Status validate_model(const ModelDesc& model, int tp_size, int ep_size);
 // TP rank `tp_rank` of `tp_size`; experts split in `ep_size` groups of tp_size / ep_size ranks, each
 // group TP-sharding its experts. `expects` lists only the sources this rank takes.
 Result<RankSpec> model_rank_spec(const ModelDesc& model, int tp_rank, int tp_size, int ep_size,
-                                 const std::string& linear_scheme, int replica = 0);
+                                 Scheme linear_scheme, int replica = 0);
 
 // Every rank of `replicas` replicas, replica-major (the planner's destination order).
 Result<std::vector<RankSpec>> model_rank_specs(const ModelDesc& model, int replicas, int tp_size, int ep_size,
-                                               const std::string& linear_scheme);
+                                               Scheme linear_scheme);
 
 }  // namespace ferry::sharding

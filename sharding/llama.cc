@@ -22,14 +22,14 @@ Region cols_of(const Shape& shape, int64_t col0, int64_t cols) {
 }
 
 ParamSpec replicated(const std::string& name, const Shape& shape, DType dt) {
-  return ParamSpec{name, layer_of(name), shape, dt, "none", {}, {{name, Region::whole(shape), Shape(shape.size(), 0)}}};
+  return ParamSpec{name, layer_of(name), shape, dt, Scheme::kNone, {}, {{name, Region::whole(shape), Shape(shape.size(), 0)}}};
 }
 
 struct Builder {
   const LlamaConfig& c;
   int r;
   int tp;
-  std::string scheme;
+  Scheme scheme;
   RankSpec spec;
 
   int64_t hd() const { return c.effective_head_dim(); }
@@ -50,7 +50,7 @@ struct Builder {
     Shape dst = bias ? Shape{qr + 2 * kr} : Shape{qr + 2 * kr, h};
     auto at = [&](int64_t row) { return bias ? Shape{row} : Shape{row, 0}; };
     ParamSpec p{lname(i, bias ? "self_attn.qkv_proj.bias" : "self_attn.qkv_proj.weight"),
-                fmt::format("model.layers.{}", i), dst, c.dtype, bias ? "none" : scheme,
+                fmt::format("model.layers.{}", i), dst, c.dtype, bias ? Scheme::kNone : scheme,
                 {qr, kr, kr}, {}};
     p.slices.push_back({lname(i, bias ? "self_attn.q_proj.bias" : "self_attn.q_proj.weight"),
                         rows_of(qs, r * qr, qr), at(0)});
@@ -72,7 +72,7 @@ struct Builder {
     const Shape full{c.vocab_size, c.hidden_size};
     const int64_t row0 = std::min<int64_t>(c.vocab_size, r * per);
     const int64_t rows = std::min<int64_t>(c.vocab_size, row0 + per) - row0;
-    ParamSpec p{dst, layer_of(dst), {per, c.hidden_size}, c.dtype, "none", {}, {}};
+    ParamSpec p{dst, layer_of(dst), {per, c.hidden_size}, c.dtype, Scheme::kNone, {}, {}};
     if (rows > 0) p.slices.push_back({src, rows_of(full, row0, rows), {0, 0}});
     spec.params.push_back(std::move(p));
   }
@@ -157,7 +157,7 @@ Manifest llama_manifest(const LlamaConfig& c) {
   return m;
 }
 
-Result<RankSpec> llama_rank_spec(const LlamaConfig& cfg, int tp_rank, int tp_size, const std::string& linear_scheme) {
+Result<RankSpec> llama_rank_spec(const LlamaConfig& cfg, int tp_rank, int tp_size, Scheme linear_scheme) {
   FERRY_RETURN_IF_ERROR(cfg.validate(tp_size));
   if (tp_rank < 0 || tp_rank >= tp_size) {
     return Status::invalid_argument(fmt::format("tp rank {} outside TP size {}", tp_rank, tp_size));

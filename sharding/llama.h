@@ -31,7 +31,7 @@ struct LlamaConfig {
 Manifest llama_manifest(const LlamaConfig& cfg);
 
 // The parameters of TP rank `tp_rank` of `tp_size`; linear layers use `linear_scheme`, embeddings,
-// norms and biases stay in full precision ("none").
-Result<RankSpec> llama_rank_spec(const LlamaConfig& cfg, int tp_rank, int tp_size, const std::string& linear_scheme);
+// norms and biases stay in full precision (Scheme::kNone).
+Result<RankSpec> llama_rank_spec(const LlamaConfig& cfg, int tp_rank, int tp_size, Scheme linear_scheme);
 
 }  // namespace ferry::sharding

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/scheme.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -37,7 +38,7 @@ struct ParamSpec {
   std::string layer;  // the layer it belongs to: model.layers.0, model.embed_tokens, model.norm, lm_head
   Shape shape;        // full-precision shape on this rank
   DType source_dtype = DType::kBF16;
-  std::string scheme = "none";      // quantization scheme name (kernels/quantize.h)
+  Scheme scheme = Scheme::kNone;    // processing into storage (core/scheme.h, kernels/quantize.h)
   std::vector<int64_t> shard_rows;  // logical shards of a fused parameter (q, k, v); empty: one
   std::vector<SourceSlice> slices;  // where every element comes from; disjoint
 };

@@ -88,7 +88,7 @@ uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, 
       h.add(p.layer);
       h.add_shape(p.shape);
       h.add_int(static_cast<int64_t>(p.source_dtype));
-      h.add(p.scheme);
+      h.add(std::string(scheme_name(p.scheme)));
       h.add_shape(p.shard_rows);
       for (const SourceSlice& s : p.slices) {
         h.add(s.source);

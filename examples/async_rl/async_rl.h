@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/scheme.h"
 #include "core/status.h"
 
 namespace async_rl {
@@ -19,7 +20,7 @@ struct Options {
   int steps_per_update = 2;  // trainer steps between two updates
   int tokens_per_step = 6;   // tokens every replica generates per trainer step
   bool clear_cache = false;  // told to the pause hook: restart sequences after resume
-  std::string scheme = "fp8_per_channel";
+  ferry::Scheme scheme = ferry::Scheme::kFp8PerChannel;
   int64_t timeout_ms = 30'000;  // every wait of the trainer
 };
 

@@ -46,7 +46,7 @@ std::string rank_file(const std::string& dir, uint64_t version, int rank) {
 int run_rollout(const std::string& coordinator, int rank, int tp, const std::string& dir, ferry::Device device) {
   ferry::set_log_identity(fmt::format("rank {}", rank));
   const demo::Model m;
-  auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), rank, tp, "fp8_per_tensor");
+  auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), rank, tp, ferry::Scheme::kFp8PerTensor);
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
   // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
   if (auto st = ferry::set_current_device(device); !st.ok()) return std::cerr << st.to_string() << "\n", 1;

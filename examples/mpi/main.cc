@@ -94,7 +94,7 @@ int run_rollout(int tp_rank, int tp, ferry::Device device, int* mismatches) {
   MPI_Bcast(address, kAddressBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
   if (address[0] == '\0') return 1;
   const demo::Model m;
-  auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), tp_rank, tp, "fp8_per_tensor");
+  auto spec = ferry::sharding::llama_rank_spec(demo::llama_config(m), tp_rank, tp, ferry::Scheme::kFp8PerTensor);
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
   // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
   if (auto st = ferry::set_current_device(device); !st.ok()) return std::cerr << st.to_string() << "\n", 1;

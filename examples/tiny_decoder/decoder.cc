@@ -95,7 +95,7 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
     for (const auto& q : spec.params) p = q.name == name ? &q : p;
     if (!p) return Status::not_found("tiny decoder: the spec has no " + name);
     FERRY_ASSIGN_OR_RETURN(auto layout, ferry::reload::param_layout(*p, DType::kBF16));
-    FERRY_ASSIGN_OR_RETURN(auto scheme, ferry::kernels::parse_scheme(p->scheme));
+    const ferry::Scheme scheme = p->scheme;
     std::vector<TensorView> w;
     std::vector<ferry::reload::BakedPointer> ptrs{baked(in, name + " x"), baked(out, name + " y")};
     for (const auto& t : layout) {
@@ -103,8 +103,8 @@ Status Decoder::capture(const ferry::sharding::RankSpec& spec, const ferry::relo
       w.push_back(r->view);
       ptrs.push_back(baked(r->view, r->name));
     }
-    std::vector<int64_t> shards = scheme == ferry::kernels::Scheme::kGptqInt4 ? std::vector<int64_t>{} : p->shard_rows;
-    if (scheme == ferry::kernels::Scheme::kGptqInt4) checks_.push_back({scheme, w});
+    std::vector<int64_t> shards = scheme == ferry::Scheme::kGptqInt4 ? std::vector<int64_t>{} : p->shard_rows;
+    if (scheme == ferry::Scheme::kGptqInt4) checks_.push_back({scheme, w});
     return prog.record("gemm " + name, std::move(ptrs), [=](const Exec& e) {
       return ferry::kernels::gemm_async(scheme, in, w, shards, out, e);
     });

@@ -43,7 +43,7 @@ class Decoder {
   ferry::Status capture(const ferry::sharding::RankSpec& spec, const ferry::reload::LayerRegistry& registry);
 
   struct Check {
-    ferry::kernels::Scheme scheme;
+    ferry::Scheme scheme;
     std::vector<ferry::TensorView> weight;
   };
 

@@ -17,7 +17,8 @@ namespace {
 
 ferry::Status run(const std::string& scheme, int tokens) {
   const tiny::Config cfg;
-  FERRY_ASSIGN_OR_RETURN(auto spec, tiny::rank_spec(cfg, scheme));
+  FERRY_ASSIGN_OR_RETURN(const ferry::Scheme linear, ferry::parse_scheme(scheme));
+  FERRY_ASSIGN_OR_RETURN(auto spec, tiny::rank_spec(cfg, linear));
   FERRY_ASSIGN_OR_RETURN(auto storage, ferry::reload::ModelStorage::allocate(spec, ferry::Device::cpu()));
   FERRY_ASSIGN_OR_RETURN(auto engine, ferry::reload::ReloadEngine::create(spec, storage));
   FERRY_ASSIGN_OR_RETURN(auto a, tiny::Weights::random(cfg, spec, 1));

@@ -32,7 +32,7 @@ ferry::sharding::LlamaConfig Config::llama() const {
   return c;
 }
 
-Result<ferry::sharding::RankSpec> rank_spec(const Config& cfg, const std::string& scheme) {
+Result<ferry::sharding::RankSpec> rank_spec(const Config& cfg, ferry::Scheme scheme) {
   FERRY_ASSIGN_OR_RETURN(auto spec, ferry::sharding::llama_rank_spec(cfg.llama(), 0, 1, scheme));
   // The lm_head is a linear layer too: the decoder's last GEMM runs under the same scheme.
   for (auto& p : spec.params) {
@@ -70,7 +70,7 @@ Result<Weights> Weights::random(const Config& cfg, const ferry::sharding::RankSp
   }
   // Quantized checkpoints for gptq_int4 parameters: codes, scales and an act-order g_idx.
   for (const auto& p : spec.params) {
-    if (p.scheme != "gptq_int4") continue;
+    if (p.scheme != ferry::Scheme::kGptqInt4) continue;
     FERRY_ASSIGN_OR_RETURN(auto layout, ferry::kernels::gptq_checkpoint_layout(p.shape));
     TensorView q, s, g;
     FERRY_RETURN_IF_ERROR(w.add(ferry::reload::storage_name(p.name, layout[0].suffix), layout[0].dtype, layout[0].shape, &q));
@@ -84,7 +84,7 @@ Result<Weights> Weights::random(const Config& cfg, const ferry::sharding::RankSp
     std::iota(rows.begin(), rows.end(), 0);
     std::shuffle(rows.begin(), rows.end(), rng);
     for (int64_t i = 0; i < k; ++i) {
-      g.data_as<int32_t>()[rows[static_cast<size_t>(i)]] = static_cast<int32_t>(i / ferry::kernels::kGptqGroupSize);
+      g.data_as<int32_t>()[rows[static_cast<size_t>(i)]] = static_cast<int32_t>(i / ferry::kGroupSize);
     }
   }
   return w;

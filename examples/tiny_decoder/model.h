@@ -29,7 +29,7 @@ struct Config {
 };
 
 // TP rank 0 of 1; linear layers (qkv, o, gate_up, down, lm_head) use `scheme`.
-ferry::Result<ferry::sharding::RankSpec> rank_spec(const Config& cfg, const std::string& scheme);
+ferry::Result<ferry::sharding::RankSpec> rank_spec(const Config& cfg, ferry::Scheme scheme);
 
 // Weights for `spec` in checkpoint format, drawn from `seed`. Owns its buffers.
 class Weights {

@@ -42,9 +42,9 @@ __global__ void __launch_bounds__(kGptqTileN) gptq_gemm_kernel(WeightRef w, cons
   const int slice = blockIdx.x, slices = gridDim.x;
   const int64_t tile = blockIdx.y;
   const int64_t n = tile * kGptqTileN + threadIdx.x;
-  const int64_t groups = w.cols / kGptqGroupSize;
-  const int64_t k0 = groups * slice / slices * kGptqGroupSize;
-  const int64_t k1 = groups * (slice + 1) / slices * kGptqGroupSize;
+  const int64_t groups = w.cols / kGroupSize;
+  const int64_t k0 = groups * slice / slices * kGroupSize;
+  const int64_t k1 = groups * (slice + 1) / slices * kGroupSize;
   __shared__ int my_turn;
   if (threadIdx.x == 0) {
     volatile int32_t* counter = workspace + tile;
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kGptqTileN) gptq_gemm_kernel(WeightRef w, cons
 Status gptq_gemm(const GemmArgs& a, cudaStream_t st) {
   const WeightRef w = make_weight_ref(a.w);
   const int64_t tiles = (a.w.rows + kGptqTileN - 1) / kGptqTileN;
-  const int64_t groups = a.w.cols / kGptqGroupSize;
+  const int64_t groups = a.w.cols / kGroupSize;
   const int slices = static_cast<int>(std::min<int64_t>(kMaxKSlices, groups));
   if (a.w.workspace_len != tiles + 1) {
     return Status::invalid_argument("gptq_int4 gemm: the workspace must hold ceil(N/64) + 1 integers");

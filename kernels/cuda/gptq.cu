@@ -39,7 +39,7 @@ Status gptq_reload(const GptqArgs& a, void* stream) {
                                                                                                a.out_qweight, words, a.n);
   FERRY_CUDA_LAUNCH_CHECK();
   FERRY_CUDA_CHECK(cudaMemcpyAsync(a.out_scales, a.scales,
-                                   static_cast<size_t>(a.k / kGptqGroupSize * a.n) * sizeof(uint16_t),
+                                   static_cast<size_t>(a.k / kGroupSize * a.n) * sizeof(uint16_t),
                                    cudaMemcpyDeviceToDevice, st));
   FERRY_CUDA_CHECK(cudaMemsetAsync(a.workspace, 0, static_cast<size_t>(a.workspace_len) * sizeof(int32_t), st));
   // `perm` is pageable host memory that the copy reads; wait before it goes out of scope.

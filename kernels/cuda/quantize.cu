@@ -250,7 +250,7 @@ Status launch_block(const QuantArgs& a, cudaStream_t st) {
 
 template <DType D>
 Status launch_int4(const QuantArgs& a, cudaStream_t st) {
-  const int64_t groups = a.rows * (a.cols / kInt4GroupSize);
+  const int64_t groups = a.rows * (a.cols / kGroupSize);
   if (groups == 0) return ok_status();
   if (D == DType::kBF16 && aligned16(a.in) && groups * 8 / kThreads < (int64_t{1} << 30)) {  // one slice a thread
     const int64_t slices = groups * 8;

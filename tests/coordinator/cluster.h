@@ -82,7 +82,8 @@ class Cluster {
 
   Status add_rank(int r) {
     auto rank = std::make_unique<Rank>();
-    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg_, r, tp_, scheme_));
+    FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(scheme_));
+    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg_, r, tp_, scheme));
     FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
     rank->storage = std::make_unique<reload::ModelStorage>(std::move(storage));
     coordinator::RolloutOptions o;

@@ -150,7 +150,7 @@ TEST_F(FailClosed, RollingUpdateWithoutTheShortReplicaIsAllowed) {
   Cluster c(1);
   ASSERT_TRUE(c.start().ok());
   // A second replica, TP 2, whose rank 1 never joins.
-  auto spec = sharding::llama_rank_spec(tiny_llama(), 0, 2, "fp8_per_tensor");
+  auto spec = sharding::llama_rank_spec(tiny_llama(), 0, 2, Scheme::kFp8PerTensor);
   ASSERT_TRUE(spec.ok());
   spec->replica = 1;
   auto storage = reload::ModelStorage::allocate(*spec, Device::cpu());

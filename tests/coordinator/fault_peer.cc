@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   const auto cfg = testutil::tiny_llama();
   if (role == "rollout") {
     const int rank = std::atoi(argv[3]), tp = std::atoi(argv[4]);
-    auto spec = sharding::llama_rank_spec(cfg, rank, tp, "fp8_per_tensor");
+    auto spec = sharding::llama_rank_spec(cfg, rank, tp, ferry::Scheme::kFp8PerTensor);
     if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
     auto storage = reload::ModelStorage::allocate(*spec, Device::cpu());
     if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;

@@ -49,7 +49,7 @@ TEST(Metrics, ServesMembersVersionsAndUpdates) {
   auto trainer = coordinator::Trainer::create(o);
   ASSERT_TRUE(trainer.ok());
   const auto cfg = tiny_llama();
-  auto spec = sharding::llama_rank_spec(cfg, 0, 1, "fp8_per_tensor");
+  auto spec = sharding::llama_rank_spec(cfg, 0, 1, Scheme::kFp8PerTensor);
   auto storage = reload::ModelStorage::allocate(*spec, Device::cpu());
   coordinator::RolloutOptions ro;
   ro.coordinator = (*coord)->address();

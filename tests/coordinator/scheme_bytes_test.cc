@@ -27,7 +27,6 @@ namespace ferry::testutil {
 namespace {
 
 using ::testing::HasSubstr;
-using kernels::Scheme;
 namespace kt = kernels::testing;
 
 // Dimensions every online scheme accepts on every rank: each linear's per-rank columns (hidden
@@ -183,7 +182,7 @@ std::shared_ptr<const std::map<std::string, Places>> oracle_places(const Config&
 Layout make_layout(const Config& c, const std::string& scheme) {
   Layout l;
   for (int r = 0; r < c.tp; ++r) {
-    auto spec = sharding::llama_rank_spec(c.llama, r, c.tp, scheme);
+    auto spec = sharding::llama_rank_spec(c.llama, r, c.tp, *parse_scheme(scheme));
     EXPECT_TRUE(spec.ok()) << spec.status().to_string();
     if (!spec.ok()) return l;
     l.specs.push_back(std::move(*spec));
@@ -264,7 +263,7 @@ std::vector<RankBytes> expected_storage(const Config& c, const Layout& l, Scheme
       const auto& p = l.specs[r].params[i];
       const bool linear = is_linear(p.name);
       const Scheme s = linear ? scheme : Scheme::kNone;
-      EXPECT_EQ(p.scheme, linear ? std::string(kernels::scheme_name(scheme)) : "none") << p.name;
+      EXPECT_EQ(p.scheme, s) << p.name;
       EXPECT_EQ(p.shape, own_shape(c, p.name)) << p.name;
       const std::vector<int64_t> shards = own_shard_rows(c, p.name);
       if (!shards.empty()) {
@@ -357,14 +356,14 @@ struct Case {
   Config (*config)();
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << kernels::scheme_name(c.scheme) << " " << c.config().name; }
+void PrintTo(const Case& c, std::ostream* os) { *os << scheme_name(c.scheme) << " " << c.config().name; }
 
 class SchemeBytes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SchemeBytes, EveryStorageTensorOfEveryRankMatchesTheReference) {
   const Config cfg = GetParam().config();
   const Scheme scheme = GetParam().scheme;
-  const std::string name(kernels::scheme_name(scheme));
+  const std::string name(scheme_name(scheme));
   const Layout layout = make_layout(cfg, name);
   ASSERT_FALSE(::testing::Test::HasFailure());
   Cluster c(cfg.tp, name, cfg.llama);
@@ -387,7 +386,7 @@ TEST_P(SchemeBytes, EveryStorageTensorOfEveryRankMatchesTheReference) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (Scheme s : kernels::kAllSchemes) {
+  for (Scheme s : kAllSchemes) {
     if (s == Scheme::kGptqInt4) continue;  // quantized reload, not an online scheme
     out.push_back({s, kv_above_tp});
     out.push_back({s, kv_below_tp});
@@ -397,7 +396,7 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllOnlineSchemes, SchemeBytes, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string s(kernels::scheme_name(info.param.scheme));
+                           std::string s(scheme_name(info.param.scheme));
                            std::erase(s, '_');
                            return s + "_" + info.param.config().name;
                          });
@@ -518,7 +517,7 @@ TEST(Verify, CorruptedBucketFailsWithDataLossAndTheNextUpdateLands) {
   ScopedEnv buckets("FERRY_BUCKET_BYTES", kSmallBuckets);
   const Config cfg = several_buckets();
   const Scheme scheme = Scheme::kFp8PerChannel;
-  const std::string name(kernels::scheme_name(scheme));
+  const std::string name(scheme_name(scheme));
   const Layout layout = make_layout(cfg, name);
   Corrupter corrupt;
   Cluster c(cfg.tp, name, cfg.llama);
@@ -581,7 +580,7 @@ TEST(Verify, WithoutVerifyTheSameCorruptionLandsUnnoticed) {
   ScopedEnv buckets("FERRY_BUCKET_BYTES", kSmallBuckets);
   const Config cfg = several_buckets();
   const Scheme scheme = Scheme::kFp8PerChannel;
-  const std::string name(kernels::scheme_name(scheme));
+  const std::string name(scheme_name(scheme));
   const Layout layout = make_layout(cfg, name);
   Corrupter corrupt;
   Cluster c(cfg.tp, name, cfg.llama);

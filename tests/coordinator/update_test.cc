@@ -337,7 +337,7 @@ TEST(Update, RollingUpdateLeavesTheOtherReplicaServing) {
   std::vector<std::unique_ptr<Rank>> replicas;
   for (int replica = 0; replica < 2; ++replica) {
     auto rank = std::make_unique<Rank>();
-    auto spec = sharding::llama_rank_spec(cfg, 0, 1, "fp8_per_tensor");
+    auto spec = sharding::llama_rank_spec(cfg, 0, 1, Scheme::kFp8PerTensor);
     ASSERT_TRUE(spec.ok());
     spec->replica = replica;
     auto storage = reload::ModelStorage::allocate(*spec, Device::cpu());

@@ -21,11 +21,11 @@ sharding::RankSpec spec() {
   sharding::RankSpec s;
   for (const char* n : {"a", "b", "c", "d"}) s.expects.push_back({n, DType::kBF16, {4, 128}});
   const Region rows4{{0, 0}, {4, 128}};
-  s.params.push_back({"model.layers.0.p.weight", "model.layers.0", {8, 128}, DType::kBF16, "none", {},
+  s.params.push_back({"model.layers.0.p.weight", "model.layers.0", {8, 128}, DType::kBF16, Scheme::kNone, {},
                       {{"a", rows4, {0, 0}}, {"b", rows4, {4, 0}}}});
-  s.params.push_back({"model.layers.0.q.weight", "model.layers.0", {4, 128}, DType::kBF16, "fp8_per_tensor", {},
+  s.params.push_back({"model.layers.0.q.weight", "model.layers.0", {4, 128}, DType::kBF16, Scheme::kFp8PerTensor, {},
                       {{"c", rows4, {0, 0}}}});
-  s.params.push_back({"model.layers.1.r.weight", "model.layers.1", {4, 128}, DType::kBF16, "none", {},
+  s.params.push_back({"model.layers.1.r.weight", "model.layers.1", {4, 128}, DType::kBF16, Scheme::kNone, {},
                       {{"d", rows4, {0, 0}}}});
   return s;
 }

@@ -30,12 +30,12 @@ std::vector<uint8_t> to_host(const TensorView& v) {
 TEST(Gpu, DeviceStorageMatchesCpuAndGraphReadsLiveStorage) {
   SKIP_WITHOUT_GPU();
   const tiny::Config cfg;
-  auto spec = *tiny::rank_spec(cfg, "gptq_int4");
+  auto spec = *tiny::rank_spec(cfg, Scheme::kGptqInt4);
   auto dev_storage = ModelStorage::allocate(spec, Device::cuda(0));
   ASSERT_TRUE(dev_storage.ok()) << dev_storage.status().to_string();
   auto dev = ReloadEngine::create(spec, *dev_storage);
   ASSERT_TRUE(dev.ok());
-  auto cpu = testing::make_rank(cfg, "gptq_int4");
+  auto cpu = testing::make_rank(cfg, Scheme::kGptqInt4);
   auto a = tiny::Weights::random(cfg, spec, 1);
   auto b = tiny::Weights::random(cfg, spec, 2);
   ASSERT_TRUE(load_checkpoint(**dev, a->checkpoint(), 1).ok());
@@ -78,7 +78,7 @@ struct DeviceRank {
   std::unique_ptr<ReloadEngine> engine;
 };
 
-DeviceRank device_rank(const tiny::Config& cfg, const std::string& scheme) {
+DeviceRank device_rank(const tiny::Config& cfg, Scheme scheme) {
   DeviceRank r;
   r.spec = *tiny::rank_spec(cfg, scheme);
   auto s = ModelStorage::allocate(r.spec, Device::cuda(0));
@@ -97,8 +97,8 @@ DeviceRank device_rank(const tiny::Config& cfg, const std::string& scheme) {
 TEST(Gpu, LentDevicePiecesAreReadInPlace) {
   SKIP_WITHOUT_GPU();
   const tiny::Config cfg;
-  for (const std::string scheme :
-       {"fp8_per_channel", "fp8_per_tensor", "fp8_block", "int8_per_channel", "int4_group", "gptq_int4", "none"}) {
+  for (const Scheme scheme : {Scheme::kFp8PerChannel, Scheme::kFp8PerTensor, Scheme::kFp8Block, Scheme::kInt8PerChannel,
+                              Scheme::kInt4Group, Scheme::kGptqInt4, Scheme::kNone}) {
     for (const int64_t chunk : {int64_t{0}, int64_t{24}}) {
       auto dev = device_rank(cfg, scheme);
       auto cpu = testing::make_rank(cfg, scheme);
@@ -108,15 +108,15 @@ TEST(Gpu, LentDevicePiecesAreReadInPlace) {
       for (uint64_t v = 1; v <= 2; ++v) {
         auto w = tiny::Weights::random(cfg, dev.spec, 10 + v);
         auto r = load_checkpoint(*dev.engine, w->checkpoint(), v, lend);
-        ASSERT_TRUE(r.ok()) << scheme << ": " << r.status().to_string();
-        EXPECT_EQ(r->census.moved, 0u) << scheme;
-        EXPECT_GT(r->direct_pieces, 0u) << scheme << " chunk " << chunk;
-        if (chunk == 0 && scheme != "fp8_block") {  // fp8_block: shards not 128-row aligned are staged
-          EXPECT_EQ(r->device_staged_pieces, 0u) << scheme << ": whole device pieces need no host staging";
+        ASSERT_TRUE(r.ok()) << scheme_name(scheme) << ": " << r.status().to_string();
+        EXPECT_EQ(r->census.moved, 0u) << scheme_name(scheme);
+        EXPECT_GT(r->direct_pieces, 0u) << scheme_name(scheme) << " chunk " << chunk;
+        if (chunk == 0 && scheme != Scheme::kFp8Block) {  // fp8_block: shards not 128-row aligned are staged
+          EXPECT_EQ(r->device_staged_pieces, 0u) << scheme_name(scheme) << ": whole device pieces need no host staging";
         }
         ASSERT_TRUE(load_checkpoint(*cpu->engine, w->checkpoint(), v).ok());
         for (const auto& [n, t] : dev.storage->tensors()) {
-          EXPECT_EQ(to_host(t), testing::bytes_of(cpu->storage.tensors().at(n))) << scheme << " " << n << " v" << v;
+          EXPECT_EQ(to_host(t), testing::bytes_of(cpu->storage.tensors().at(n))) << scheme_name(scheme) << " " << n << " v" << v;
         }
       }
     }
@@ -127,7 +127,7 @@ TEST(Gpu, LentDevicePiecesAreReadInPlace) {
 TEST(Gpu, DevicePiecesMustBeLentOnTheStorageDevice) {
   SKIP_WITHOUT_GPU();
   const tiny::Config cfg;
-  auto cpu = testing::make_rank(cfg, "fp8_per_channel");
+  auto cpu = testing::make_rank(cfg, Scheme::kFp8PerChannel);
   ASSERT_OK(cpu->engine->begin(1));
   const auto& p = cpu->spec.params[0];
   auto buf = Buffer::allocate(64, Device::cuda(0));
@@ -146,7 +146,7 @@ TEST(Gpu, DecoderStepIsACudaGraphThatFollowsUpdates) {
   SKIP_WITHOUT_GPU();
   const tiny::Config cfg;
   const std::vector<int32_t> prompt{1, 17, 42, 7};
-  for (const std::string scheme : {"gptq_int4", "fp8_per_tensor", "none"}) {
+  for (const Scheme scheme : {Scheme::kGptqInt4, Scheme::kFp8PerTensor, Scheme::kNone}) {
     auto dev = device_rank(cfg, scheme);
     auto cold = device_rank(cfg, scheme);
     auto cpu = testing::make_rank(cfg, scheme);
@@ -164,12 +164,12 @@ TEST(Gpu, DecoderStepIsACudaGraphThatFollowsUpdates) {
     auto tc = (*host)->generate(prompt, 8);
     ASSERT_TRUE(tc.ok());
     // The CUDA GEMMs sum in another order: equal within rounding, not bit for bit.
-    EXPECT_EQ(*ta, *tc) << scheme;
+    EXPECT_EQ(*ta, *tc) << scheme_name(scheme);
     for (size_t i = 0; i < (*host)->last_logits().size(); ++i) {
       const float g = (*graph)->last_logits()[i], c = (*host)->last_logits()[i];
-      ASSERT_LE(std::fabs(g - c), 1e-2f + 1e-2f * std::fabs(c)) << scheme << " logit " << i;
+      ASSERT_LE(std::fabs(g - c), 1e-2f + 1e-2f * std::fabs(c)) << scheme_name(scheme) << " logit " << i;
     }
-    EXPECT_TRUE(audit((*graph)->program(), dev.engine->registry(), dev.storage->tensors()).clean()) << scheme;
+    EXPECT_TRUE(audit((*graph)->program(), dev.engine->registry(), dev.storage->tensors()).clean()) << scheme_name(scheme);
 
     auto r = load_checkpoint(*dev.engine, b->checkpoint(), 2);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -181,8 +181,8 @@ TEST(Gpu, DecoderStepIsACudaGraphThatFollowsUpdates) {
     ASSERT_TRUE(cold_graph.ok());
     auto fresh = (*cold_graph)->outputs(prompt, 8);
     ASSERT_TRUE(fresh.ok());
-    EXPECT_EQ(*updated, *fresh) << scheme << ": the graph does not read the updated storage";
-    EXPECT_TRUE(audit((*graph)->program(), dev.engine->registry(), dev.storage->tensors()).clean()) << scheme;
+    EXPECT_EQ(*updated, *fresh) << scheme_name(scheme) << ": the graph does not read the updated storage";
+    EXPECT_TRUE(audit((*graph)->program(), dev.engine->registry(), dev.storage->tensors()).clean()) << scheme_name(scheme);
   }
 }
 

@@ -42,14 +42,14 @@ struct Harness {
 
 Harness make(bool broken) {
   Harness s;
-  s.spec = *tiny::rank_spec(s.cfg, "gptq_int4");
+  s.spec = *tiny::rank_spec(s.cfg, Scheme::kGptqInt4);
   auto storage_r = ModelStorage::allocate(s.spec, Device::cpu());
   s.storage = std::make_unique<ModelStorage>(std::move(*storage_r));
   EngineOptions o;
   ModelStorage* storage = s.storage.get();
   o.kernel_factory = [broken, storage](const sharding::ParamSpec& p) -> Result<std::unique_ptr<ProcessingKernel>> {
     FERRY_ASSIGN_OR_RETURN(auto k, scheme_kernel(p));
-    if (!broken || p.scheme != "gptq_int4") return k;
+    if (!broken || p.scheme != Scheme::kGptqInt4) return k;
     return std::unique_ptr<ProcessingKernel>(
         new ReallocatingKernel(std::move(k), storage, storage_name(p.name, "workspace")));
   };
@@ -61,7 +61,7 @@ Harness make(bool broken) {
 
 size_t gptq_params(const sharding::RankSpec& spec) {
   size_t n = 0;
-  for (const auto& p : spec.params) n += p.scheme == "gptq_int4";
+  for (const auto& p : spec.params) n += p.scheme == Scheme::kGptqInt4;
   return n;
 }
 

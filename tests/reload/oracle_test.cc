@@ -18,7 +18,7 @@ using testing::make_rank;
 const std::vector<int32_t> kPrompt{5, 99, 3, 250, 17};
 constexpr int kNew = 6;
 
-class OracleTest : public ::testing::TestWithParam<std::string> {};
+class OracleTest : public ::testing::TestWithParam<Scheme> {};
 
 TEST_P(OracleTest, ColdLoadEqualsUpdateInPlace) {
   const tiny::Config cfg;
@@ -63,13 +63,13 @@ TEST_P(OracleTest, FlipProbeChangesOutputsAndRestores) {
   ASSERT_TRUE(dec.ok());
   ASSERT_TRUE(load_checkpoint(*rank->engine, b->checkpoint(), 2).ok());
   auto targets = permutation_tensors(rank->engine->registry());
-  if (GetParam() == "gptq_int4") {
+  if (GetParam() == Scheme::kGptqInt4) {
     EXPECT_EQ(targets.size(), 9u);  // qkv, o, gate_up, down in 2 layers, and the lm_head
   } else {
     EXPECT_TRUE(targets.empty());
     targets = scale_tensors(rank->engine->registry());
   }
-  if (targets.empty()) GTEST_SKIP() << GetParam() << " has neither permutations nor scales to flip";
+  if (targets.empty()) GTEST_SKIP() << scheme_name(GetParam()) << " has neither permutations nor scales to flip";
   const auto before = testing::contents(rank->storage);
   auto run = [&] { return (*dec)->outputs(kPrompt, kNew); };
   auto flip = flip_probe(rank->engine->registry(), targets, run);
@@ -89,9 +89,9 @@ std::vector<double> reference_logits(const tiny::Config& c, const testing::Rank&
     for (const auto& t : layout) st.push_back(r.storage.tensors().at(storage_name(name, t.suffix)));
     std::vector<float> w(static_cast<size_t>(shape_numel(p->shape)));
     TensorView out(w.data(), DType::kF32, p->shape);
-    const auto scheme = *kernels::parse_scheme(p->scheme);
-    EXPECT_TRUE(kernels::dequantize(scheme, st, scheme == kernels::Scheme::kGptqInt4 ? std::vector<int64_t>{}
-                                                                                       : p->shard_rows, out).ok());
+    const Scheme scheme = p->scheme;
+    EXPECT_TRUE(kernels::dequantize(scheme, st, scheme == Scheme::kGptqInt4 ? std::vector<int64_t>{} : p->shard_rows, out)
+                    .ok());
     return std::vector<double>(w.begin(), w.end());
   };
   auto vec = [&](const std::string& name) {
@@ -184,8 +184,8 @@ TEST_P(OracleTest, DecoderMatchesFloat64Reference) {
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-3 * scale + 1e-5) << "logit " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryScheme, OracleTest, ::testing::ValuesIn(testing::all_schemes()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(EveryScheme, OracleTest, ::testing::ValuesIn(kAllSchemes),
+                         [](const auto& info) { return std::string(scheme_name(info.param)); });
 
 }  // namespace
 }  // namespace ferry::reload

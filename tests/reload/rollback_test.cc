@@ -97,7 +97,7 @@ EngineOptions with_rollback(RollbackMode m) {
   return o;
 }
 
-class RollbackTest : public ::testing::TestWithParam<std::string> {};
+class RollbackTest : public ::testing::TestWithParam<Scheme> {};
 
 TEST_P(RollbackTest, FailedPartialUpdateIsRestoredToTheLastCompleteVersion) {
   const tiny::Config cfg;
@@ -184,8 +184,8 @@ TEST_P(RollbackTest, SnapshotsSpanFailedUpdatesUntilACompleteOne) {
   EXPECT_EQ(rank->engine->version(), 4u);
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryScheme, RollbackTest, ::testing::ValuesIn(testing::all_schemes()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(EveryScheme, RollbackTest, ::testing::ValuesIn(kAllSchemes),
+                         [](const auto& info) { return std::string(scheme_name(info.param)); });
 
 enum class Inject { kScribbleAndFail, kFailOnce };
 
@@ -225,7 +225,7 @@ TEST(Rollback, LayerHalfWrittenByAFailingKernelIsRestored) {
   // The layer's last parameter, once `fail` is set, writes garbage over its storage and fails
   // after the earlier parameters of the layer were written.
   o.kernel_factory = failing_down_proj(&fail, Inject::kScribbleAndFail);
-  auto rank = make_rank(cfg, "fp8_per_tensor", std::move(o));
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor, std::move(o));
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
   ASSERT_OK(load_checkpoint(*rank->engine, a->checkpoint(), 1).status());
@@ -248,7 +248,7 @@ TEST(Borrowed, ALayerThatFailsIsRefusedAndItsBorrowedBytesAreNotReadAgain) {
   bool fail = false;
   EngineOptions o;
   o.kernel_factory = failing_down_proj(&fail, Inject::kFailOnce);
-  auto rank = make_rank(cfg, "fp8_per_tensor", std::move(o));
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor, std::move(o));
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
   ASSERT_OK(load_checkpoint(*rank->engine, a->checkpoint(), 1).status());
@@ -288,7 +288,7 @@ TEST(Borrowed, ALayerThatFailsIsRefusedAndItsBorrowedBytesAreNotReadAgain) {
 
 TEST(LentPieces, SameStorageAsCopiedPiecesAndOwnersAreReleased) {
   const tiny::Config cfg;
-  for (const std::string& scheme : testing::all_schemes()) {
+  for (const Scheme scheme : kAllSchemes) {
     auto lent = make_rank(cfg, scheme);
     auto copied = make_rank(cfg, scheme);
     auto a = tiny::Weights::random(cfg, lent->spec, 1);
@@ -306,17 +306,17 @@ TEST(LentPieces, SameStorageAsCopiedPiecesAndOwnersAreReleased) {
     auto r = lent->engine->finalize();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(r->census.moved, 0u);
-    if (scheme == "none" || scheme == "fp8_per_channel" || scheme == "int8_per_channel") {
-      EXPECT_GT(r->direct_pieces, 0u) << scheme;
+    if (scheme == Scheme::kNone || scheme == Scheme::kFp8PerChannel || scheme == Scheme::kInt8PerChannel) {
+      EXPECT_GT(r->direct_pieces, 0u) << scheme_name(scheme);
     }
-    EXPECT_EQ(contents(lent->storage), contents(copied->storage)) << scheme;
-    for (const auto& w : owners) EXPECT_TRUE(w.expired()) << scheme << ": a lent buffer outlived its layer";
+    EXPECT_EQ(contents(lent->storage), contents(copied->storage)) << scheme_name(scheme);
+    for (const auto& w : owners) EXPECT_TRUE(w.expired()) << scheme_name(scheme) << ": a lent buffer outlived its layer";
   }
 }
 
 TEST(LentPieces, IncompleteLayerKeepsItsWeights) {
   const tiny::Config cfg;
-  auto rank = make_rank(cfg, "none");
+  auto rank = make_rank(cfg, Scheme::kNone);
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
   ASSERT_OK(load_checkpoint(*rank->engine, a->checkpoint(), 1).status());
@@ -333,7 +333,7 @@ TEST(LentPieces, IncompleteLayerKeepsItsWeights) {
 
 TEST(Staging, PoolKeepsAtMostOneLayerBetweenUpdates) {
   const tiny::Config cfg;
-  for (const std::string scheme : {"none", "fp8_per_tensor", "fp8_block", "gptq_int4"}) {
+  for (const Scheme scheme : {Scheme::kNone, Scheme::kFp8PerTensor, Scheme::kFp8Block, Scheme::kGptqInt4}) {
     auto rank = make_rank(cfg, scheme);
     auto a = tiny::Weights::random(cfg, rank->spec, 1);
     uint64_t largest = 0;
@@ -348,9 +348,9 @@ TEST(Staging, PoolKeepsAtMostOneLayerBetweenUpdates) {
     }
     for (uint64_t v = 1; v <= 3; ++v) {
       ASSERT_OK(load_checkpoint(*rank->engine, a->checkpoint(), v).status());
-      EXPECT_LE(rank->engine->pooled_bytes(), largest) << scheme;
+      EXPECT_LE(rank->engine->pooled_bytes(), largest) << scheme_name(scheme);
     }
-    EXPECT_GT(rank->engine->pooled_bytes(), 0u) << scheme;
+    EXPECT_GT(rank->engine->pooled_bytes(), 0u) << scheme_name(scheme);
   }
 }
 

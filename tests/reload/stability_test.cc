@@ -15,7 +15,7 @@ namespace {
 using testing::make_rank;
 
 struct Case {
-  std::string scheme;
+  Scheme scheme;
   LoadOptions load;
   std::string label;
   int64_t vocab = 0;  // non-zero: a vocabulary the spec pads (rows no slice covers, zeros to the kernel)
@@ -68,8 +68,7 @@ TEST_P(StabilityTest, ProcessTwiceNothingMovesAndStorageMatchesTheKernel) {
   }
 
   for (const auto& p : rank->spec.params) {
-    auto scheme = kernels::parse_scheme(p.scheme);
-    ASSERT_TRUE(scheme.ok());
+    const Scheme scheme = p.scheme;
     auto layout = param_layout(p, DType::kBF16);
     ASSERT_TRUE(layout.ok());
     std::vector<Buffer> bufs;
@@ -80,14 +79,14 @@ TEST_P(StabilityTest, ProcessTwiceNothingMovesAndStorageMatchesTheKernel) {
       ref.push_back(*buf->view(t.dtype, t.shape));
       bufs.push_back(std::move(*buf));
     }
-    if (*scheme == kernels::Scheme::kGptqInt4) {
+    if (scheme == Scheme::kGptqInt4) {
       const auto& ck = b->checkpoint();
       ASSERT_OK(kernels::gptq_reload(ck.at(storage_name(p.name, "qweight")), ck.at(storage_name(p.name, "scales")),
                                      ck.at(storage_name(p.name, "g_idx")), ref));
     } else {
       auto full = assemble(p, b->checkpoint());
       TensorView in(full.data(), p.source_dtype, p.shape);
-      ASSERT_OK(kernels::quantize(*scheme, in, p.shard_rows, ref));
+      ASSERT_OK(kernels::quantize(scheme, in, p.shard_rows, ref));
     }
     for (size_t i = 0; i < layout->size(); ++i) {
       const std::string name = storage_name(p.name, (*layout)[i].suffix);
@@ -98,7 +97,7 @@ TEST_P(StabilityTest, ProcessTwiceNothingMovesAndStorageMatchesTheKernel) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const auto& s : testing::all_schemes()) {
+  for (const Scheme s : kAllSchemes) {
     out.push_back({s, {}, "whole"});
     LoadOptions chunk16;
     chunk16.chunk_rows = 16;
@@ -137,13 +136,15 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryScheme, StabilityTest, ::testing::ValuesIn(cases()),
-                         [](const auto& info) { return info.param.scheme + "_" + info.param.label; });
+                         [](const auto& info) {
+                           return std::string(scheme_name(info.param.scheme)) + "_" + info.param.label;
+                         });
 
 // Piece by piece: whole-row pieces of per-channel schemes never stage the full-precision layer.
 TEST(Piecewise, PerChannelPiecesStageOnlyQuantizedScratch) {
   const tiny::Config cfg;
-  auto fp = make_rank(cfg, "fp8_per_tensor");
-  auto pc = make_rank(cfg, "fp8_per_channel");
+  auto fp = make_rank(cfg, Scheme::kFp8PerTensor);
+  auto pc = make_rank(cfg, Scheme::kFp8PerChannel);
   auto w = tiny::Weights::random(cfg, fp->spec, 3);
   ASSERT_TRUE(w.ok());
   LoadOptions o;
@@ -167,7 +168,7 @@ TEST(Piecewise, WholeBandsOfAPaddedShardAreNotStaged) {
   for (const int64_t vocab : {1000, 1024}) {
     tiny::Config cfg;
     cfg.vocab = vocab;
-    auto rank = make_rank(cfg, "fp8_block");
+    auto rank = make_rank(cfg, Scheme::kFp8Block);
     auto w = tiny::Weights::random(cfg, rank->spec, 5);
     ASSERT_TRUE(w.ok());
     auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, lent);

@@ -39,14 +39,14 @@ void expect_refused_layer_untouched(const testing::Rank& rank, const std::string
 
 TEST(Staging, PlanOrderHoldsAtMostOneLayer) {
   const tiny::Config cfg;
-  for (const std::string scheme : {"fp8_per_tensor", "fp8_per_channel", "gptq_int4"}) {
+  for (const Scheme scheme : {Scheme::kFp8PerTensor, Scheme::kFp8PerChannel, Scheme::kGptqInt4}) {
     auto rank = make_rank(cfg, scheme);
     auto w = tiny::Weights::random(cfg, rank->spec, 1);
     auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_GT(r->peak_staging_bytes, 0u);
-    EXPECT_LE(r->peak_staging_bytes, largest_layer(rank->spec)) << scheme;
-    EXPECT_EQ(r->out_of_order_layers, 0u) << scheme;
+    EXPECT_LE(r->peak_staging_bytes, largest_layer(rank->spec)) << scheme_name(scheme);
+    EXPECT_EQ(r->out_of_order_layers, 0u) << scheme_name(scheme);
     EXPECT_EQ(rank->engine->staging_bytes(), 0u);
   }
 }
@@ -56,14 +56,14 @@ TEST(Staging, PlanOrderHoldsAtMostOneLayer) {
 // result equals the kernel run once over the whole fused tensor, assembled here from the checkpoint.
 TEST(Staging, PerTensorShardsAreProcessedOnArrival) {
   const tiny::Config cfg;
-  auto rank = make_rank(cfg, "fp8_per_tensor");
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
   auto w = tiny::Weights::random(cfg, rank->spec, 3);
   auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_GT(r->piecewise_pieces + r->direct_pieces, 0u);
   int fused = 0;
   for (const auto& p : rank->spec.params) {
-    if (p.scheme != "fp8_per_tensor" || p.shard_rows.size() < 2) continue;
+    if (p.scheme != Scheme::kFp8PerTensor || p.shard_rows.size() < 2) continue;
     ++fused;
     std::vector<uint8_t> whole(dtype_bytes(p.source_dtype, shape_numel(p.shape)));
     const TensorView full(whole.data(), p.source_dtype, p.shape);
@@ -79,7 +79,7 @@ TEST(Staging, PerTensorShardsAreProcessedOnArrival) {
     std::vector<TensorView> views;
     for (const auto& t : *layout) out.emplace_back(dtype_bytes(t.dtype, shape_numel(t.shape)));
     for (size_t i = 0; i < layout->size(); ++i) views.emplace_back(out[i].data(), (*layout)[i].dtype, (*layout)[i].shape);
-    ASSERT_OK(kernels::quantize(kernels::Scheme::kFp8PerTensor, full, p.shard_rows, views, {}));
+    ASSERT_OK(kernels::quantize(Scheme::kFp8PerTensor, full, p.shard_rows, views, {}));
     for (size_t i = 0; i < layout->size(); ++i) {
       const std::string name = storage_name(p.name, (*layout)[i].suffix);
       EXPECT_EQ(testing::bytes_of(rank->storage.tensors().at(name)), out[i]) << name;
@@ -90,7 +90,7 @@ TEST(Staging, PerTensorShardsAreProcessedOnArrival) {
 
 TEST(Staging, OutOfOrderInputIsAccounted) {
   const tiny::Config cfg;
-  auto rank = make_rank(cfg, "fp8_per_tensor");
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
   auto w = tiny::Weights::random(cfg, rank->spec, 1);
   LoadOptions o;
   o.interleave_layers = true;
@@ -104,10 +104,10 @@ TEST(Staging, OutOfOrderInputIsAccounted) {
 
 TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   const tiny::Config cfg;
-  auto probe = make_rank(cfg, "fp8_per_tensor");
+  auto probe = make_rank(cfg, Scheme::kFp8PerTensor);
   const uint64_t limit = largest_layer(probe->spec) + 1024;
   ASSERT_EQ(setenv("FERRY_MAX_STAGING_BYTES", std::to_string(limit).c_str(), 1), 0);
-  auto rank = make_rank(cfg, "fp8_per_tensor");
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
   ASSERT_EQ(unsetenv("FERRY_MAX_STAGING_BYTES"), 0);
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
@@ -138,25 +138,25 @@ TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
 // only what release_borrowed() copies of the layers they leave incomplete, within one layer.
 TEST(Staging, BorrowedBucketsStageOnlyLayersTheyLeaveIncomplete) {
   const tiny::Config cfg;
-  for (const std::string scheme : {"fp8_per_tensor", "fp8_per_channel", "int4_group"}) {
+  for (const Scheme scheme : {Scheme::kFp8PerTensor, Scheme::kFp8PerChannel, Scheme::kInt4Group}) {
     auto rank = make_rank(cfg, scheme);
     auto w = tiny::Weights::random(cfg, rank->spec, 4);
     LoadOptions whole;
     whole.borrow_bucket_bytes = 64 << 20;
     auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, whole);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(r->peak_staging_bytes, 0u) << scheme;
-    EXPECT_EQ(r->piecewise_pieces, 0u) << scheme;
-    EXPECT_GT(r->direct_pieces, 0u) << scheme;
+    EXPECT_EQ(r->peak_staging_bytes, 0u) << scheme_name(scheme);
+    EXPECT_EQ(r->piecewise_pieces, 0u) << scheme_name(scheme);
+    EXPECT_GT(r->direct_pieces, 0u) << scheme_name(scheme);
 
     LoadOptions small;
     small.borrow_bucket_bytes = 24 << 10;
     small.chunk_rows = 16;
     auto s = load_checkpoint(*rank->engine, w->checkpoint(), 2, small);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
-    EXPECT_GT(s->peak_staging_bytes, 0u) << scheme;
-    EXPECT_LE(s->peak_staging_bytes, largest_layer(rank->spec)) << scheme;
-    EXPECT_EQ(s->out_of_order_layers, 0u) << scheme;
+    EXPECT_GT(s->peak_staging_bytes, 0u) << scheme_name(scheme);
+    EXPECT_LE(s->peak_staging_bytes, largest_layer(rank->spec)) << scheme_name(scheme);
+    EXPECT_EQ(s->out_of_order_layers, 0u) << scheme_name(scheme);
     EXPECT_EQ(rank->engine->staging_bytes(), 0u);
   }
 }
@@ -166,7 +166,7 @@ TEST(Staging, BorrowedBucketsStageOnlyLayersTheyLeaveIncomplete) {
 TEST(Staging, BorrowedPiecesCopiedOverTheLimitRefuseTheirLayer) {
   const tiny::Config cfg;
   ASSERT_EQ(setenv("FERRY_MAX_STAGING_BYTES", "4096", 1), 0);
-  auto rank = make_rank(cfg, "fp8_per_tensor");
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
   ASSERT_EQ(unsetenv("FERRY_MAX_STAGING_BYTES"), 0);
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);

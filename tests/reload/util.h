@@ -21,12 +21,6 @@ namespace ferry::reload::testing {
     ASSERT_TRUE(st_.ok()) << st_.to_string();        \
   } while (0)
 
-inline const std::vector<std::string>& all_schemes() {
-  static const std::vector<std::string> s{"none",       "fp8_per_tensor", "fp8_per_channel", "fp8_block",
-                                          "int8_per_channel", "int4_group", "gptq_int4"};
-  return s;
-}
-
 // A rank with storage and an engine over the tiny decoder's spec.
 struct Rank {
   sharding::RankSpec spec;
@@ -34,7 +28,7 @@ struct Rank {
   std::unique_ptr<ReloadEngine> engine;
 };
 
-inline std::unique_ptr<Rank> make_rank(const tiny::Config& cfg, const std::string& scheme, EngineOptions o = {}) {
+inline std::unique_ptr<Rank> make_rank(const tiny::Config& cfg, Scheme scheme, EngineOptions o = {}) {
   auto spec = tiny::rank_spec(cfg, scheme);
   EXPECT_TRUE(spec.ok()) << spec.status().to_string();
   auto storage = ModelStorage::allocate(*spec, Device::cpu());

@@ -90,7 +90,7 @@ TEST(HfConfig, Qwen3MoeExpertsAndDenseLayers) {
   EXPECT_TRUE(has_source(*d, "model.layers.0.mlp.experts.3.down_proj.weight"));
   EXPECT_TRUE(has_source(*d, "model.layers.0.mlp.gate.weight"));
   EXPECT_TRUE(has_source(*d, "model.layers.1.mlp.gate_proj.weight"));
-  auto rank = model_rank_spec(*d, 1, 2, 2, "fp8_per_channel");
+  auto rank = model_rank_spec(*d, 1, 2, 2, Scheme::kFp8PerChannel);
   ASSERT_TRUE(rank.ok()) << rank.status().to_string();
   // EP 2 over TP 2: rank 1 holds experts 2 and 3 whole, and takes no tensor of experts 0 and 1.
   const auto* w13 = find_named(rank->params, "model.layers.0.mlp.experts.w13_weight");
@@ -150,7 +150,7 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
 TEST(Presets, KimiK2LaysOutOverTp16Ep16) {
   auto d = preset_model("kimi-k2");
   ASSERT_TRUE(d.ok());
-  auto r = model_rank_spec(*d, 5, 16, 16, "fp8_block");
+  auto r = model_rank_spec(*d, 5, 16, 16, Scheme::kFp8Block);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const auto* w13 = find_named(r->params, "model.layers.7.mlp.experts.w13_weight");
   ASSERT_NE(w13, nullptr);
@@ -198,8 +198,8 @@ TEST(Mapping, TinyMappingEqualsTheBuiltInLlamaLayout) {
   ASSERT_TRUE(built.ok());
   EXPECT_EQ(model_manifest(*mapped), model_manifest(*built));
   for (int tp : {1, 2, 4}) {
-    auto a = model_rank_specs(*mapped, 1, tp, 1, "fp8_per_channel");
-    auto b = model_rank_specs(*built, 1, tp, 1, "fp8_per_channel");
+    auto a = model_rank_specs(*mapped, 1, tp, 1, Scheme::kFp8PerChannel);
+    auto b = model_rank_specs(*built, 1, tp, 1, Scheme::kFp8PerChannel);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(plan_key(model_manifest(*mapped), *a, {}), plan_key(model_manifest(*built), *b, {})) << "tp " << tp;
   }
@@ -238,7 +238,7 @@ TEST(Mapping, Errors) {
   // Layout errors surface when the model is laid out, naming the parameter.
   auto odd = parse_mapping(R"({"ferry_mapping": 1, "params": [{"param": "w.weight", "layout": "column", "shape": [6, 4]}]})");
   ASSERT_TRUE(odd.ok());
-  auto spec = model_rank_spec(*odd, 0, 4, 1, "none");
+  auto spec = model_rank_spec(*odd, 0, 4, 1, Scheme::kNone);
   EXPECT_NE(spec.status().message().find("w.weight"), std::string::npos);
 }
 

@@ -30,7 +30,7 @@ Tiny tiny(int64_t rows, int tp, bool quantize) {
   r.quantize = quantize;
   t.desc.params.push_back(r);
   t.manifest = model_manifest(t.desc);
-  t.ranks = *model_rank_specs(t.desc, 1, tp, 1, quantize ? "fp8_per_channel" : "none");
+  t.ranks = *model_rank_specs(t.desc, 1, tp, 1, quantize ? Scheme::kFp8PerChannel : Scheme::kNone);
   return t;
 }
 
@@ -216,7 +216,7 @@ TEST(CostModel, StagesAddFillAndDrainToTheBusiestLink) {
     d.params.push_back(r);
   }
   const Manifest manifest = model_manifest(d);
-  auto ranks = model_rank_specs(d, 1, 1, 1, "none");
+  auto ranks = model_rank_specs(d, 1, 1, 1, Scheme::kNone);
   ASSERT_TRUE(ranks.ok());
   auto plan = make_plan(manifest, *ranks, {SenderInfo{}}, PlanOptions{512 << 10});
   ASSERT_TRUE(plan.ok());

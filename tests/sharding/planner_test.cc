@@ -30,7 +30,7 @@ Fixture small_model(int tp, int replicas, int layers = 4) {
   c.vocab_pad_multiple = 8;
   auto desc = describe_model(c);
   EXPECT_TRUE(desc.ok());
-  auto ranks = model_rank_specs(*desc, replicas, tp, 1, "none");
+  auto ranks = model_rank_specs(*desc, replicas, tp, 1, Scheme::kNone);
   EXPECT_TRUE(ranks.ok()) << ranks.status().to_string();
   return {model_manifest(*desc), std::move(*ranks)};
 }
@@ -137,7 +137,7 @@ TEST(Planner, BalancedWithinTenPercentOfIdeal) {
 TEST(Planner, BalancedOnAPresetAtScale) {
   auto desc = preset_model("qwen3-30b-a3b");
   ASSERT_TRUE(desc.ok());
-  auto ranks = model_rank_specs(*desc, 2, 4, 4, "fp8_block");
+  auto ranks = model_rank_specs(*desc, 2, 4, 4, Scheme::kFp8Block);
   ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
   auto plan = make_plan(model_manifest(*desc), *ranks, std::vector<SenderInfo>(32), PlanOptions{64 << 20});
   ASSERT_TRUE(plan.ok());
@@ -183,7 +183,7 @@ TEST(Planner, CacheReusesPlansAndKeysOnInputs) {
   EXPECT_NE(a->get(), c->get());
   Fixture g = small_model(4, 1);  // other specs
   EXPECT_NE(plan_key(f.manifest, f.ranks, senders), plan_key(g.manifest, g.ranks, senders));
-  f.ranks[1].params[3].scheme = "fp8_per_channel";  // one scheme changes the key
+  f.ranks[1].params[3].scheme = Scheme::kFp8PerChannel;  // one scheme changes the key
   EXPECT_NE(plan_key(f.manifest, f.ranks, senders), a->get()->key);
   auto d = cache.get(f.manifest, f.ranks, senders, PlanOptions{4096});
   ASSERT_TRUE(d.ok());

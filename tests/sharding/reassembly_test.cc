@@ -29,7 +29,7 @@ void check_model(const TCfg& c, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
   auto desc = describe_model(c.model_config());
   ASSERT_TRUE(desc.ok()) << desc.status().to_string();
-  auto ranks = model_rank_specs(*desc, c.replicas, c.tp, c.ep, "none");
+  auto ranks = model_rank_specs(*desc, c.replicas, c.tp, c.ep, Scheme::kNone);
   ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
   const Manifest manifest = model_manifest(*desc);
   PlanOptions opts;
@@ -61,7 +61,7 @@ TEST(Reassembly, LlamaRankSpecMatchesOracle) {
     ASSERT_TRUE(lc.ok());
     std::vector<RankSpec> ranks;
     for (int r = 0; r < c.tp; ++r) {
-      auto spec = llama_rank_spec(*lc, r, c.tp, "none");
+      auto spec = llama_rank_spec(*lc, r, c.tp, Scheme::kNone);
       ASSERT_TRUE(spec.ok()) << spec.status().to_string();
       ranks.push_back(std::move(*spec));
     }
@@ -78,7 +78,7 @@ TEST(Reassembly, OracleCatchesMisplacedShards) {
   c.tp = 2;
   auto desc = describe_model(c.model_config());
   ASSERT_TRUE(desc.ok());
-  auto ranks = model_rank_specs(*desc, 1, 2, 1, "none");
+  auto ranks = model_rank_specs(*desc, 1, 2, 1, Scheme::kNone);
   ASSERT_TRUE(ranks.ok());
   std::swap((*ranks)[0].params, (*ranks)[1].params);
   const Manifest manifest = model_manifest(*desc);
@@ -95,7 +95,7 @@ TEST(Reassembly, KvHeadsReplicatedWhenTpExceedsThem) {
   c.inter = 8;
   auto desc = describe_model(c.model_config());
   ASSERT_TRUE(desc.ok());
-  auto ranks = model_rank_specs(*desc, 1, 8, 1, "none");
+  auto ranks = model_rank_specs(*desc, 1, 8, 1, Scheme::kNone);
   ASSERT_TRUE(ranks.ok());
   // Ranks 0..3 share KV head 0, ranks 4..7 head 1.
   for (int r = 0; r < 8; ++r) {
@@ -117,7 +117,7 @@ TEST(Reassembly, VocabPaddingLeavesTailRowsUnwritten) {
   c.pad = 8;  // 8 rows per rank: ranks 0 and 1 hold rows, ranks 2 and 3 only padding
   auto desc = describe_model(c.model_config());
   ASSERT_TRUE(desc.ok());
-  auto ranks = model_rank_specs(*desc, 1, 4, 1, "none");
+  auto ranks = model_rank_specs(*desc, 1, 4, 1, Scheme::kNone);
   ASSERT_TRUE(ranks.ok());
   for (int r = 0; r < 4; ++r) {
     const ParamSpec& embed = (*ranks)[static_cast<size_t>(r)].params.front();

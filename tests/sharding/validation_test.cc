@@ -26,7 +26,7 @@ struct Cluster {
   std::vector<RankSpec> ranks;
 };
 
-Cluster make_cluster(const ModelConfig& c, int tp, const std::string& scheme = "none") {
+Cluster make_cluster(const ModelConfig& c, int tp, Scheme scheme = Scheme::kNone) {
   auto d = describe_model(c);
   EXPECT_TRUE(d.ok());
   auto r = model_rank_specs(*d, 1, tp, 1, scheme);
@@ -72,8 +72,8 @@ TEST(Validation, DtypeMismatch) {
 
 TEST(Validation, GroupSizeThatDoesNotDivideTheShard) {
   // down_proj has 512 input columns: TP 2 gives 256 per rank (fine), TP 8 gives 64 (< one group of 128).
-  EXPECT_TRUE(model_rank_spec(*describe_model(cfg()), 0, 2, 1, "int4_group").ok());
-  auto bad = model_rank_spec(*describe_model(cfg()), 0, 8, 1, "int4_group");
+  EXPECT_TRUE(model_rank_spec(*describe_model(cfg()), 0, 2, 1, Scheme::kInt4Group).ok());
+  auto bad = model_rank_spec(*describe_model(cfg()), 0, 8, 1, Scheme::kInt4Group);
   ASSERT_FALSE(bad.ok());
   expect_error(bad.status(), StatusCode::kInvalidArgument, "self_attn.o_proj.weight");
   expect_error(bad.status(), StatusCode::kInvalidArgument, "int4_group");
@@ -81,29 +81,24 @@ TEST(Validation, GroupSizeThatDoesNotDivideTheShard) {
   auto lc = to_llama_config(cfg());
   ASSERT_TRUE(lc.ok());
   std::vector<RankSpec> ranks;
-  for (int r = 0; r < 8; ++r) ranks.push_back(*llama_rank_spec(*lc, r, 8, "int4_group"));
+  for (int r = 0; r < 8; ++r) ranks.push_back(*llama_rank_spec(*lc, r, 8, Scheme::kInt4Group));
   expect_error(make_plan(llama_manifest(*lc), ranks, {SenderInfo{}}).status(), StatusCode::kInvalidArgument,
                "model.layers.0.self_attn.o_proj.weight");
-}
-
-TEST(Validation, UnknownScheme) {
-  auto bad = model_rank_spec(*describe_model(cfg()), 0, 1, 1, "fp3_magic");
-  expect_error(bad.status(), StatusCode::kInvalidArgument, "fp3_magic");
 }
 
 TEST(Validation, LayoutThatDoesNotSplit) {
   ModelConfig c = cfg();
   c.num_heads = 6;
   c.num_kv_heads = 3;
-  expect_error(model_rank_spec(*describe_model(c), 0, 4, 1, "none").status(), StatusCode::kInvalidArgument,
+  expect_error(model_rank_spec(*describe_model(c), 0, 4, 1, Scheme::kNone).status(), StatusCode::kInvalidArgument,
                "self_attn.qkv_proj.weight");
   ModelConfig m = cfg();
   m.family = "qwen3_moe";
   m.num_experts = 6;
   m.moe_intermediate_size = 64;
-  expect_error(model_rank_spec(*describe_model(m), 0, 4, 4, "none").status(), StatusCode::kInvalidArgument,
+  expect_error(model_rank_spec(*describe_model(m), 0, 4, 4, Scheme::kNone).status(), StatusCode::kInvalidArgument,
                "experts.w13_weight");
-  expect_error(model_rank_spec(*describe_model(m), 0, 4, 3, "none").status(), StatusCode::kInvalidArgument,
+  expect_error(model_rank_spec(*describe_model(m), 0, 4, 3, Scheme::kNone).status(), StatusCode::kInvalidArgument,
                "does not divide TP");
 }
 
