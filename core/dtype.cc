@@ -49,9 +49,4 @@ Result<DType> parse_dtype(std::string_view name) {
                                   "' (expected one of f32 f16 bf16 f8_e4m3fn f8_e5m2 i8 u8 i32 i64 i4x2)");
 }
 
-bool dtype_is_float(DType dt) {
-  return dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16 || dt == DType::kF8E4M3FN ||
-         dt == DType::kF8E5M2;
-}
-
 }  // namespace ferry

@@ -32,6 +32,5 @@ int dtype_bits(DType dt);
 size_t dtype_bytes(DType dt, int64_t numel);
 std::string_view dtype_name(DType dt);
 Result<DType> parse_dtype(std::string_view name);
-bool dtype_is_float(DType dt);
 
 }  // namespace ferry

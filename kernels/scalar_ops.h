@@ -80,11 +80,6 @@ FERRY_HOST_DEVICE int8_t quant_int8(float x, float scale) {
   return static_cast<int8_t>(quant_int(x, scale, -127.0f, 127.0f));
 }
 
-// The low nibble of the result holds the code.
-FERRY_HOST_DEVICE uint8_t quant_int4(float x, float scale) {
-  return static_cast<uint8_t>(quant_int(x, scale, -8.0f, 7.0f) & 0xF);
-}
-
 // Sign-extends a 4-bit two's-complement code.
 FERRY_HOST_DEVICE int32_t int4_value(uint32_t nibble) {
   return static_cast<int32_t>(nibble & 0xFu) - static_cast<int32_t>((nibble & 0x8u) << 1);

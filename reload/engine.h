@@ -84,11 +84,10 @@ class ReloadEngine {
 
   // Starts update `version`: clears coverage and staging.
   Status begin(uint64_t version);
-  // Writes one piece (`bytes` packed elements of `dtype`) at `dst` inside parameter `param` (its
-  // full-precision input). Processes the parameter's layer when it becomes complete.
-  Status apply_piece(uint32_t param, const Region& dst, DType dtype, const void* data, size_t bytes);
-  // The same for input `input` of a parameter whose kernel takes several checkpoint tensors
-  // (gptq_int4: 0 qweight, 1 scales, 2 g_idx; see input_layout()).
+  // Writes one piece (`bytes` packed elements of `dtype`) at `dst` inside input `input` of parameter
+  // `param`: 0 for the full-precision input of an online scheme; a parameter whose kernel takes
+  // several checkpoint tensors has one input each (gptq_int4: 0 qweight, 1 scales, 2 g_idx; see
+  // input_layout()). Processes the parameter's layer when it becomes complete.
   Status apply_input_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
                            size_t bytes);
   // By engine parameter name; a piece for a name this rank does not hold is recorded and reported

@@ -155,10 +155,6 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
   return ok_status();
 }
 
-Status ReloadEngine::apply_piece(uint32_t param, const Region& dst, DType dtype, const void* data, size_t bytes) {
-  return apply_input_piece(param, 0, dst, dtype, data, bytes);
-}
-
 Status ReloadEngine::apply_named_piece(const std::string& param, uint32_t input, const Region& dst, DType dtype,
                                        const void* data, size_t bytes) {
   auto idx = param_index(param);

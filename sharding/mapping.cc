@@ -1,11 +1,9 @@
 #include "sharding/mapping.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -190,16 +188,6 @@ Result<ModelDesc> parse_mapping(std::string_view text) {
   } catch (const json::exception& e) {
     return Status::invalid_argument(fmt::format("mapping: {}", e.what()));
   }
-}
-
-Result<ModelDesc> load_mapping(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::not_found(fmt::format("cannot open {}", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto r = parse_mapping(ss.str());
-  if (!r.ok()) return r.status().with_context(path);
-  return r;
 }
 
 bool looks_like_mapping(std::string_view text) {

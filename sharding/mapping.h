@@ -16,7 +16,6 @@
 namespace ferry::sharding {
 
 Result<ModelDesc> parse_mapping(std::string_view json_text);
-Result<ModelDesc> load_mapping(const std::string& path);
 
 // True when the text is a mapping file rather than a Hugging Face config.json.
 bool looks_like_mapping(std::string_view json_text);
