@@ -189,10 +189,13 @@ double memcpy_seconds(size_t bytes, int iters) {
 using bench::Placement;
 
 Result<double> transport_seconds(const std::string& name, size_t bytes, int iters, const Placement& at) {
+  FERRY_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::transport_options_from_settings());
+  // Buckets of this size must fit the receiver's bound and the shm slots: size them for the run.
+  if (std::getenv("FERRY_BUCKET_BYTES") == nullptr) options.bucket_bytes = bytes;
   if (at.device) FERRY_RETURN_IF_ERROR(bench::set_device(at.rx));
-  FERRY_ASSIGN_OR_RETURN(auto rx, transport::create_transport(name));
+  FERRY_ASSIGN_OR_RETURN(auto rx, transport::create_transport(name, options));
   if (at.device) FERRY_RETURN_IF_ERROR(bench::set_device(at.tx));
-  FERRY_ASSIGN_OR_RETURN(auto tx, transport::create_transport(name));
+  FERRY_ASSIGN_OR_RETURN(auto tx, transport::create_transport(name, options));
   std::mutex mu;
   std::condition_variable cv;
   int received = 0;
@@ -259,8 +262,6 @@ int run_transport_bench(const std::string& transport, size_t bytes, int iters, b
     fmt::print(stderr, "bench transport: bytes and iterations must be positive\n");
     return 1;
   }
-  // Buckets of this size must fit the receiver's bound and the shm slots: size them for the run.
-  if (std::getenv("FERRY_BUCKET_BYTES") == nullptr) setenv("FERRY_BUCKET_BYTES", std::to_string(bytes).c_str(), 1);
   auto placed = bench::place(transport);
   if (!placed.ok()) {
     fmt::print(stderr, "bench transport {}: {}\n", transport, placed.status().to_string());

@@ -6,16 +6,17 @@ namespace ferry::coordinator {
 
 Result<std::vector<std::unique_ptr<transport::Transport>>> create_listen_transports() {
   FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
+  FERRY_ASSIGN_OR_RETURN(const transport::TransportOptions options, transport::transport_options_from_settings());
   std::vector<std::unique_ptr<transport::Transport>> out;
   if (forced != "auto") {
-    FERRY_ASSIGN_OR_RETURN(auto t, transport::create_transport(forced));
+    FERRY_ASSIGN_OR_RETURN(auto t, transport::create_transport(forced, options));
     out.push_back(std::move(t));
     return out;
   }
   Status last = Status::unavailable("no transport could be created");
   for (const auto& f : transport::transport_factories()) {
     if (!f.automatic) continue;
-    auto t = f.create();
+    auto t = f.create(options);
     if (t.ok()) {
       out.push_back(std::move(*t));
     } else {

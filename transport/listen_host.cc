@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 
-#include "core/settings.h"
 
 namespace ferry::transport {
 
@@ -36,11 +35,6 @@ Result<std::string> interface_of(const std::string& host) {
   freeifaddrs(list);
   if (found.empty()) return Status::not_found(fmt::format("no network interface of this machine holds {}", host));
   return found;
-}
-
-Result<std::string> listen_interface() {
-  FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
-  return interface_of(host);
 }
 
 }  // namespace ferry::transport

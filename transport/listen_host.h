@@ -1,6 +1,6 @@
-// Where listeners may listen: FERRY_LISTEN_HOST, and for the libraries that listen on every
-// network interface unless told otherwise (UCX's tcp transport, NCCL's bootstrap), the interface
-// that holds it.
+// Where listeners may listen: TransportOptions::listen_host, and for the libraries that listen on
+// every network interface unless told otherwise (UCX's tcp transport, NCCL's bootstrap), the
+// interface that holds it.
 #pragma once
 
 #include <string>
@@ -12,8 +12,5 @@ namespace ferry::transport {
 // The name of the network interface that holds address `host` ("lo" for 127.0.0.1); empty when
 // `host` is a wildcard (0.0.0.0, ::): every interface. NotFound when no interface holds it.
 Result<std::string> interface_of(const std::string& host);
-
-// interface_of(FERRY_LISTEN_HOST).
-Result<std::string> listen_interface();
 
 }  // namespace ferry::transport

@@ -3,7 +3,6 @@
 // includes their factories' headers and lists them.
 #include <fmt/format.h>
 
-#include "core/settings.h"
 #include "transport/registered_backends.h"
 #include "transport/transport.h"
 
@@ -28,15 +27,11 @@ const std::vector<TransportFactory>& transport_factories() {
   return factories;
 }
 
-Result<std::unique_ptr<Transport>> create_transport(std::string_view name) {
-  if (name.empty()) {
-    FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
-    return create_transport(forced);
-  }
+Result<std::unique_ptr<Transport>> create_transport(std::string_view name, const TransportOptions& options) {
   Status last = Status::unavailable("no transport could be created");
   for (const auto& f : transport_factories()) {
     if (name == "auto" ? !f.automatic : f.name != name) continue;
-    auto t = f.create();
+    auto t = f.create(options);
     if (t.ok()) return t;
     last = t.status().with_context(std::string(f.name));
     if (name != "auto") return last;

@@ -29,7 +29,35 @@ struct Capabilities {
   bool host_memory = true;
   bool device_memory = false;
   int device = -1;  // device_memory: the CUDA device this instance moves (current when it was created)
+  // A connection reaches only peers that share this node's memory (shm): a sender may hand such a
+  // peer references to its device memory (direct reads, ipc_share.h) instead of bytes.
+  bool same_host_shared_memory = false;
 };
+
+// What a transport acts on, fixed when it is created. The caller reads it once at the edge
+// (transport_options_from_settings()) and passes it down: no backend reads FERRY_* variables.
+struct TransportOptions {
+  // Every listener binds this address only (FERRY_LISTEN_HOST); ucx and nccl also limit their
+  // libraries to the network interface that holds it.
+  std::string listen_host = "127.0.0.1";
+  // Bytes per bucket (FERRY_BUCKET_BYTES). Receive buffers and ring slots are sized from it, a
+  // sender's connection when ConnectOptions::max_bucket_bytes is 0, and a receiver refuses buckets
+  // larger than 4 times it plus 64 MiB.
+  uint64_t bucket_bytes = uint64_t{64} << 20;
+  // Buckets posted and not yet completed per connection (FERRY_BUCKETS_IN_FLIGHT): the slots of
+  // shm's and cuda_ipc's rings.
+  int64_t buckets_in_flight = 4;
+  // FERRY_TIMEOUT_MS: a shm connection that makes no progress for this long fails
+  // (DeadlineExceeded).
+  std::chrono::milliseconds timeout{30000};
+
+  // The largest bucket a receiver takes; a peer announcing a larger one is refused.
+  uint64_t max_received_bucket() const { return bucket_bytes * 4 + (uint64_t{64} << 20); }
+};
+
+// TransportOptions from FERRY_LISTEN_HOST, FERRY_BUCKET_BYTES, FERRY_BUCKETS_IN_FLIGHT and
+// FERRY_TIMEOUT_MS: the one place transports' settings are read.
+Result<TransportOptions> transport_options_from_settings();
 
 // Where buckets of a transport with `caps` are: host memory, or the one device it moves (nccl,
 // cuda_ipc), on both ends.
@@ -128,8 +156,8 @@ struct ConnectOptions {
   ConnectOptions(const char* c, uint64_t max_bucket = 0) : credential(c), max_bucket_bytes(max_bucket) {}
 
   std::string_view credential;  // presented first on the connection; must outlive connect()
-  // The largest bucket (header and trailer included) the connection will post; 0: FERRY_BUCKET_BYTES
-  // and room for headers. A transport that reserves memory per connection (shm's ring) sizes it so:
+  // The largest bucket (header and trailer included) the connection will post; 0: the transport's
+  // TransportOptions::bucket_bytes and room for headers. A transport that reserves memory per connection (shm's ring) sizes it so:
   // a bucket larger than that still travels, in pieces.
   uint64_t max_bucket_bytes = 0;
 };
@@ -145,7 +173,7 @@ class Transport {
   // Receiver side: starts accepting buckets; returns the connection blob senders connect with.
   // Every new sending connection first presents a credential (within kAdmissionDeadline) that
   // `admit` judges; `admit` empty: every peer is admitted with identity 0. Every listener binds
-  // FERRY_LISTEN_HOST only.
+  // TransportOptions::listen_host only.
   virtual Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) = 0;
   // Sender side: `options.credential` (at most kMaxCredentialBytes) is presented first on the new
   // connection.
@@ -158,15 +186,18 @@ class Transport {
 // Transport factories, in priority order (the first that can reach a peer wins).
 struct TransportFactory {
   std::string_view name;
-  std::function<Result<std::unique_ptr<Transport>>()> create;
+  std::function<Result<std::unique_ptr<Transport>>(const TransportOptions& options)> create;
   // Taken by "auto". Off for transports whose receivers get device memory in the callback or that
   // need a communicator set up by the coordinator: they are used only when named.
   bool automatic = true;
 };
 
 const std::vector<TransportFactory>& transport_factories();
-// Creates the transport FERRY_TRANSPORT names, or for "auto" the first in priority order that
-// can be created on this machine.
+// Creates the transport `name` names, or for "auto" the first in priority order that can be created
+// on this machine.
+Result<std::unique_ptr<Transport>> create_transport(std::string_view name, const TransportOptions& options);
+// The same with transport_options_from_settings(): for callers at the edge (a trainer's sender,
+// tools, tests) that take their options from the environment.
 Result<std::unique_ptr<Transport>> create_transport(std::string_view name);
 
 }  // namespace ferry::transport

@@ -73,20 +73,32 @@ class Conformance : public ::testing::TestWithParam<TransportCase> {
                    << cuda_device_count();
     }
     if (!GetParam().ucx_tls.empty() && std::getenv("UCX_TLS") == nullptr) tls_.emplace("UCX_TLS", GetParam().ucx_tls);
-    // Device transports take the device current at creation: the receiver's, then the sender's
-    // (left current, so transports the test body creates send from it too).
+    auto options = transport_options_from_settings();
+    ASSERT_TRUE(options.ok()) << options.status().to_string();
+    create_pair(*options);
+  }
+
+  // (Re)creates the receiving and the sending transport with `options`. Device transports take the
+  // device current at creation: the receiver's, then the sender's (left current, so transports the
+  // test body creates send from it too).
+  void create_pair(const TransportOptions& options) {
+    const TransportCase& c = GetParam();
+    if (tx_) tx_->shutdown();
+    if (rx_) rx_->shutdown();
+    tx_.reset();
+    rx_.reset();
     if (c.devices_needed > 0) {
       ASSERT_TRUE(use_device(c.rx_device));
     }
-    auto rx = create_transport(GetParam().name);
+    auto rx = create_transport(c.name, options);
     // A built host transport must work here; only device transports may find no device.
-    if (!rx.ok() && GetParam().devices_needed > 0) GTEST_SKIP() << GetParam().name << ": " << rx.status().to_string();
+    if (!rx.ok() && c.devices_needed > 0) GTEST_SKIP() << c.name << ": " << rx.status().to_string();
     ASSERT_TRUE(rx.ok()) << rx.status().to_string();
     rx_ = std::move(*rx);
     if (c.devices_needed > 0) {
       ASSERT_TRUE(use_device(c.tx_device));
     }
-    auto tx = create_transport(GetParam().name);
+    auto tx = create_transport(c.name, options);
     ASSERT_TRUE(tx.ok()) << tx.status().to_string();
     tx_ = std::move(*tx);
     inbox_ = std::make_unique<Inbox>(rx_->capabilities().device_memory);

@@ -107,11 +107,13 @@ TEST_P(Conformance, PeersWithoutACredentialAreClosedByTheDeadline) {
 // none on another interface's address, nor on every address. Regression (ucx): UCX's tcp
 // transport listened on each network interface's address beside the loopback one.
 TEST_P(Conformance, ListensOnlyOnTheListenHost) {
-  ScopedEnv host("FERRY_LISTEN_HOST", "127.0.0.1");
+  auto options = transport_options_from_settings();
+  ASSERT_TRUE(options.ok()) << options.status().to_string();
+  options->listen_host = "127.0.0.1";
   const auto before = listening_tcp_sockets();
-  auto rx = create_transport(GetParam().name);
+  auto rx = create_transport(GetParam().name, *options);
   ASSERT_TRUE(rx.ok()) << rx.status().to_string();
-  auto tx = create_transport(GetParam().name);
+  auto tx = create_transport(GetParam().name, *options);
   ASSERT_TRUE(tx.ok()) << tx.status().to_string();
   Inbox inbox(rx->get()->capabilities().device_memory);
   auto blob = (*rx)->listen(inbox.callback(), inbox.closed_callback(), suite_admit());

@@ -83,7 +83,10 @@ TEST_P(Conformance, LargeMessage) {
   size_t bytes = GetParam().large_bytes;
   // Sender, receiver and the inbox's check each may hold a copy.
   while (bytes > (size_t{64} << 20) && available_memory_bytes() < 4 * bytes) bytes /= 2;
-  ScopedEnv bucket("FERRY_BUCKET_BYTES", std::to_string(bytes));
+  auto options = transport_options_from_settings();
+  ASSERT_TRUE(options.ok()) << options.status().to_string();
+  options->bucket_bytes = bytes;
+  create_pair(*options);
   const std::string blob = listen();
   auto c = connect(*tx_, blob);
   ASSERT_TRUE(c);

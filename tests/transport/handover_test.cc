@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/settings.h"
 #include "tests/transport/conformance.h"
 
 namespace ferry::transport::testing {
@@ -24,7 +25,7 @@ struct HandoverCase {
   std::string name;
   std::string label;
   size_t bucket;             // bytes of the first handed-over bucket; later ones are a little smaller
-  std::string bucket_bytes;  // FERRY_BUCKET_BYTES at both ends ("": as set)
+  std::string bucket_bytes;  // TransportOptions::bucket_bytes at both ends ("": FERRY_BUCKET_BYTES)
   std::string ucx_tls;       // UCX_TLS, unless the user set one
   bool small_owned;          // whether a small bucket is handed over too (not delivered in place)
 };
@@ -72,12 +73,18 @@ std::vector<uint8_t> handover_payload(size_t size, uint64_t k) {
 // kept buckets; ucx and shm handed nothing over (bucket_owner() was null).
 TEST_P(Handover, KeptBucketsOutliveLaterOnes) {
   const HandoverCase& c = GetParam();
-  std::optional<ScopedEnv> bucket_bytes, tls;
-  if (!c.bucket_bytes.empty()) bucket_bytes.emplace("FERRY_BUCKET_BYTES", c.bucket_bytes);
+  std::optional<ScopedEnv> tls;
+  auto options = transport_options_from_settings();
+  ASSERT_TRUE(options.ok()) << options.status().to_string();
+  if (!c.bucket_bytes.empty()) {
+    auto bytes = parse_bytes(c.bucket_bytes);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+    options->bucket_bytes = *bytes;
+  }
   if (!c.ucx_tls.empty() && std::getenv("UCX_TLS") == nullptr) tls.emplace("UCX_TLS", c.ucx_tls);
-  auto rx = create_transport(c.name);
+  auto rx = create_transport(c.name, *options);
   ASSERT_TRUE(rx.ok()) << rx.status().to_string();
-  auto tx = create_transport(c.name);
+  auto tx = create_transport(c.name, *options);
   ASSERT_TRUE(tx.ok()) << tx.status().to_string();
 
   constexpr size_t kCount = 6;  // handed-over buckets, then one small one

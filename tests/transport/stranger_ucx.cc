@@ -29,7 +29,8 @@ class UcxStranger final : public StrangerPeer {
 
   Status open(const std::string& host, uint16_t port, Stranger kind) {
     engine_ = std::make_shared<ucx::Engine>();
-    FERRY_RETURN_IF_ERROR(engine_->init());
+    FERRY_ASSIGN_OR_RETURN(TransportOptions options, transport_options_from_settings());
+    FERRY_RETURN_IF_ERROR(engine_->init(options.listen_host));
     return engine_->call(
         [this, host, port, kind](std::shared_ptr<CompletionState> done) {
           sockaddr_in sa{};

@@ -17,7 +17,6 @@
 
 #include "core/buffer.h"
 #include "core/log.h"
-#include "core/settings.h"
 #include "transport/common/socket.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
 #include "transport/common/socket_admission.h"
@@ -369,7 +368,7 @@ class IpcReceiver {
 
 class IpcTransport final : public Transport {
  public:
-  explicit IpcTransport(int device) : device_(device) {}
+  IpcTransport(int device, const TransportOptions& options) : device_(device), options_(options) {}
   ~IpcTransport() override { shutdown(); }
   std::string_view name() const override { return "cuda_ipc"; }
   Capabilities capabilities() const override { return {true, false, false, true, device_}; }
@@ -388,15 +387,14 @@ class IpcTransport final : public Transport {
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("cuda_ipc: listen() was already called on this transport");
-    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
-    FERRY_ASSIGN_OR_RETURN(int64_t in_flight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
+    const uint64_t bucket = options_.bucket_bytes;
     constexpr uint64_t kGrain = 2 << 20, kMaxSlot = 256ull << 20;
     const uint64_t slot_bytes = std::clamp((bucket + kGrain - 1) / kGrain * kGrain, kGrain, kMaxSlot);
-    const uint32_t slots = static_cast<uint32_t>(std::clamp<int64_t>(in_flight, 2, kMaxSlots));
+    const uint32_t slots = static_cast<uint32_t>(std::clamp<int64_t>(options_.buckets_in_flight, 2, kMaxSlots));
     static std::atomic<uint64_t> counter{0};
     const std::string name = fmt::format("ferry-cuda-ipc-{}-{}-{:x}", getpid(), counter++, net::process_nonce());
     FERRY_ASSIGN_OR_RETURN(net::Listener listener, net::Listener::unix_abstract(name));
-    receiver_ = std::make_unique<IpcReceiver>(std::move(listener), device_, slots, slot_bytes, bucket * 4 + (64ull << 20),
+    receiver_ = std::make_unique<IpcReceiver>(std::move(listener), device_, slots, slot_bytes, options_.max_received_bucket(),
                                               std::move(on_bucket), std::move(on_closed), std::move(admit));
     return std::string(kScheme) + net::boot_id() + "/" + name;
   }
@@ -416,17 +414,18 @@ class IpcTransport final : public Transport {
 
  private:
   int device_;
+  const TransportOptions options_;
   std::mutex mu_;
   std::unique_ptr<IpcReceiver> receiver_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> create_cuda_ipc_transport() {
+Result<std::unique_ptr<Transport>> create_cuda_ipc_transport(const TransportOptions& options) {
   if (!cuda_device_available()) return Status::unavailable("cuda_ipc: no CUDA device here");
   int device = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&device));
-  return std::unique_ptr<Transport>(std::make_unique<IpcTransport>(device));
+  return std::unique_ptr<Transport>(std::make_unique<IpcTransport>(device, options));
 }
 
 }  // namespace ferry::transport

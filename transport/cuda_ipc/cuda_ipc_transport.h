@@ -9,7 +9,7 @@ namespace ferry::transport {
 // CUDA IPC between processes (or threads) on one node: the receiver's callback gets DEVICE memory
 // on the device that was current when the transport was created, read in place from a ring the
 // receiver owns (see cuda_ipc_wire.h). Unavailable without a CUDA device.
-Result<std::unique_ptr<Transport>> create_cuda_ipc_transport();
+Result<std::unique_ptr<Transport>> create_cuda_ipc_transport(const TransportOptions& options);
 
 namespace cuda_ipc {
 // Sender side (cuda_ipc_sender.cc): connects `device`'s memory to a listener blob

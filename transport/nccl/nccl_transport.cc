@@ -18,7 +18,6 @@
 
 #include "core/buffer.h"
 #include "core/log.h"
-#include "core/settings.h"
 #include "transport/common/socket.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
 #include "transport/nccl/nccl_wire.h"
@@ -335,7 +334,7 @@ class NcclReceiver {
 
 class NcclTransport final : public Transport {
  public:
-  explicit NcclTransport(int device) : device_(device) {}
+  NcclTransport(int device, const TransportOptions& options) : device_(device), options_(options) {}
   ~NcclTransport() override { shutdown(); }
   std::string_view name() const override { return "nccl"; }
   Capabilities capabilities() const override { return {true, true, false, true, device_}; }
@@ -355,8 +354,8 @@ class NcclTransport final : public Transport {
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("nccl: listen() was already called on this transport");
-    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
-    FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
+    const uint64_t bucket = options_.bucket_bytes;
+    const std::string& host = options_.listen_host;
     FERRY_ASSIGN_OR_RETURN(net::Listener listener, net::Listener::tcp(host));
     std::string advertised = host;
     if (host == "0.0.0.0" || host == "::") {
@@ -366,7 +365,7 @@ class NcclTransport final : public Transport {
     }
     if (advertised.find(':') != std::string::npos) advertised = "[" + advertised + "]";
     const int port = listener.port();
-    receiver_ = std::make_unique<NcclReceiver>(std::move(listener), device_, bucket * 4 + (64ull << 20),
+    receiver_ = std::make_unique<NcclReceiver>(std::move(listener), device_, options_.max_received_bucket(),
                                                bucket + (2ull << 20), std::move(on_bucket), std::move(on_closed),
                                                std::move(admit));
     return fmt::format("{}{}:{}", kScheme, advertised, port);
@@ -387,24 +386,25 @@ class NcclTransport final : public Transport {
 
  private:
   int device_;
+  const TransportOptions options_;
   std::mutex mu_;
   std::unique_ptr<NcclReceiver> receiver_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> create_nccl_transport() {
+Result<std::unique_ptr<Transport>> create_nccl_transport(const TransportOptions& options) {
   if (!cuda_device_available()) return Status::unavailable("nccl: no CUDA device here");
   // NCCL's bootstrap listens on the interface NCCL_SOCKET_IFNAME names, by default the first that
-  // is not loopback: unless the user chose one, it is the interface holding FERRY_LISTEN_HOST
+  // is not loopback: unless the user chose one, it is the interface holding the listen host
   // ("=" asks NCCL for that exact name). NCCL reads it once, at its first communicator.
   if (std::getenv("NCCL_SOCKET_IFNAME") == nullptr) {
-    FERRY_ASSIGN_OR_RETURN(std::string iface, listen_interface());
+    FERRY_ASSIGN_OR_RETURN(std::string iface, interface_of(options.listen_host));
     if (!iface.empty()) setenv("NCCL_SOCKET_IFNAME", ("=" + iface).c_str(), /*overwrite=*/0);
   }
   int device = 0;
   FERRY_CUDA_CHECK(cudaGetDevice(&device));
-  return std::unique_ptr<Transport>(std::make_unique<NcclTransport>(device));
+  return std::unique_ptr<Transport>(std::make_unique<NcclTransport>(device, options));
 }
 
 }  // namespace ferry::transport

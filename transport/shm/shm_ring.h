@@ -118,8 +118,10 @@ void futex_wake(std::atomic<uint32_t>& word);
 
 // Sender side (shm_sender.cc): connects to a listener blob "shm://<boot id>/<segment>", offering
 // `credential` with its ring.
-// The ring has FERRY_BUCKETS_IN_FLIGHT slots, each of `options.max_bucket_bytes` (when set, else
-// FERRY_BUCKET_BYTES and room for headers), up to a bound; its pages are reserved and mapped now.
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, const ConnectOptions& options);
+// The ring has `transport.buckets_in_flight` slots, each of `options.max_bucket_bytes` (when set,
+// else `transport.bucket_bytes` and room for headers), up to a bound; its pages are reserved and
+// mapped now. A connection that makes no progress for `transport.timeout` fails.
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, const ConnectOptions& options,
+                                            const TransportOptions& transport);
 
 }  // namespace ferry::transport::shm

@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include "core/settings.h"
 #include "transport/admission.h"
 #include "transport/handle.h"
 #include "transport/shm/shm_ring.h"
@@ -29,21 +28,6 @@ constexpr size_t kMinSlotBytes = 1 << 20;
 constexpr auto kPollBound = std::chrono::microseconds(2000);  // futex sleeps recheck liveness this often
 constexpr int kSpins = 64;
 
-struct Settings {
-  milliseconds stall{30000};  // no progress for this long is DeadlineExceeded
-  uint64_t bucket_bytes = 64 << 20;
-  int64_t in_flight = 4;
-};
-
-Result<Settings> read_settings() {
-  Settings s;
-  FERRY_ASSIGN_OR_RETURN(int64_t ms, setting_int("FERRY_TIMEOUT_MS"));
-  s.stall = milliseconds(ms);
-  FERRY_ASSIGN_OR_RETURN(s.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
-  FERRY_ASSIGN_OR_RETURN(s.in_flight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
-  return s;
-}
-
 std::string receiver_reason(const RingHeader& h) {
   return std::string(h.reason, strnlen(h.reason, sizeof h.reason));
 }
@@ -51,8 +35,9 @@ std::string receiver_reason(const RingHeader& h) {
 // The sending end: a ring segment and a thread that copies queued buckets into it.
 class ShmConnection final : public Connection, public std::enable_shared_from_this<ShmConnection> {
  public:
-  ShmConnection(Segment listener, Segment ring, Settings s)
-      : listener_(std::move(listener)), ring_(std::move(ring)), settings_(s) {
+  // `stall`: no progress for this long is DeadlineExceeded.
+  ShmConnection(Segment listener, Segment ring, milliseconds stall)
+      : listener_(std::move(listener)), ring_(std::move(ring)), stall_(stall) {
     lh_ = static_cast<ListenerHeader*>(listener_.data());
     rh_ = static_cast<RingHeader*>(ring_.data());
   }
@@ -159,7 +144,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
   // Waits until slot `i` is empty for the current lap; fails on abort, a closed or dead receiver,
   // or no progress for the stall bound.
   Status wait_free(SlotHeader& slot, uint32_t want, const Op& op, bool started, bool* skipped) {
-    const auto stall_end = Clock::now() + settings_.stall;
+    const auto stall_end = Clock::now() + stall_;
     auto next_check = Clock::now();
     for (int spin = 0;; ++spin) {
       const uint32_t t = slot.turn.load(std::memory_order_acquire);
@@ -178,7 +163,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
         }
         if (lh_->closed.load(std::memory_order_acquire) != 0) return Status::unavailable("shm receiver shut down");
         if (Clock::now() > stall_end) {
-          return Status::deadline_exceeded(fmt::format("shm receiver freed no slot in {} ms", settings_.stall.count()));
+          return Status::deadline_exceeded(fmt::format("shm receiver freed no slot in {} ms", stall_.count()));
         }
         next_check = Clock::now() + milliseconds(10);
       }
@@ -214,7 +199,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
 
   Segment listener_;
   Segment ring_;
-  Settings settings_;
+  const milliseconds stall_;
   ListenerHeader* lh_;
   RingHeader* rh_;
   uint64_t record_ = 0;  // touched only by the copying thread
@@ -246,7 +231,8 @@ class OwnedShmConnection final : public Connection {
 
 namespace shm {
 
-Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, const ConnectOptions& options) {
+Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline, const ConnectOptions& options,
+                                            const TransportOptions& transport) {
   const std::string_view credential = options.credential;
   FERRY_RETURN_IF_ERROR(check_credential(credential));
   constexpr std::string_view kScheme = "shm://";
@@ -257,7 +243,6 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
   if (blob.substr(kScheme.size(), slash - kScheme.size()) != boot_id()) {
     return Status::unavailable("shm: the receiver runs on another machine");
   }
-  FERRY_ASSIGN_OR_RETURN(Settings s, read_settings());
   FERRY_ASSIGN_OR_RETURN(Segment listener, Segment::open(blob.substr(slash)));
   auto* lh = static_cast<ListenerHeader*>(listener.data());
   if (listener.size() < sizeof(ListenerHeader) || lh->magic != kListenerMagic) {
@@ -265,11 +250,11 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
   }
   if (lh->closed.load(std::memory_order_acquire) != 0) return Status::unavailable("shm: receiver has shut down");
 
-  const uint32_t slots = static_cast<uint32_t>(std::clamp<int64_t>(s.in_flight, 2, 16));
+  const uint32_t slots = static_cast<uint32_t>(std::clamp<int64_t>(transport.buckets_in_flight, 2, 16));
   auto page_round = [](uint64_t n) { return (n + kPage - 1) / kPage * kPage; };
   // A slot holds the largest bucket the connection will carry: the plan's when the sender knows it
-  // (a small model's update does not reserve rings for 64 MiB buckets), else the setting's.
-  uint64_t slot_bytes = page_round(options.max_bucket_bytes > 0 ? options.max_bucket_bytes : s.bucket_bytes + kSlack);
+  // (a small model's update does not reserve rings for 64 MiB buckets), else the transport's.
+  uint64_t slot_bytes = page_round(options.max_bucket_bytes > 0 ? options.max_bucket_bytes : transport.bucket_bytes + kSlack);
   slot_bytes = std::min<uint64_t>(slot_bytes, std::max<uint64_t>(kMaxRingBytes / slots / kPage * kPage, kMinSlotBytes));
   Segment ring;
   for (;;) {
@@ -332,7 +317,7 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
     futex_wait(entry->state, st, kPollBound);
   }
   ring.unlink();  // mapped on both ends now; nothing is left behind if either dies
-  auto c = std::make_shared<ShmConnection>(std::move(listener), std::move(ring), s);
+  auto c = std::make_shared<ShmConnection>(std::move(listener), std::move(ring), transport.timeout);
   c->start();
   return std::unique_ptr<Connection>(std::make_unique<OwnedShmConnection>(std::move(c)));
 }

@@ -14,7 +14,6 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
-#include "core/settings.h"
 #include "core/shared_buffers.h"
 #include "transport/admission.h"
 #include "transport/handle.h"
@@ -255,9 +254,14 @@ class ShmReceiver {
 
 class ShmTransport final : public Transport {
  public:
+  explicit ShmTransport(const TransportOptions& options) : options_(options) {}
   ~ShmTransport() override { shutdown(); }
   std::string_view name() const override { return "shm"; }
-  Capabilities capabilities() const override { return {true, false, true, false, -1}; }
+  Capabilities capabilities() const override {
+    Capabilities c{true, false, true, false, -1};
+    c.same_host_shared_memory = true;
+    return c;
+  }
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* data, size_t size, Device device) override {
     if (!device.is_cpu()) return Status::invalid_argument("shm moves host memory only; got " + device.to_string());
@@ -267,7 +271,6 @@ class ShmTransport final : public Transport {
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("shm: listen() was already called on this transport");
-    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
     sweep_stale_segments();
     const size_t bytes = (sizeof(ListenerHeader) + kPage - 1) / kPage * kPage;
     FERRY_ASSIGN_OR_RETURN(Segment listener, Segment::create(segment_name('l'), bytes));
@@ -275,14 +278,14 @@ class ShmTransport final : public Transport {
     lh->receiver_pid = getpid();
     lh->magic = kListenerMagic;
     std::string blob = "shm://" + boot_id() + listener.name();
-    receiver_ = std::make_unique<ShmReceiver>(std::move(listener), bucket * 4 + (64ull << 20), std::move(on_bucket),
+    receiver_ = std::make_unique<ShmReceiver>(std::move(listener), options_.max_received_bucket(), std::move(on_bucket),
                                               std::move(on_closed), std::move(admit));
     return blob;
   }
 
   Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
                                               const ConnectOptions& options) override {
-    auto c = shm::connect(blob, deadline, options);
+    auto c = shm::connect(blob, deadline, options, options_);
     if (!c.ok()) return c.status().with_context("shm connect to " + blob);
     return c;
   }
@@ -293,15 +296,16 @@ class ShmTransport final : public Transport {
   }
 
  private:
+  const TransportOptions options_;
   std::mutex mu_;
   std::unique_ptr<ShmReceiver> receiver_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> create_shm_transport() {
+Result<std::unique_ptr<Transport>> create_shm_transport(const TransportOptions& options) {
   if (access("/dev/shm", W_OK) != 0) return Status::unavailable("shm: /dev/shm is not writable here");
-  return std::unique_ptr<Transport>(std::make_unique<ShmTransport>());
+  return std::unique_ptr<Transport>(std::make_unique<ShmTransport>(options));
 }
 
 }  // namespace ferry::transport

@@ -9,6 +9,6 @@
 
 namespace ferry::transport {
 
-Result<std::unique_ptr<Transport>> create_shm_transport();
+Result<std::unique_ptr<Transport>> create_shm_transport(const TransportOptions& options);
 
 }  // namespace ferry::transport

@@ -14,7 +14,6 @@
 
 #include "core/log.h"
 #include "core/shared_buffers.h"
-#include "core/settings.h"
 #include "transport/admission.h"
 #include "transport/handle.h"
 
@@ -244,7 +243,8 @@ class OwnedConnection final : public Connection {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport() : work_(asio::make_work_guard(io_)), acceptor_(io_) {
+  explicit TcpTransport(const TransportOptions& options)
+      : options_(options), work_(asio::make_work_guard(io_)), acceptor_(io_) {
     thread_ = std::thread([this] { io_.run(); });
   }
   ~TcpTransport() override {
@@ -263,9 +263,8 @@ class TcpTransport final : public Transport {
   }
 
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
-    FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
-    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
-    max_bucket_ = bucket * 4 + (64ull << 20);
+    const std::string& host = options_.listen_host;
+    max_bucket_ = options_.max_received_bucket();
     boost::system::error_code ec;
     auto addr = asio::ip::make_address(host, ec);
     if (ec) return Status::invalid_argument(fmt::format("FERRY_LISTEN_HOST='{}' is not an address", host));
@@ -353,6 +352,7 @@ class TcpTransport final : public Transport {
     r->start();
   }
 
+  const TransportOptions options_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   tcp::acceptor acceptor_;
@@ -367,8 +367,8 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> create_tcp_transport() {
-  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>());
+Result<std::unique_ptr<Transport>> create_tcp_transport(const TransportOptions& options) {
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options));
 }
 
 }  // namespace ferry::transport

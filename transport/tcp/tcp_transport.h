@@ -8,6 +8,6 @@
 
 namespace ferry::transport {
 
-Result<std::unique_ptr<Transport>> create_tcp_transport();
+Result<std::unique_ptr<Transport>> create_tcp_transport(const TransportOptions& options);
 
 }  // namespace ferry::transport

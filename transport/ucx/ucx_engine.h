@@ -80,11 +80,11 @@ inline Status ucs_error(std::string_view what, ucs_status_t st) {
 }
 
 // The network devices UCX may use (UCX_NET_DEVICES) so that nothing it listens on is bound beyond
-// FERRY_LISTEN_HOST: UCX's tcp transport listens on the address of every interface it uses, so
-// only the interface holding FERRY_LISTEN_HOST is given, beside every RDMA port (which listen on
-// no socket). Empty: no restriction (FERRY_LISTEN_HOST is a wildcard).
-inline Result<std::string> listen_net_devices() {
-  FERRY_ASSIGN_OR_RETURN(std::string devices, listen_interface());
+// `listen_host`: UCX's tcp transport listens on the address of every interface it uses, so only
+// the interface holding `listen_host` is given, beside every RDMA port (which listen on no
+// socket). Empty: no restriction (`listen_host` is a wildcard).
+inline Result<std::string> listen_net_devices(const std::string& listen_host) {
+  FERRY_ASSIGN_OR_RETURN(std::string devices, interface_of(listen_host));
   if (devices.empty()) return devices;
   if (DIR* hcas = opendir("/sys/class/infiniband")) {
     while (dirent* hca = readdir(hcas)) {
@@ -134,10 +134,12 @@ class Engine {
   // when the endpoint is destroyed, which teardown() does with requests outstanding; and nothing
   // can arrive for a request of a worker that is gone. A user's own UCX_PROTO_INDIRECT_ID is left
   // as it is.
-  Status init(bool indirect_ids = true) {
+  // `listen_host`: the address its listeners bind (TransportOptions::listen_host).
+  Status init(const std::string& listen_host, bool indirect_ids = true) {
+    listen_host_ = listen_host;
     std::string devices;
     if (std::getenv("UCX_NET_DEVICES") == nullptr) {
-      FERRY_ASSIGN_OR_RETURN(devices, listen_net_devices());
+      FERRY_ASSIGN_OR_RETURN(devices, listen_net_devices(listen_host));
     }
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
@@ -247,6 +249,7 @@ class Engine {
     if (memh != nullptr) (void)ucp_mem_unmap(context_, memh);
   }
   bool cuda_capable() const { return cuda_capable_; }
+  const std::string& listen_host() const { return listen_host_; }
 
   // Closes `ep` on the progress thread without waiting: a flushing close (what was sent before
   // reaches the peer first) unless `force`. `then` runs on the progress thread with the close's
@@ -406,6 +409,7 @@ class Engine {
     std::function<void(ucs_status_t)> then;
   };
 
+  std::string listen_host_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int worker_fd_ = -1;

@@ -478,7 +478,7 @@ Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>
     const uint32_t n = local_ports.size() >= 2 ? std::min<uint32_t>(same_host_lanes(), local_ports.size()) : 1;
     for (uint32_t i = 0; i < n; ++i) {
       auto engine = std::make_shared<Engine>();
-      FERRY_RETURN_IF_ERROR(engine->init(/*indirect_ids=*/false));
+      FERRY_RETURN_IF_ERROR(engine->init(shared->listen_host(), /*indirect_ids=*/false));
       lanes.push_back(std::make_shared<UcxConnection>(std::move(engine), true, group));
       group->lanes.push_back(lanes.back());
     }

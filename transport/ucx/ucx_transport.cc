@@ -59,7 +59,6 @@
 #include <string>
 #include <vector>
 
-#include "core/settings.h"
 #include "transport/admission.h"
 #include "transport/ucx/ucx_engine.h"
 #include "transport/ucx/ucx_receiver.h"
@@ -73,7 +72,7 @@ using ucx::Engine;
 
 class UcxTransport final : public Transport {
  public:
-  explicit UcxTransport(std::shared_ptr<Engine> e) : engine_(std::move(e)) {}
+  UcxTransport(std::shared_ptr<Engine> e, const TransportOptions& options) : options_(options), engine_(std::move(e)) {}
   ~UcxTransport() override {
     shutdown();
     engine_->stop();
@@ -91,9 +90,8 @@ class UcxTransport final : public Transport {
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("ucx: listen() was already called on this transport");
-    FERRY_ASSIGN_OR_RETURN(std::string host, setting_string("FERRY_LISTEN_HOST"));
-    FERRY_ASSIGN_OR_RETURN(uint64_t bucket, setting_bytes("FERRY_BUCKET_BYTES"));
-    const uint64_t max_bucket = bucket * 4 + (64ull << 20);
+    const std::string& host = options_.listen_host;
+    const uint64_t max_bucket = options_.max_received_bucket();
     auto turn = std::make_shared<std::mutex>();
     BucketCallback bucket_cb = [turn, cb = std::move(on_bucket)](const ReceivedBucket& b) {
       std::lock_guard<std::mutex> l(*turn);
@@ -119,7 +117,7 @@ class UcxTransport final : public Transport {
     for (uint32_t i = 0; i < ucx::same_host_lanes(); ++i) {
       auto local = std::make_shared<Engine>();
       ucx::Listening where;
-      Status st = local->init(/*indirect_ids=*/true);
+      Status st = local->init(host, /*indirect_ids=*/true);
       if (st.ok()) {
         auto r = ucx::start_receiver(local, host, max_bucket, bucket_cb, closed_cb, admit_cb, &where, table);
         if (r.ok()) {
@@ -197,6 +195,7 @@ class UcxTransport final : public Transport {
   }
 
  private:
+  const TransportOptions options_;
   std::shared_ptr<Engine> engine_;
   std::mutex mu_;
   std::shared_ptr<ucx::Receiver> receiver_;
@@ -210,10 +209,10 @@ std::string ucx_endpoint_info(Connection& c) { return ucx::describe_connection(c
 
 std::vector<uint64_t> ucx_lane_bytes(Connection& c) { return ucx::lane_bytes(c); }
 
-Result<std::unique_ptr<Transport>> create_ucx_transport() {
+Result<std::unique_ptr<Transport>> create_ucx_transport(const TransportOptions& options) {
   auto engine = std::make_shared<ucx::Engine>();
-  FERRY_RETURN_IF_ERROR(engine->init());
-  return std::unique_ptr<Transport>(std::make_unique<UcxTransport>(std::move(engine)));
+  FERRY_RETURN_IF_ERROR(engine->init(options.listen_host));
+  return std::unique_ptr<Transport>(std::make_unique<UcxTransport>(std::move(engine), options));
 }
 
 }  // namespace ferry::transport

@@ -11,7 +11,7 @@
 
 namespace ferry::transport {
 
-Result<std::unique_ptr<Transport>> create_ucx_transport();
+Result<std::unique_ptr<Transport>> create_ucx_transport(const TransportOptions& options);
 
 // What UCX prints about a ucx connection's endpoint (ucp_ep_print_info: its lanes and the
 // transports under them); empty for another transport's connection. For tests and diagnostics.
