@@ -15,7 +15,6 @@
 namespace ferry::python {
 namespace {
 
-using sharding::LlamaConfig;
 using sharding::ModelConfig;
 using sharding::ModelDesc;
 using sharding::ParamSpec;
@@ -120,28 +119,29 @@ void init_model(py::module_& m) {
                            s.params.size());
       });
 
-  py::class_<LlamaConfig> lc(m, "LlamaConfig", "A Llama-family model (Llama, Mistral, Qwen2, Qwen3).");
-  kwargs_init(lc);
-  lc.def_readwrite("hidden_size", &LlamaConfig::hidden_size)
-      .def_readwrite("num_heads", &LlamaConfig::num_heads)
-      .def_readwrite("num_kv_heads", &LlamaConfig::num_kv_heads)
-      .def_readwrite("head_dim", &LlamaConfig::head_dim)
-      .def_readwrite("intermediate_size", &LlamaConfig::intermediate_size)
-      .def_readwrite("vocab_size", &LlamaConfig::vocab_size)
-      .def_readwrite("num_layers", &LlamaConfig::num_layers)
-      .def_readwrite("tie_word_embeddings", &LlamaConfig::tie_word_embeddings)
-      .def_readwrite("qkv_bias", &LlamaConfig::qkv_bias)
-      .def_readwrite("qk_norm", &LlamaConfig::qk_norm)
-      .def_readwrite("vocab_pad_multiple", &LlamaConfig::vocab_pad_multiple)
-      .def("validate", [](const LlamaConfig& c, int tp_size) { check(c.validate(tp_size)); });
-  dtype_property(lc, "dtype", &LlamaConfig::dtype);
-
-  py::class_<ModelConfig>(m, "ModelConfig", "A Hugging Face config.json, parsed.")
-      .def_readonly("family", &ModelConfig::family)
-      .def_readonly("hidden_size", &ModelConfig::hidden_size)
-      .def_readonly("num_layers", &ModelConfig::num_layers)
-      .def_readonly("num_experts", &ModelConfig::num_experts)
-      .def_readonly("vocab_size", &ModelConfig::vocab_size);
+  // One class: a parsed config.json, or a Llama-family model set by keywords (LlamaConfig is the
+  // same class, as sharding::LlamaConfig is ModelConfig).
+  py::class_<ModelConfig> mc(m, "ModelConfig", "A model's shape: a parsed config.json, or a Llama-family model.");
+  kwargs_init(mc);
+  mc.def_readwrite("family", &ModelConfig::family)
+      .def_readwrite("hidden_size", &ModelConfig::hidden_size)
+      .def_readwrite("num_heads", &ModelConfig::num_heads)
+      .def_readwrite("num_kv_heads", &ModelConfig::num_kv_heads)
+      .def_readwrite("head_dim", &ModelConfig::head_dim)
+      .def_readwrite("intermediate_size", &ModelConfig::intermediate_size)
+      .def_readwrite("vocab_size", &ModelConfig::vocab_size)
+      .def_readwrite("num_layers", &ModelConfig::num_layers)
+      .def_readwrite("tie_word_embeddings", &ModelConfig::tie_word_embeddings)
+      .def_readwrite("qkv_bias", &ModelConfig::qkv_bias)
+      .def_readwrite("qk_norm", &ModelConfig::qk_norm)
+      .def_readwrite("vocab_pad_multiple", &ModelConfig::vocab_pad_multiple)
+      .def_readwrite("num_experts", &ModelConfig::num_experts)
+      .def_readwrite("moe_intermediate_size", &ModelConfig::moe_intermediate_size)
+      .def_readwrite("decoder_sparse_step", &ModelConfig::decoder_sparse_step)
+      .def_readwrite("mlp_only_layers", &ModelConfig::mlp_only_layers)
+      .def("validate", [](const ModelConfig& c, int tp_size) { check(c.validate(tp_size)); });
+  dtype_property(mc, "dtype", &ModelConfig::dtype);
+  m.attr("LlamaConfig") = m.attr("ModelConfig");
 
   py::class_<ModelDesc>(m, "ModelDesc", "A model as rules, from a preset, a config.json or a mapping file.")
       .def_readonly("name", &ModelDesc::name)
@@ -156,7 +156,7 @@ void init_model(py::module_& m) {
   m.def("llama_manifest", &sharding::llama_manifest, "Every tensor a trainer sends for this model.");
   m.def(
       "llama_rank_spec",
-      [](const LlamaConfig& c, int tp_rank, int tp_size, const std::string& scheme, int replica) {
+      [](const sharding::LlamaConfig& c, int tp_rank, int tp_size, const std::string& scheme, int replica) {
         RankSpec s = take(sharding::llama_rank_spec(c, tp_rank, tp_size, take(parse_scheme(scheme))));
         s.replica = replica;
         return s;

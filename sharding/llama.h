@@ -1,33 +1,24 @@
-// The Llama family's tensor-parallel layout: fused qkv (GQA, KV heads replicated when TP exceeds
-// them) and gate_up, column- and row-parallel linears, vocab-parallel embedding and lm_head.
+// The Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) as a preset of the
+// generic model description: a dense ModelConfig, laid out by describe_model() and
+// model_rank_spec() (fused qkv with KV heads replicated when TP exceeds them, gate_up, column- and
+// row-parallel linears, vocab-parallel embedding and lm_head).
 #pragma once
 
-#include <cstdint>
-#include <string>
-
-#include "sharding/model_spec.h"
+#include "core/scheme.h"
+#include "core/status.h"
+#include "sharding/layout.h"
+#include "sharding/model_config.h"
 
 namespace ferry::sharding {
 
-struct LlamaConfig {
-  int64_t hidden_size = 0;
-  int64_t num_heads = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;  // 0: hidden_size / num_heads
-  int64_t intermediate_size = 0;
-  int64_t vocab_size = 0;
-  int64_t num_layers = 0;
-  bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2
-  bool qk_norm = false;   // Qwen3
-  DType dtype = DType::kBF16;
-  int64_t vocab_pad_multiple = 64;  // each rank's vocabulary shard is padded to this multiple
+// A dense model (num_experts 0); family may stay empty.
+using LlamaConfig = ModelConfig;
 
-  int64_t effective_head_dim() const { return head_dim ? head_dim : hidden_size / num_heads; }
-  Status validate(int tp_size) const;
-};
+// A parsed config.json's dense families as a LlamaConfig; mixtures of experts are refused.
+Result<LlamaConfig> to_llama_config(const ModelConfig& cfg);
 
-// Every tensor a trainer sends for this model, in checkpoint order.
+// Every tensor a trainer sends for this model, in checkpoint order (empty when the config cannot
+// be described).
 Manifest llama_manifest(const LlamaConfig& cfg);
 
 // The parameters of TP rank `tp_rank` of `tp_size`; linear layers use `linear_scheme`, embeddings,

@@ -127,22 +127,24 @@ Result<ModelConfig> load_hf_config(const std::string& path) {
   return r;
 }
 
-Result<LlamaConfig> to_llama_config(const ModelConfig& c) {
-  if (c.num_experts > 0) return Status::invalid_argument(fmt::format("{} is a mixture of experts, not a dense model", c.family));
-  LlamaConfig l;
-  l.hidden_size = c.hidden_size;
-  l.num_heads = c.num_heads;
-  l.num_kv_heads = c.num_kv_heads;
-  l.head_dim = c.head_dim;
-  l.intermediate_size = c.intermediate_size;
-  l.vocab_size = c.vocab_size;
-  l.num_layers = c.num_layers;
-  l.tie_word_embeddings = c.tie_word_embeddings;
-  l.qkv_bias = c.qkv_bias;
-  l.qk_norm = c.qk_norm;
-  l.dtype = c.dtype;
-  l.vocab_pad_multiple = c.vocab_pad_multiple;
-  return l;
+Status ModelConfig::validate(int tp_size) const {
+  if (hidden_size <= 0 || num_heads <= 0 || num_kv_heads <= 0 || intermediate_size <= 0 || vocab_size <= 0 ||
+      num_layers < 0) {
+    return Status::invalid_argument("llama config: sizes must be positive");
+  }
+  if (tp_size <= 0) return Status::invalid_argument("tp size must be positive");
+  if (num_heads % num_kv_heads) return Status::invalid_argument("llama config: heads not a multiple of kv heads");
+  if (num_heads % tp_size) {
+    return Status::invalid_argument(fmt::format("{} attention heads do not split over TP {}", num_heads, tp_size));
+  }
+  if (num_kv_heads >= tp_size ? num_kv_heads % tp_size : tp_size % num_kv_heads) {
+    return Status::invalid_argument(fmt::format("{} KV heads do not split over TP {}", num_kv_heads, tp_size));
+  }
+  if (intermediate_size % tp_size) {
+    return Status::invalid_argument(fmt::format("intermediate size {} does not split over TP {}", intermediate_size, tp_size));
+  }
+  if (vocab_pad_multiple <= 0) return Status::invalid_argument("vocab_pad_multiple must be positive");
+  return ok_status();
 }
 
 Result<ModelDesc> describe_model(const ModelConfig& c) {

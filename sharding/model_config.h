@@ -1,6 +1,7 @@
-// Model families from a Hugging Face style config.json: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3
-// (q/k norm), and the mixture-of-experts families Qwen3-MoE and Mixtral. Each becomes a ModelDesc
-// in the engine's fused naming (qkv_proj, gate_up_proj, experts.w13_weight / w2_weight).
+// A model's shape, parsed from a Hugging Face style config.json or set by hand (LlamaConfig,
+// sharding/llama.h): Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), and the
+// mixture-of-experts families Qwen3-MoE and Mixtral. Each becomes a ModelDesc in the engine's fused
+// naming (qkv_proj, gate_up_proj, experts.w13_weight / w2_weight).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,6 @@
 
 #include "core/status.h"
 #include "sharding/layout.h"
-#include "sharding/llama.h"
 
 namespace ferry::sharding {
 
@@ -36,13 +36,12 @@ struct ModelConfig {
 
   int64_t effective_head_dim() const { return head_dim ? head_dim : hidden_size / num_heads; }
   bool layer_is_moe(int64_t layer) const;
+  // Sizes positive; heads, KV heads and the intermediate size split over `tp_size` ranks.
+  Status validate(int tp_size) const;
 };
 
 Result<ModelConfig> parse_hf_config(std::string_view json_text);
 Result<ModelConfig> load_hf_config(const std::string& path);
-
-// The dense families as a LlamaConfig (llama_rank_spec); MoE configs are refused.
-Result<LlamaConfig> to_llama_config(const ModelConfig& cfg);
 
 Result<ModelDesc> describe_model(const ModelConfig& cfg);
 

@@ -50,7 +50,7 @@ TEST(Reassembly, RandomMoeModelsWithExpertParallelism) {
   for (int trial = 0; trial < 60; ++trial) check_model(testing::random_cfg(rng, true), rng);
 }
 
-// The hand-written Llama layout (llama_rank_spec) against the same oracle.
+// The Llama preset (llama_rank_spec: a LlamaConfig through describe_model) against the same oracle.
 TEST(Reassembly, LlamaRankSpecMatchesOracle) {
   std::mt19937_64 rng(99);
   for (int trial = 0; trial < 40; ++trial) {

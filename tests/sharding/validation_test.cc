@@ -77,11 +77,20 @@ TEST(Validation, GroupSizeThatDoesNotDivideTheShard) {
   ASSERT_FALSE(bad.ok());
   expect_error(bad.status(), StatusCode::kInvalidArgument, "self_attn.o_proj.weight");
   expect_error(bad.status(), StatusCode::kInvalidArgument, "int4_group");
-  // The planner refuses a spec built by hand (llama_rank_spec) the same way.
+  // The Llama preset refuses it the same way.
   auto lc = to_llama_config(cfg());
   ASSERT_TRUE(lc.ok());
+  expect_error(llama_rank_spec(*lc, 0, 8, Scheme::kInt4Group).status(), StatusCode::kInvalidArgument,
+               "self_attn.o_proj.weight");
+  // And the planner a spec edited by hand.
   std::vector<RankSpec> ranks;
-  for (int r = 0; r < 8; ++r) ranks.push_back(*llama_rank_spec(*lc, r, 8, Scheme::kInt4Group));
+  for (int r = 0; r < 8; ++r) {
+    RankSpec spec = *llama_rank_spec(*lc, r, 8, Scheme::kNone);
+    for (ParamSpec& p : spec.params) {
+      if (p.name.ends_with("o_proj.weight")) p.scheme = Scheme::kInt4Group;
+    }
+    ranks.push_back(std::move(spec));
+  }
   expect_error(make_plan(llama_manifest(*lc), ranks, {SenderInfo{}}).status(), StatusCode::kInvalidArgument,
                "model.layers.0.self_attn.o_proj.weight");
 }
