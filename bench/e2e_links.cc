@@ -12,7 +12,7 @@
 #include "core/asio.h"
 #include "core/buffer.h"
 #include "core/region_copy.h"
-#include "coordinator/bucket.h"
+#include "dataplane/bucket.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
 #include "sharding/cost_model.h"
@@ -91,7 +91,7 @@ class Probe final : public LinkProbe {
     for (size_t d = 0; d < ranks_.size(); ++d) {
       const size_t want =
           std::max<uint64_t>(std::min<uint64_t>(plan_.bucket_bytes, plan_.bytes_per_dst[d]), max_row) + (1u << 20);
-      builders_.push_back(std::make_unique<coordinator::BucketBuilder>(want));
+      builders_.push_back(std::make_unique<dataplane::BucketBuilder>(want));
       if (!builders_.back()->ok()) return Status::resource_exhausted("bucket buffer for the packing probe");
     }
     return ok_status();
@@ -251,7 +251,7 @@ class Probe final : public LinkProbe {
         for (int pi : plan_.by_source[static_cast<size_t>(src)]) {
           const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(pi)];
           const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
-          coordinator::BucketBuilder& b = *builders_[static_cast<size_t>(pc.dst)];
+          dataplane::BucketBuilder& b = *builders_[static_cast<size_t>(pc.dst)];
           if (b.payload_room() < pc.bytes) {
             FERRY_RETURN_IF_ERROR(b.seal(false).status());
             b.reset(1, 0, 0);
@@ -288,7 +288,7 @@ class Probe final : public LinkProbe {
   std::vector<std::vector<size_t>> sizes_;  // per rank, the plan's bucket sizes in plan order
   uint64_t plan_bytes_ = 0;
 
-  std::vector<std::unique_ptr<coordinator::BucketBuilder>> builders_;
+  std::vector<std::unique_ptr<dataplane::BucketBuilder>> builders_;
   uint64_t packs_ = 0;
 
   std::vector<double> rtt_, pack_, small_, big_;

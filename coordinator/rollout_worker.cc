@@ -11,16 +11,13 @@
 
 #include "core/log.h"
 #include "core/settings.h"
-#include "coordinator/auth.h"
-#include "coordinator/bucket.h"
+#include "dataplane/bucket_receiver.h"
 #include "coordinator/channel.h"
-#include "coordinator/device_bucket.h"
 #include "coordinator/mailbox.h"
 #include "coordinator/listen_transports.h"
 #include "coordinator/member.h"
 #include "coordinator/wire.h"
 #include "reload/engine.h"
-#include "transport/ipc_share.h"
 #include "transport/transport.h"
 
 namespace ferry::coordinator {
@@ -62,21 +59,19 @@ class RolloutWorkerImpl final : public RolloutWorker {
     eo.none_dtype = options_.storage->none_dtype();  // f32 or f16 storage is written as such
     FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage, std::move(eo)));
     device_ = options_.storage->device();
-    if (device_.is_cuda() && transport::ipc_share_available()) {
-      importer_ = std::make_unique<transport::IpcImporter>(device_.index);
-    }
+    receiver_ = std::make_unique<dataplane::BucketReceiver>(*engine_, device_, verify_);
     // Listen on every transport that may reach a sender (FERRY_TRANSPORT narrows it to one); the
     // sender connects with the first, in priority order, that reaches this rank.
     FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports());
     for (auto& t : transports) {
       // nccl and cuda_ipc hand the callback buckets in device memory of their device.
       const Device where = transport::bucket_device(t->capabilities());
-      // Only the senders the coordinator announced for the current update are admitted (auth.h).
+      // Only the senders the coordinator announced for the current update are admitted (dataplane/credential.h).
       auto blob = t->listen([this, where](const transport::ReceivedBucket& b) { return on_bucket(b, where); },
                             [](const Status& why) {
                               if (!why.ok()) FERRY_LOG_WARN("data connection closed: {}", why.message());
                             },
-                            [this](std::string_view credential) { return admit(credential); });
+                            [this](std::string_view credential) { return receiver_->admit(credential); });
       if (!blob.ok()) {
         FERRY_LOG_INFO("not listening on {}: {}", t->name(), blob.status().message());
         continue;
@@ -105,7 +100,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
         wire::Welcome welcome,
         join(*channel_, welcome_, std::move(hello), std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_),
              registration));
-    member_id_ = welcome.member_id();
+    receiver_->set_receiver(welcome.member_id());
     heartbeat_ = std::make_unique<Heartbeat>(channel_, std::chrono::milliseconds(std::max<int64_t>(timeout_ms_ / 4, 1)));
     return ok_status();
   }
@@ -169,9 +164,9 @@ class RolloutWorkerImpl final : public RolloutWorker {
 
   void on_pause(const wire::Pause& p) {
     {
-      std::lock_guard<std::mutex> lock(senders_mu_);
-      senders_.clear();
-      for (const auto& s : p.senders()) senders_[s.member_id()] = s.key();
+      std::map<int, std::string> senders;
+      for (const auto& s : p.senders()) senders[s.member_id()] = s.key();
+      receiver_->set_senders(std::move(senders));
     }
     Status st;
     if (options_.pause) st = options_.pause(PauseRequest{p.version(), p.mode(), p.clear_cache()});
@@ -330,147 +325,19 @@ class RolloutWorkerImpl final : public RolloutWorker {
     closed_cv_.notify_all();
   }
 
-  // Admits a data connection that proves it is a sender of this rank's current update (auth.h);
-  // runs on a transport's thread.
-  Result<int64_t> admit(std::string_view credential) {
-    std::lock_guard<std::mutex> lock(senders_mu_);
-    FERRY_ASSIGN_OR_RETURN(int sender, check_data_credential(credential, member_id_, [&](int id) -> const std::string* {
-                             auto it = senders_.find(id);
-                             return it == senders_.end() ? nullptr : &it->second;
-                           }));
-    return static_cast<int64_t>(sender);
-  }
-
-  // Runs on the transport's thread.
+  // Runs on the transport's thread: the receiver decodes and checks the bucket, then takes its
+  // pieces under the engine's lock; the count decides when the rank can finalize.
   Status on_bucket(const transport::ReceivedBucket& bucket, Device where) {
-    const uint8_t* data = bucket.data;
-    const size_t size = bucket.size;
-    wire::BucketHeader header;
-    Status st = where.is_cpu() ? decode_bucket(data, size, &header) : decode_device_bucket(data, size, where, &header);
-    // A bucket belongs to the sender that proved itself on its connection, and that sender to the
-    // current update (a connection admitted for an earlier update's trainer stays open).
-    if (st.ok() && header.sender() != bucket.peer) {
-      st = Status::unauthenticated(fmt::format("a bucket says it is from member {} on the connection of member {}",
-                                               header.sender(), bucket.peer));
-    }
-    if (st.ok() && verify_ && header.checksum() == 0) {
-      st = Status::data_loss(fmt::format("bucket {} carries no checksum while FERRY_VERIFY=1", header.seq()));
-    }
+    const auto decoded = receiver_->decode(bucket, where);
     std::lock_guard<std::mutex> lock(mu_);
-    // Data and control travel on different connections: buckets of an update that was aborted can
-    // still be in flight when the next update starts. They are dropped, not counted.
-    if (st.ok() && header.version() < update_version_) {
-      FERRY_LOG_DEBUG("dropping a bucket of aborted update v{} during v{}", header.version(), update_version_);
-      return ok_status();
-    }
-    if (st.ok() && (header.version() != update_version_ || !engine_->in_update())) {
-      st = Status::failed_precondition(fmt::format("bucket of update v{} while this rank is at v{}{}", header.version(),
-                                                   update_version_, engine_->in_update() ? "" : " (no update open)"));
-    }
-    if (st.ok()) {
-      std::lock_guard<std::mutex> senders_lock(senders_mu_);
-      if (!senders_.count(header.sender())) {
-        st = Status::unauthenticated(fmt::format(
-            "a bucket of update v{} from member {}, which is no sender of this update", header.version(), header.sender()));
-      }
-    }
-    for (int i = 0; st.ok() && i < header.allocations_size(); ++i) {
-      st = announce(header.allocations(i));
-    }
-    // A device bucket's payload is valid only during this call: it is kept in a pooled buffer on the
-    // storage's device, or on the host when the storage is elsewhere, and its pieces are lent to the
-    // engine from there (read in place, no second copy).
-    std::shared_ptr<const Buffer> kept;
-    const Device payload_device = device_ == where ? where : Device::cpu();
-    if (st.ok() && where.is_cuda() && header.payload_bytes() > 0) {
-      auto k = payloads_.keep(data, header.payload_bytes(), where, payload_device);
-      st = k.status();
-      if (k.ok()) {
-        kept = std::move(*k);
-        data = static_cast<const uint8_t*>(kept->data());
-      }
-    }
-    // A host bucket the transport hands over (tcp) is lent the same way when that saves the engine
-    // its scratch and copy-in: the bucket's buffer stays alive until the pieces' layers are done.
-    std::shared_ptr<const void> handed_over;
-    if (st.ok() && !kept && !where.is_cuda() && engine_->lends_host_pieces()) handed_over = transport::bucket_owner();
-    bool borrowed = false;
-    // Borrows end before this callback returns, also when something throws.
-    struct EndBorrows {
-      reload::ReloadEngine& engine;
-      bool& borrowed;
-      ~EndBorrows() {
-        if (borrowed) engine.release_borrowed().ignore_error();
-      }
-    } end_borrows{*engine_, borrowed};
-    for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
-      const auto& p = header.pieces(i);
-      auto dt = parse_dtype(p.dtype());
-      if (!dt.ok()) {
-        st = dt.status();
-        break;
-      }
-      Region dst{Shape(p.dst_offset().begin(), p.dst_offset().end()), Shape(p.size().begin(), p.size().end())};
-      if (p.ref_alloc() != 0) {
-        st = apply_direct(header.sender_nonce(), p, dst, *dt);
-      } else if (kept) {
-        st = engine_->lend_piece(p.param(), 0, dst, *dt, kept, data + p.offset(), p.bytes(), payload_device);
-      } else if (handed_over) {
-        st = engine_->lend_piece(p.param(), 0, dst, *dt, handed_over, data + p.offset(), p.bytes());
-      } else {
-        // Valid until this callback returns: a layer the bucket completes is processed from it in
-        // place; the rest is copied by release_borrowed() below.
-        st = engine_->borrow_piece(p.param(), 0, dst, *dt, data + p.offset(), p.bytes());
-        borrowed = true;
-      }
-    }
-    if (borrowed) {
-      borrowed = false;
-      Status released = engine_->release_borrowed();
-      if (st.ok()) st = released;
-    }
+    Status st;
+    if (!receiver_->take(decoded, bucket, where, update_version_, &st)) return ok_status();  // a stale update's
     if (!st.ok() && bucket_error_.ok()) bucket_error_ = st;
     ++received_;
     if (expected_ >= 0 && received_ >= expected_ && !finalized_) {
       asio::post(io_, [this, v = update_version_] { finalize(v, false); });
     }
     return ok_status();
-  }
-
-  Status announce(const wire::IpcAllocation& a) {
-    if (!importer_) {
-      return Status::failed_precondition(
-          fmt::format("a sender shares device memory with this rank, whose storage is on {}", device_.to_string()));
-    }
-    transport::SharedAllocation s;
-    s.id = a.id();
-    s.handle = a.handle();
-    s.size = a.size();
-    s.process_nonce = a.process_nonce();
-    s.base = a.base();
-    s.device = a.device();
-    s.pid = a.pid();
-    return importer_->announce(s);
-  }
-
-  // A piece the rank reads in place from the colocated sender's device memory. Rows that are not
-  // one run (columns of a row-parallel weight) are gathered on the device first.
-  Status apply_direct(uint64_t nonce, const wire::PieceHeader& p, const Region& dst, DType dtype) {
-    if (!importer_) {
-      return Status::failed_precondition(
-          fmt::format("direct piece for parameter #{} on a rank whose storage is on {}", p.param(), device_.to_string()));
-    }
-    const uint64_t rows = p.ref_rows(), row_bytes = rows ? p.bytes() / rows : 0;
-    const uint64_t span = rows ? (rows - 1) * p.ref_row_stride() + row_bytes : 0;
-    FERRY_ASSIGN_OR_RETURN(const uint8_t* src, importer_->resolve(nonce, p.ref_alloc(), p.ref_offset(), span));
-    if (rows <= 1 || p.ref_row_stride() == row_bytes) {
-      return engine_->lend_piece(p.param(), 0, dst, dtype, nullptr, src, p.bytes(), device_);
-    }
-    // Into a pooled buffer: the gather and the kernels that read it share the legacy default stream.
-    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const Buffer> packed, payloads_.take(p.bytes(), device_));
-    void* to = packed->data();
-    FERRY_RETURN_IF_ERROR(transport::gather_rows(to, src, rows, row_bytes, p.ref_row_stride(), device_.index));
-    return engine_->lend_piece(p.param(), 0, dst, dtype, std::move(packed), to, p.bytes(), device_);
   }
 
   RolloutOptions options_;
@@ -489,8 +356,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   std::mutex mu_;  // engine and update counters
   std::unique_ptr<reload::ReloadEngine> engine_;
   Device device_ = Device::cpu();                      // of the storage
-  std::unique_ptr<transport::IpcImporter> importer_;  // device storage: colocated senders' memory
-  PayloadPool payloads_;                              // device buckets' payloads, kept for the engine
+  std::unique_ptr<dataplane::BucketReceiver> receiver_;  // admission, and buckets into the engine
   uint64_t update_version_ = 0;
   int64_t received_ = 0;
   int64_t expected_ = -1;
@@ -504,9 +370,6 @@ class RolloutWorkerImpl final : public RolloutWorker {
   std::mutex serve_mu_;
   std::condition_variable serve_cv_;
 
-  int member_id_ = 0;
-  std::mutex senders_mu_;
-  std::map<int, std::string> senders_;  // member id -> data key, of the current update's senders
 
   std::mutex closed_mu_;
   std::condition_variable closed_cv_;

@@ -12,8 +12,8 @@
 
 #include "core/log.h"
 #include "core/settings.h"
-#include "coordinator/auth.h"
-#include "coordinator/bucket_sender.h"
+#include "dataplane/credential.h"
+#include "dataplane/bucket_sender.h"
 #include "coordinator/channel.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/mailbox.h"
@@ -63,7 +63,7 @@ class TrainerImpl final : public Trainer {
   Status init() {
     FERRY_RETURN_IF_ERROR(validate_settings());
     FERRY_ASSIGN_OR_RETURN(timeout_ms_, setting_int("FERRY_TIMEOUT_MS"));
-    BucketSenderSettings ss;
+    dataplane::BucketSenderSettings ss;
     ss.timeout_ms = timeout_ms_;
     FERRY_ASSIGN_OR_RETURN(ss.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
     FERRY_ASSIGN_OR_RETURN(int64_t inflight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
@@ -74,7 +74,7 @@ class TrainerImpl final : public Trainer {
     FERRY_ASSIGN_OR_RETURN(std::string direct, setting_string("FERRY_DIRECT"));
     ss.direct = direct == "auto" && transport::ipc_share_available();
     ss.in_flight = static_cast<size_t>(inflight);
-    sender_ = std::make_unique<BucketSender>(ss, [this] { progress(false); });
+    sender_ = std::make_unique<dataplane::BucketSender>(ss, [this] { progress(false); });
     std::string address = options_.coordinator;
     if (address.empty()) {
       CoordinatorOptions co;
@@ -167,9 +167,9 @@ class TrainerImpl final : public Trainer {
       plan_digest_ = digest;
     }
     plan_seconds_ = since(t_plan);
-    BucketSender::Identity identity{member_id_, {}};
+    dataplane::BucketSender::Identity identity{member_id_, {}};
     for (int id : members) {
-      auto credential = data_credential(data_key_, member_id_, id);
+      auto credential = dataplane::data_credential(data_key_, member_id_, id);
       if (!credential.ok()) return end_open_update(credential.status());
       identity.credentials.push_back(std::move(*credential));
     }
@@ -321,7 +321,7 @@ class TrainerImpl final : public Trainer {
   int member_id_ = 0;
   std::string data_key_;  // proves this trainer's data connections to ranks (auth.h)
 
-  std::unique_ptr<BucketSender> sender_;
+  std::unique_ptr<dataplane::BucketSender> sender_;
   sharding::PlanCache plans_;
   std::shared_ptr<const sharding::Plan> plan_;
   sharding::Manifest manifest_;

@@ -32,4 +32,11 @@ Status order_copies_before_default(int device);
 // stream (kernels that may still read a buffer about to be overwritten).
 Status order_default_before_copies(int device);
 
+// Byte copy between host and device memory (either side may be either), complete on return: on the
+// legacy default stream, then waited for when the destination is a device (other streams and
+// processes read it next).
+Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Waits for the work enqueued on `device` (nothing on the CPU).
+Status device_synchronize(Device device);
+
 }  // namespace ferry

@@ -1,6 +1,6 @@
 // The data-plane handshake: arbitrary bytes as what a peer sends first on a data connection (the
 // credential frame of tcp, cuda_ipc and nccl: transport/admission.h), judged by a rank's admission
-// (coordinator/auth.h's check_data_credential behind transport::admit_peer). The property: only a
+// (dataplane/credential.h's check_data_credential behind transport::admit_peer). The property: only a
 // credential computed with the key of a sender the rank knows is admitted, as exactly that sender.
 #include <array>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "core/log.h"
-#include "coordinator/auth.h"
+#include "dataplane/credential.h"
 #include "transport/admission.h"
 
 namespace {
@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (rest.size() < *length) return 0;  // a peer that stops here is closed at the deadline
   const std::string_view credential = rest.substr(0, *length);
   const transport::AdmitCallback admit = [](std::string_view c) -> Result<int64_t> {
-    FERRY_ASSIGN_OR_RETURN(int sender, coordinator::check_data_credential(c, kReceiver, [](int id) -> const std::string* {
+    FERRY_ASSIGN_OR_RETURN(int sender, dataplane::check_data_credential(c, kReceiver, [](int id) -> const std::string* {
                              auto it = kKeys.find(id);
                              return it == kKeys.end() ? nullptr : &it->second;
                            }));
@@ -50,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Admitted: it must be the very credential the sender's key gives.
   auto it = kKeys.find(static_cast<int>(*who));
   if (it == kKeys.end()) std::abort();
-  auto expected = coordinator::data_credential(it->second, static_cast<int>(*who), kReceiver);
+  auto expected = dataplane::data_credential(it->second, static_cast<int>(*who), kReceiver);
   if (!expected.ok() || *expected != credential) std::abort();
   // And the frame a sender writes for it parses back to its length.
   const std::string frame = transport::credential_frame(credential);

@@ -5,7 +5,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 
-#include "coordinator/bucket.h"
+#include "dataplane/bucket.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   google::protobuf::SetLogHandler(nullptr);  // every non-UTF-8 string field would log a line
@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace ferry::coordinator;
+  using namespace ferry::dataplane;
   ferry::wire::BucketHeader header;
   const ferry::Status st = decode_bucket(data, size, &header);
   if (!st.ok()) {

@@ -10,7 +10,8 @@
 
 #include "core/version.h"
 #include "coordinator/auth.h"
-#include "coordinator/bucket.h"
+#include "dataplane/credential.h"
+#include "dataplane/bucket.h"
 #include "coordinator/frame.h"
 #include "transport/admission.h"
 
@@ -18,6 +19,7 @@ namespace {
 
 using namespace ferry;
 using namespace ferry::coordinator;
+using namespace ferry::dataplane;
 namespace fs = std::filesystem;
 
 fs::path g_root;

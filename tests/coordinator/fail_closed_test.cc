@@ -17,7 +17,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "coordinator/bucket.h"
+#include "dataplane/bucket.h"
 #include "coordinator/status_client.h"
 #include "transport/transport.h"
 #include "tests/coordinator/cluster.h"
@@ -346,7 +346,7 @@ TEST_F(FailClosed, DataPortRefusesAStrangerWithoutTheKey) {
   ASSERT_FALSE(blob.empty());
   auto stranger = transport::create_transport("tcp");
   ASSERT_TRUE(stranger.ok());
-  coordinator::BucketBuilder forged(1 << 16);
+  dataplane::BucketBuilder forged(1 << 16);
   size_t admitted = 0;
   for (int claimed = 1; claimed <= 6; ++claimed) {
     forged.reset(2, claimed, 0);

@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
-#include "coordinator/bucket.h"
-#include "coordinator/bucket_sender.h"
+#include "dataplane/bucket.h"
+#include "dataplane/bucket_sender.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/kernels/ref_quantize.h"
 #include "tests/sharding/oracle.h"
@@ -425,13 +425,13 @@ class ScopedEnv {
 class Corrupter {
  public:
   Corrupter() {
-    coordinator::set_sealed_bucket_hook_for_testing([this](int, int tp_rank, uint8_t* data, size_t size) {
+    dataplane::set_sealed_bucket_hook_for_testing([this](int, int tp_rank, uint8_t* data, size_t size) {
       std::lock_guard<std::mutex> lock(mu_);
       const int seq = seen_[tp_rank]++;
       if (!armed_ || tp_rank != rank_ || seq != target_) return;
       armed_ = false;
       wire::BucketHeader h;
-      Status st = coordinator::decode_bucket(data, size, &h);
+      Status st = dataplane::decode_bucket(data, size, &h);
       if (!st.ok() || h.pieces_size() == 0 || h.pieces(0).ref_alloc() != 0 || h.pieces(0).offset() % 2 != 0) {
         error_ = "bucket to corrupt: " + st.to_string();
         return;
@@ -443,7 +443,7 @@ class Corrupter {
       flipped_ = true;
     });
   }
-  ~Corrupter() { coordinator::set_sealed_bucket_hook_for_testing(nullptr); }
+  ~Corrupter() { dataplane::set_sealed_bucket_hook_for_testing(nullptr); }
 
   void arm(int rank, int target) {
     std::lock_guard<std::mutex> lock(mu_);

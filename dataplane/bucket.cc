@@ -1,4 +1,4 @@
-#include "coordinator/bucket.h"
+#include "dataplane/bucket.h"
 
 #include <cstring>
 
@@ -7,7 +7,7 @@
 
 #include "core/device_copy.h"
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 namespace {
 
 constexpr size_t kHeaderFixedBytes = 64;
@@ -162,4 +162,4 @@ Status decode_bucket(const uint8_t* data, size_t size, wire::BucketHeader* heade
   return check_payload(*header, data, Device::cpu());
 }
 
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane

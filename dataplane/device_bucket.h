@@ -10,7 +10,7 @@
 #include "core/status.h"
 #include "proto/ferry.pb.h"
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 
 // The header of a bucket of `size` bytes in memory of `device` (two small copies to the host),
 // every piece's bounds checked, and the payload's checksum when it carries one.
@@ -32,4 +32,4 @@ class PayloadPool {
   SharedBufferPool buffers_;
 };
 
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane

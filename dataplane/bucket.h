@@ -10,7 +10,7 @@
 #include "core/tensor.h"
 #include "proto/ferry.pb.h"
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 
 inline constexpr uint32_t kBucketMagic = 0x42595246;  // "FRYB"
 inline constexpr size_t kBucketTrailerBytes = 8;
@@ -68,4 +68,4 @@ uint64_t payload_checksum(const uint8_t* data, size_t size);
 // XXH3-64 of bytes in memory of `device` (copied to the host first when on a device).
 Result<uint64_t> payload_checksum(const uint8_t* data, size_t size, Device device);
 
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane

@@ -1,11 +1,11 @@
-#include "coordinator/device_bucket.h"
+#include "dataplane/device_bucket.h"
 
 #include <fmt/format.h>
 
-#include "coordinator/bucket.h"
+#include "dataplane/bucket.h"
 #include "core/device_copy.h"
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 namespace {
 
 constexpr size_t kMaxIdle = 8;  // buffers kept for reuse; more are freed
@@ -43,4 +43,4 @@ Result<std::shared_ptr<const Buffer>> PayloadPool::keep(const uint8_t* data, siz
   return buf;
 }
 
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane

@@ -1,4 +1,4 @@
-#include "coordinator/bucket_sender.h"
+#include "dataplane/bucket_sender.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,13 +14,12 @@
 #include "core/log.h"
 #include "core/region_copy.h"
 #include "core/settings.h"
-#include "coordinator/bucket.h"
+#include "dataplane/bucket.h"
 #include "sharding/planner.h"
-#include "reload/processing.h"
 #include "transport/ipc_share.h"
 #include "transport/transport.h"
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -217,8 +216,10 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
       d.announced.clear();
       d.connected_for = want;
     }
-    // Direct reads need the rank on this node (shm reached it) with device storage.
-    d.direct = settings_.direct && d.transport->name() == "shm" && storage_devices[i].starts_with("cuda");
+    // Direct reads need the rank on this node (a transport over shared memory reached it) with
+    // device storage.
+    d.direct = settings_.direct && d.transport->capabilities().same_host_shared_memory &&
+               storage_devices[i].starts_with("cuda");
     d.buckets = 0;
     // A bucket a failed update left open (finish() sends nothing then) goes back to the pool.
     if (d.open >= 0) d.free.push_back(static_cast<size_t>(d.open));
@@ -373,7 +374,7 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
     if (!runs && !tensor.device().is_cpu()) {
       FERRY_ASSIGN_OR_RETURN(host, Buffer::allocate(tensor_in.nbytes()));
       FERRY_RETURN_IF_ERROR(
-          reload::copy_bytes(host.data(), Device::cpu(), tensor_in.data(), tensor_in.device(), tensor_in.nbytes())
+          copy_bytes(host.data(), Device::cpu(), tensor_in.data(), tensor_in.device(), tensor_in.nbytes())
               .with_context(name));
       tensor = TensorView(host.data(), tensor_in.dtype(), tensor_in.shape());
     }
@@ -407,4 +408,4 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
   return ok_status();
 }
 
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane

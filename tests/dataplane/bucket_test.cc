@@ -1,4 +1,4 @@
-#include "coordinator/bucket.h"
+#include "dataplane/bucket.h"
 
 #include <cstring>
 #include <tuple>
@@ -6,11 +6,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "coordinator/device_bucket.h"
+#include "dataplane/device_bucket.h"
 #include "core/buffer.h"
 #include "core/device_copy.h"
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 namespace {
 
 using ::testing::HasSubstr;
@@ -141,9 +141,9 @@ TEST(Bucket, MalformedDirectPieceIsDataLoss) {
 }
 
 }  // namespace
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 namespace {
 
 // The stepwise decode (trailer, then exactly the header's bytes) agrees with decode_bucket and
@@ -225,14 +225,14 @@ TEST(Bucket, DeviceBucketRoundTrip) {
 }
 
 }  // namespace
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane
 
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "transport/ipc_share.h"
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 namespace {
 
 // Memory of a stream-ordered pool has no legacy IPC handle: the exporter refuses it (the trainer
@@ -254,5 +254,5 @@ TEST(Bucket, RefusedExportLeavesNoCudaErrorBehind) {
 }
 
 }  // namespace
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane
 #endif

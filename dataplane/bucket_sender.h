@@ -31,7 +31,7 @@ namespace ferry::wire {
 class Endpoint;
 }
 
-namespace ferry::coordinator {
+namespace ferry::dataplane {
 
 class BucketBuilder;
 
@@ -108,4 +108,4 @@ class BucketSender {
   uint64_t direct_bytes_ = 0;
 };
 
-}  // namespace ferry::coordinator
+}  // namespace ferry::dataplane
