@@ -16,7 +16,6 @@
 
 #include "core/cuda_check.h"
 #include "transport/common/socket.h"
-#include "transport/cuda_ipc/cuda_ipc_wire.h"
 #endif
 
 namespace ferry::transport {
@@ -50,7 +49,7 @@ bool ipc_share_available() { return true; }
 uint64_t ipc_process_nonce() { return net::process_nonce(); }
 
 Status ipc_device_synchronize(int device) {
-  cuda_ipc::ScopedDevice d(device);
+  ScopedDevice d(device);
   FERRY_CUDA_CHECK(cudaDeviceSynchronize());
   return ok_status();
 }
@@ -114,7 +113,7 @@ const SharedAllocation* IpcExporter::allocation(uint64_t id) const {
 }
 
 Status gather_rows(void* dst, const void* src, size_t rows, size_t row_bytes, size_t stride, int device) {
-  cuda_ipc::ScopedDevice d(device);
+  ScopedDevice d(device);
   FERRY_CUDA_CHECK(cudaMemcpy2DAsync(dst, row_bytes, src, stride, row_bytes, rows, cudaMemcpyDeviceToDevice, nullptr));
   return ok_status();
 }
@@ -126,7 +125,7 @@ struct IpcImporter::Mapping {
   int device = 0;
   ~Mapping() {
     if (!opened) return;
-    cuda_ipc::ScopedDevice d(device);
+    ScopedDevice d(device);
     cudaIpcCloseMemHandle(ptr);
   }
 };
@@ -166,7 +165,7 @@ Result<const uint8_t*> IpcImporter::resolve(uint64_t nonce, uint64_t id, uint64_
     if (m.info.process_nonce == net::process_nonce()) {
       m.ptr = reinterpret_cast<void*>(m.info.base);  // the sender is this process
     } else {
-      cuda_ipc::ScopedDevice d(device_);
+      ScopedDevice d(device_);
       cudaIpcMemHandle_t h;
       std::memcpy(&h, m.info.handle.data(), sizeof h);
       void* p = nullptr;

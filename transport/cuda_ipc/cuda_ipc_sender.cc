@@ -1,66 +1,44 @@
 // cuda_ipc, sending end: maps the receiver's ring once, then one worker thread per connection
-// copies buckets slot by slot on its own stream, records the slot's `filled` event, and announces
-// it; a slot is reused only after the receiver's kFree and its `freed` event (see cuda_ipc_wire.h).
+// (net::DeviceConnection) copies buckets slot by slot on its own stream, records the slot's
+// `filled` event, and announces it; a slot is reused only after the receiver's kFree and its
+// `freed` event (see cuda_ipc_wire.h).
 #include <unistd.h>
 
-#include <atomic>
 #include <deque>
-#include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 
-#include "core/log.h"
 #include "transport/admission.h"
+#include "transport/common/device_connection.h"
 #include "transport/common/socket.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
-#include "transport/handle.h"
 
 namespace ferry::transport::cuda_ipc {
 namespace {
 
 constexpr auto kNotify = std::chrono::seconds(5);
-constexpr auto kCloseGrace = std::chrono::seconds(30);
-constexpr int kSpins = 2000;
-
-struct Job {
-  std::shared_ptr<CompletionState> state;
-  const uint8_t* src = nullptr;
-  uint64_t size = 0;
-  uint64_t sent = 0;
-  bool started = false;
-  std::atomic<bool> cancelled{false};
-};
 
 struct Inflight {
   uint32_t slot;
-  std::shared_ptr<Job> job;
+  std::shared_ptr<net::Job> job;
   bool last;
 };
 
-class IpcConnection final : public Connection {
+class IpcConnection final : public net::DeviceConnection {
  public:
   IpcConnection(net::Socket sock, int device, const RingInfo& info, uint8_t* ring, bool opened_ring,
                 std::shared_ptr<RingResources> local_ring, cudaEvent_t* freed, bool opened_freed,
                 std::shared_ptr<FilledEvents> filled, cudaStream_t stream)
-      : sock_(std::move(sock)), device_(device), slots_(info.slots), slot_bytes_(info.slot_bytes),
-        receiver_pid_(info.pid), ring_(ring), opened_ring_(opened_ring), local_ring_(std::move(local_ring)),
-        opened_freed_(opened_freed), filled_(std::move(filled)), stream_(stream) {
+      : DeviceConnection("cuda_ipc", {kClose, kAbort, kRefuse}, std::move(sock), device, info.pid),
+        slots_(info.slots), slot_bytes_(info.slot_bytes), ring_(ring), opened_ring_(opened_ring),
+        local_ring_(std::move(local_ring)), opened_freed_(opened_freed), filled_(std::move(filled)), stream_(stream) {
     for (uint32_t i = 0; i < slots_; ++i) freed_[i] = freed[i];
-    thread_ = std::thread([this] { run(); });
+    start();
   }
 
   ~IpcConnection() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!done_) {
-        closing_ = true;
-        close_by_ = Clock::now() + kCloseGrace;
-      }
-    }
-    waker_.notify();
-    if (thread_.joinable()) thread_.join();
+    close_and_join();
     ScopedDevice d(device_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (opened_freed_) {
@@ -69,80 +47,16 @@ class IpcConnection final : public Connection {
     if (opened_ring_) cudaIpcCloseMemHandle(ring_);
   }
 
-  Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) override {
-    if (offset > region.size() || size > region.size() - offset) {
-      return Status::invalid_argument(fmt::format("cuda_ipc post: {} bytes at {} overrun a {}-byte region", size,
-                                                  offset, region.size()));
-    }
-    auto job = std::make_shared<Job>();
-    job->state = std::make_shared<CompletionState>();
-    job->src = static_cast<const uint8_t*>(region.data()) + offset;
-    job->size = size;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_ || closing_) return failure_.ok() ? Status::aborted("cuda_ipc connection is closed") : failure_;
-      queue_.push_back(job);
-    }
-    waker_.notify();
-    std::weak_ptr<Job> weak = job;
-    return std::unique_ptr<TransferHandle>(std::make_unique<StateHandle>(job->state, [weak, this] {
-      if (auto j = weak.lock()) j->cancelled = true;
-      waker_.notify();
-    }));
-  }
-
-  void abort() override {
-    fail(Status::aborted("cuda_ipc connection aborted"), /*tell_peer=*/true);
-    waker_.notify();
-  }
-
  private:
-  // Fails every queued and in-flight transfer; the worker then says kAbort and exits.
-  void fail(const Status& why, bool tell_peer) {
-    std::deque<std::shared_ptr<Job>> queue;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return;
-      done_ = true;
-      failure_ = why;
-      tell_peer_ = tell_peer;
-      queue.swap(queue_);
+  Status on_message(const net::Msg& m) override {
+    if (m.type == kFree && m.slot < slots_) {
+      busy_[m.slot] = false;
+      return ok_status();
     }
-    for (auto& j : queue) j->state->complete(why);
+    return Status::data_loss(fmt::format("cuda_ipc: unexpected control message {} (slot {})", m.type, m.slot));
   }
 
-  bool failed() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-
-  Status handle_messages() {
-    auto more = sock_.read_available(inbuf_);
-    FERRY_RETURN_IF_ERROR(more.status());
-    net::Msg m;
-    while (net::pop_msg(inbuf_, &m)) {
-      if (m.type == kFree && m.slot < slots_) {
-        busy_[m.slot] = false;
-      } else if (m.type == kRefuse) {
-        peer_ended_ = true;
-        return Status::aborted(fmt::format("cuda_ipc receiver pid {} refused a bucket: {}", receiver_pid_, m.text));
-      } else if (m.type == kClose) {
-        peer_ended_ = true;
-        return Status::unavailable(fmt::format("cuda_ipc receiver pid {} closed: {}", receiver_pid_, m.text));
-      } else {
-        return Status::data_loss(fmt::format("cuda_ipc: unexpected control message {} (slot {})", m.type, m.slot));
-      }
-    }
-    if (!*more) {
-      peer_ended_ = true;
-      return Status::unavailable(fmt::format(
-          "cuda_ipc receiver pid {} closed its control socket (it exited, shut down or died)", receiver_pid_));
-    }
-    return ok_status();
-  }
-
-  // Completes transfers whose last copy has landed; true on progress.
-  Result<bool> reap() {
+  Result<bool> reap() override {
     bool progress = false;
     while (!inflight_.empty()) {
       const Inflight& f = inflight_.front();
@@ -155,17 +69,12 @@ class IpcConnection final : public Connection {
     return progress;
   }
 
-  // Copies queued buckets into free slots; sets *gpu_wait when a slot waits on its freed event.
-  Result<bool> issue(bool* gpu_wait) {
+  // Copies queued buckets into free slots, a slot's worth at a time.
+  Result<bool> issue(bool* gpu_wait) override {
     bool progress = false;
     for (;;) {
-      std::shared_ptr<Job> job;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        while (!queue_.empty() && !queue_.front()->started && queue_.front()->cancelled) queue_.pop_front();
-        if (queue_.empty() || done_) return progress;
-        job = queue_.front();
-      }
+      std::shared_ptr<net::Job> job = front_job();
+      if (!job) return progress;
       const uint32_t slot = static_cast<uint32_t>(record_ % slots_);
       if (busy_[slot] || inflight_.size() >= slots_) return progress;
       FERRY_ASSIGN_OR_RETURN(bool freed, event_done(freed_[slot], "cudaEventQuery(freed)"));
@@ -191,76 +100,20 @@ class IpcConnection final : public Connection {
       ++record_;
       const bool last = job->sent == job->size;
       inflight_.push_back({slot, job, last});
-      if (last) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!queue_.empty() && queue_.front() == job) queue_.pop_front();
-      }
+      if (last) pop_job(job);
       progress = true;
     }
   }
 
-  void run() {
-    if (cudaSetDevice(device_) != cudaSuccess) fail(Status::internal("cuda_ipc: cannot set the sender's device"), false);
-    int idle = 0;
-    while (!failed()) {
-      bool gpu_wait = false;
-      Status st = handle_messages();
-      Result<bool> reaped = st.ok() ? reap() : Result<bool>(st);
-      Result<bool> issued = reaped.ok() ? issue(&gpu_wait) : Result<bool>(reaped.status());
-      if (!issued.ok()) {
-        FERRY_LOG_WARN("cuda_ipc: connection to pid {} failed: {}", receiver_pid_, issued.status().to_string());
-        fail(issued.status(), !peer_ended_);
-        break;
-      }
-      bool closing = false, closing_now = false, overdue = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        closing = closing_;
-        closing_now = closing_ && queue_.empty() && inflight_.empty();
-        overdue = closing_ && Clock::now() > close_by_;
-      }
-      if (closing_now) {
-        net::Msg m;
-        m.type = kClose;
-        (void)sock_.write_all(&m, sizeof m, Clock::now() + kNotify);
-        fail(Status::aborted("cuda_ipc connection is closed"), false);
-        return;
-      }
-      if (overdue) {
-        fail(Status::deadline_exceeded("cuda_ipc: a closing connection still had transfers after 30 s"), true);
-        break;
-      }
-      (void)closing;
-      if (*reaped || *issued) {
-        idle = 0;
-        continue;
-      }
-      const int fds[] = {sock_.fd(), waker_.fd()};
-      const bool busy_gpu = gpu_wait || !inflight_.empty();
-      const int timeout = busy_gpu ? (++idle < kSpins ? 0 : 1) : 100;
-      if (net::wait_readable(fds, 2, timeout) & 2) waker_.drain();
-    }
-    // Failed: complete what is in flight with the failure and tell the receiver why.
-    Status why;
-    bool tell = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      why = failure_;
-      tell = tell_peer_;
-    }
+  bool in_flight() const override { return !inflight_.empty(); }
+
+  void fail_in_flight(const Status& why) override {
     for (auto& f : inflight_) f.job->state->complete(why);
     inflight_.clear();
-    if (tell) {
-      const net::Msg m = net::text_msg(kAbort, why.message());
-      (void)sock_.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(200));
-    }
   }
 
-  net::Socket sock_;
-  int device_;
   uint32_t slots_;
   uint64_t slot_bytes_;
-  int receiver_pid_;
   uint8_t* ring_;
   bool opened_ring_;
   std::shared_ptr<RingResources> local_ring_;  // keeps the ring alive when both ends share a process
@@ -268,23 +121,11 @@ class IpcConnection final : public Connection {
   bool opened_freed_;
   std::shared_ptr<FilledEvents> filled_;
   cudaStream_t stream_;
-  net::Waker waker_;
-
-  std::mutex mu_;
-  std::deque<std::shared_ptr<Job>> queue_;
-  bool done_ = false;
-  bool closing_ = false;
-  bool tell_peer_ = false;
-  Deadline close_by_{};
-  Status failure_;
 
   // The worker's own.
-  std::string inbuf_;
-  bool peer_ended_ = false;
   bool busy_[kMaxSlots] = {};
   uint64_t record_ = 0;
   std::deque<Inflight> inflight_;
-  std::thread thread_;
 };
 
 }  // namespace

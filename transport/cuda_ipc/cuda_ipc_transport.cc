@@ -1,6 +1,6 @@
-// cuda_ipc, receiving end and the transport: one thread accepts senders, owns each one's device
-// ring, and hands buckets to the callback in place (fragments of larger buckets are assembled in
-// a device buffer first). Callbacks never run concurrently.
+// cuda_ipc, receiving end and the transport: one thread (net::DeviceReceiver) accepts senders, owns
+// each one's device ring, and hands buckets to the callback in place (fragments of larger buckets
+// are assembled in a device buffer first). Callbacks never run concurrently.
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 
 #include <unistd.h>
@@ -17,9 +17,9 @@
 
 #include "core/buffer.h"
 #include "core/log.h"
+#include "transport/common/device_receiver.h"
 #include "transport/common/socket.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
-#include "transport/common/socket_admission.h"
 
 namespace ferry::transport {
 namespace cuda_ipc {
@@ -73,13 +73,8 @@ using namespace cuda_ipc;
 
 constexpr auto kHandshake = std::chrono::seconds(10);
 constexpr auto kNotify = std::chrono::seconds(2);
-constexpr int kSpins = 2000;
 
-struct Peer {
-  net::Socket sock;
-  std::string inbuf;
-  int pid = 0;
-  int64_t identity = 0;  // what admission returned
+struct Peer final : net::DevicePeer {
   std::shared_ptr<RingResources> ring;
   uint64_t slot_bytes = 0;
   // Opened from the sender's handles (owned here), or the sender's own in the same process.
@@ -88,13 +83,11 @@ struct Peer {
   bool owns_filled = false;
   std::deque<net::Msg> ready;
   uint64_t record = 0;
-  bool clean_close = false;
-  bool eof = false;
   void* assembly = nullptr;
   uint64_t assembly_cap = 0;
   uint64_t assembled = 0;
 
-  ~Peer() {
+  ~Peer() override {
     ScopedDevice d(ring ? ring->device : 0);
     if (owns_filled) {
       for (uint32_t i = 0; ring && i < ring->slots; ++i) {
@@ -105,26 +98,21 @@ struct Peer {
   }
 };
 
-class IpcReceiver {
+class IpcReceiver final : public net::DeviceReceiver {
  public:
   IpcReceiver(net::Listener listener, int device, uint32_t slots, uint64_t slot_bytes, uint64_t max_bucket,
               BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit)
-      : listener_(std::move(listener)), device_(device), slots_(slots), slot_bytes_(slot_bytes),
-        max_bucket_(max_bucket), on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)),
-        admissions_("cuda_ipc", std::move(admit)) {
-    thread_ = std::thread([this] { run(); });
+      : DeviceReceiver("cuda_ipc", {kClose, kAbort, kRefuse}, std::move(listener), std::move(on_closed),
+                       std::move(admit)),
+        device_(device), slots_(slots), slot_bytes_(slot_bytes), max_bucket_(max_bucket),
+        on_bucket_(std::move(on_bucket)) {
+    start();
   }
-  ~IpcReceiver() { stop(); }
+  ~IpcReceiver() override { stop(); }
 
   void stop() {
-    if (stop_.exchange(true)) return;
-    waker_.notify();
-    if (thread_.joinable()) thread_.join();
-    admissions_.clear();
-    for (auto& p : peers_) {
-      const net::Msg m = net::text_msg(kClose, "cuda_ipc receiver shut down");
-      (void)p->sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
-    }
+    if (!halt()) return;
+    say_goodbye();
     ScopedDevice d(device_);
     peers_.clear();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -253,7 +241,7 @@ class IpcReceiver {
         // The goodbye may have arrived after our last read: a sender writes kClose before it
         // closes, so if it said one, it is queued on our socket now. Only a sender that left
         // without one (it died) makes this failure the connection's end.
-        FERRY_RETURN_IF_ERROR(read_control(p, progress));
+        FERRY_RETURN_IF_ERROR(take_control(p, progress));
         if (!p.clean_close) return sent;
       }
     }
@@ -261,12 +249,8 @@ class IpcReceiver {
   }
 
   // Reads what the control socket holds now and takes in its messages.
-  Status read_control(Peer& p, bool* progress) {
-    if (!p.eof) {
-      auto more = p.sock.read_available(p.inbuf);
-      if (!more.ok()) return more.status();
-      p.eof = !*more;
-    }
+  Status take_control(Peer& p, bool* progress) {
+    FERRY_RETURN_IF_ERROR(read_control(p));
     net::Msg m;
     while (net::pop_msg(p.inbuf, &m)) {
       *progress = true;
@@ -285,8 +269,9 @@ class IpcReceiver {
   }
 
   // Reads the control socket and delivers; returns the Status that ends the link, if it ends.
-  std::optional<Status> serve(Peer& p, bool* progress) {
-    Status st = read_control(p, progress);
+  std::optional<Status> serve(net::DevicePeer& peer, bool* progress, bool* gpu_wait) override {
+    Peer& p = static_cast<Peer&>(peer);
+    Status st = take_control(p, progress);
     if (!st.ok()) return st;
     st = deliver(p, progress);
     if (!st.ok()) return st;
@@ -295,75 +280,28 @@ class IpcReceiver {
       return Status::unavailable(fmt::format(
           "cuda_ipc sender pid {} closed its control socket without a close (it exited or died mid-transfer)", p.pid));
     }
+    *gpu_wait |= !p.ready.empty();
     return std::nullopt;
   }
 
-  void run() {
+  void thread_started() override {
     if (cudaSetDevice(device_) != cudaSuccess ||
         cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
       FERRY_LOG_ERROR("cuda_ipc: receiver thread could not set up device {}", device_);
     }
-    int idle = 0;
-    while (!stop_.load(std::memory_order_acquire)) {
-      bool progress = false;
-      for (;;) {
-        net::Socket s = listener_.accept();
-        if (!s.valid()) break;
-        progress = true;
-        admissions_.add(std::move(s));
-      }
-      admissions_.poll(
-          [this](net::Socket s, int64_t identity) {
-            Status st = accept_peer(std::move(s), identity);
-            if (!st.ok()) FERRY_LOG_WARN("cuda_ipc: refused a sender: {}", st.to_string());
-          },
-          &progress);
-      bool waiting_on_gpu = false;
-      for (size_t k = 0; k < peers_.size();) {
-        Peer& p = *peers_[k];
-        std::optional<Status> closing = serve(p, &progress);
-        if (!closing) {
-          waiting_on_gpu |= !p.ready.empty();
-          ++k;
-          continue;
-        }
-        if (!closing->ok() && !p.eof) {
-          const net::Msg m = net::text_msg(kRefuse, closing->message());
-          (void)p.sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
-        }
-        FERRY_LOG_DEBUG("cuda_ipc: sender pid {} closed: {}", p.pid, closing->to_string());
-        peers_.erase(peers_.begin() + static_cast<std::ptrdiff_t>(k));
-        if (on_closed_) on_closed_(*closing);
-        progress = true;
-      }
-      if (progress) {
-        idle = 0;
-        continue;
-      }
-      std::vector<int> fds = {listener_.poll_fd(), waker_.fd()};
-      for (auto& p : peers_) fds.push_back(p->sock.fd());
-      admissions_.append_fds(fds);
-      // A copy in flight is polled (it ends in microseconds to milliseconds); otherwise sleep on
-      // the sockets, bounded so stop() is seen even if the waker were missed, and so a silent
-      // peer's admission deadline is kept.
-      const int timeout = listener_.timeout_ms(admissions_.timeout_ms(waiting_on_gpu ? (++idle < kSpins ? 0 : 1) : 100));
-      if (net::wait_readable(fds.data(), fds.size(), timeout) & 2) waker_.drain();
-    }
   }
 
-  net::Listener listener_;
+  void on_admitted(net::Socket s, int64_t identity) override {
+    Status st = accept_peer(std::move(s), identity);
+    if (!st.ok()) FERRY_LOG_WARN("cuda_ipc: refused a sender: {}", st.to_string());
+  }
+
   int device_;
   uint32_t slots_;
   uint64_t slot_bytes_;
   uint64_t max_bucket_;
   BucketCallback on_bucket_;
-  PeerClosedCallback on_closed_;
-  net::Admissions admissions_;  // the thread's, then stop()'s after the join
-  net::Waker waker_;
   cudaStream_t stream_ = nullptr;
-  std::atomic<bool> stop_{false};
-  std::vector<std::unique_ptr<Peer>> peers_;  // the thread's, then stop()'s after the join
-  std::thread thread_;
 };
 
 class IpcTransport final : public Transport {

@@ -1,5 +1,5 @@
-// The cuda_ipc transport's shared pieces: handshake records, control message types, and device
-// helpers both ends use.
+// The cuda_ipc transport's shared pieces: handshake records, control message types, and the ring's
+// device resources both ends use.
 //
 // Design. The receiver owns one device ring per sending connection: `slots` slots of `slot_bytes`,
 // allocated with cudaMalloc on the receiver's device and exported ONCE (cudaIpcGetMemHandle) when
@@ -20,13 +20,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
-#include "core/cuda_check.h"
 #include "core/status.h"
+#include "transport/common/device.h"
 #include "transport/transport.h"
-
-#include <memory>
 
 namespace ferry::transport::cuda_ipc {
 
@@ -91,44 +90,9 @@ std::shared_ptr<void> find_local(uint64_t id);
 // Creates `n` interprocess events on the current device.
 Status create_ipc_events(cudaEvent_t* events, uint32_t n);
 
-using ::ferry::ScopedDevice;  // core/cuda_check.h
-
-// cudaSuccess: done; cudaErrorNotReady: not yet; anything else is an error Status.
-inline Result<bool> event_done(cudaEvent_t e, const char* what) {
-  const cudaError_t r = cudaEventQuery(e);
-  if (r == cudaSuccess) return true;
-  if (r == cudaErrorNotReady) return false;
-  return cuda_status(r, what, __FILE__, __LINE__);
-}
-
-inline std::string bus_id(int device) {
-  char buf[32] = {};
-  if (cudaDeviceGetPCIBusId(buf, sizeof buf, device) != cudaSuccess) return "?";
-  return buf;
-}
-
-// The CUDA device `ptr` lives on; InvalidArgument for host or unknown memory.
-inline Result<int> device_of(const void* ptr) {
-  cudaPointerAttributes a{};
-  FERRY_RETURN_IF_ERROR(cuda_status(cudaPointerGetAttributes(&a, ptr), "cudaPointerGetAttributes", __FILE__, __LINE__));
-  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-    return Status::invalid_argument("memory is not CUDA device memory");
-  }
-  return a.device;
-}
-
-// Device memory registered with a device transport.
-class DeviceRegion final : public MemoryRegion {
- public:
-  DeviceRegion(void* data, size_t size, int device) : data_(data), size_(size), device_(device) {}
-  void* data() const override { return data_; }
-  size_t size() const override { return size_; }
-  Device device() const override { return Device::cuda(device_); }
-
- private:
-  void* data_;
-  size_t size_;
-  int device_;
-};
+using gpu::bus_id;
+using gpu::device_of;
+using gpu::DeviceRegion;
+using gpu::event_done;
 
 }  // namespace ferry::transport::cuda_ipc

@@ -1,6 +1,7 @@
-// nccl, receiving end and the transport: one thread accepts senders and hands each to a set-up
-// thread (handshake, communicator, warm-up, under a deadline); the serving thread posts receives
-// for every connected sender as headers arrive and runs the callbacks, never two at once.
+// nccl, receiving end and the transport: one thread (net::DeviceReceiver) accepts senders and hands
+// each to a set-up thread (handshake, communicator, warm-up, under a deadline); the serving thread
+// posts receives for every connected sender as headers arrive and runs the callbacks, never two at
+// once.
 #include "transport/nccl/nccl_transport.h"
 
 #include <unistd.h>
@@ -18,11 +19,11 @@
 
 #include "core/buffer.h"
 #include "core/log.h"
+#include "transport/common/device.h"
+#include "transport/common/device_receiver.h"
 #include "transport/common/socket.h"
-#include "transport/cuda_ipc/cuda_ipc_wire.h"
-#include "transport/nccl/nccl_wire.h"
 #include "transport/listen_host.h"
-#include "transport/common/socket_admission.h"
+#include "transport/nccl/nccl_wire.h"
 
 namespace ferry::transport {
 namespace nccl {
@@ -33,13 +34,11 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, int device,
 namespace {
 
 using namespace nccl;
-using cuda_ipc::ScopedDevice;
-using cuda_ipc::event_done;
+using gpu::event_done;
 
 constexpr auto kSetup = std::chrono::seconds(30);
 constexpr auto kGroup = std::chrono::seconds(10);
 constexpr int kDepth = 2;  // receives posted ahead per sender
-constexpr int kSpins = 2000;
 
 struct RecvSlot {
   void* buf = nullptr;
@@ -48,22 +47,17 @@ struct RecvSlot {
   cudaEvent_t done = nullptr;
 };
 
-struct Peer {
+struct Peer final : net::DevicePeer {
   int device = 0;
-  net::Socket sock;
-  std::string inbuf;
-  int pid = 0;
-  int64_t identity = 0;  // what admission returned
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   RecvSlot slots[kDepth];
   std::deque<uint64_t> announced;  // sizes whose receive is not posted yet
   uint64_t posted = 0, delivered = 0;
-  bool clean_close = false, eof = false;
   Clock::time_point closed_at{};  // when the clean close arrived
 
   // Abort, never finalize: it cannot wait on a peer that is gone, and stops kernels waiting for one.
-  ~Peer() {
+  ~Peer() override {
     ScopedDevice d(device);
     if (comm != nullptr) ncclCommAbort(comm);
     for (auto& s : slots) {
@@ -74,22 +68,19 @@ struct Peer {
   }
 };
 
-class NcclReceiver {
+class NcclReceiver final : public net::DeviceReceiver {
  public:
   NcclReceiver(net::Listener listener, int device, uint64_t max_bucket, uint64_t slot_bytes, BucketCallback on_bucket,
                PeerClosedCallback on_closed, AdmitCallback admit)
-      : listener_(std::move(listener)), device_(device), max_bucket_(max_bucket),
-        slot_bytes_(std::max<uint64_t>(slot_bytes, kWarmupBytes)), on_bucket_(std::move(on_bucket)),
-        on_closed_(std::move(on_closed)), admissions_("nccl", std::move(admit)) {
-    thread_ = std::thread([this] { run(); });
+      : DeviceReceiver("nccl", {kClose, kAbort, kRefuse}, std::move(listener), std::move(on_closed), std::move(admit)),
+        device_(device), max_bucket_(max_bucket), slot_bytes_(std::max<uint64_t>(slot_bytes, kWarmupBytes)),
+        on_bucket_(std::move(on_bucket)) {
+    start();
   }
-  ~NcclReceiver() { stop(); }
+  ~NcclReceiver() override { stop(); }
 
   void stop() {
-    if (stop_.exchange(true)) return;
-    waker_.notify();
-    if (thread_.joinable()) thread_.join();
-    admissions_.clear();
+    if (!halt()) return;
     // Set-ups end at their own deadlines; what they finish joins the peers told to close below.
     std::vector<Setup> setups;
     {
@@ -102,10 +93,7 @@ class NcclReceiver {
       for (auto& p : joined_) peers_.push_back(std::move(p));
       joined_.clear();
     }
-    for (auto& p : peers_) {
-      const net::Msg m = net::text_msg(kClose, "nccl receiver shut down");
-      (void)p->sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
-    }
+    say_goodbye();
     peers_.clear();
   }
 
@@ -135,14 +123,16 @@ class NcclReceiver {
         if (p.ok()) joined_.push_back(std::move(*p));
       }
       done->store(true, std::memory_order_release);
-      waker_.notify();
+      wake();
     });
     std::lock_guard<std::mutex> lock(setup_mu_);
     setups_.push_back({std::move(t), std::move(done)});
   }
 
+  void on_admitted(net::Socket s, int64_t identity) override { start_setup(std::move(s), identity); }
+
   // Takes in senders whose set-up finished and joins their threads.
-  void adopt(bool* progress) {
+  void adopt(bool* progress) override {
     std::vector<Setup> finished;
     {
       std::lock_guard<std::mutex> lock(setup_mu_);
@@ -174,7 +164,7 @@ class NcclReceiver {
     Welcome w{};
     w.magic = kMagic;
     w.pid = getpid();
-    std::snprintf(w.bus_id, sizeof w.bus_id, "%s", cuda_ipc::bus_id(device_).c_str());
+    std::snprintf(w.bus_id, sizeof w.bus_id, "%s", gpu::bus_id(device_).c_str());
     Status st = nccl_status(ncclGetUniqueId(&w.id), "ncclGetUniqueId", __FILE__, __LINE__);
     w.accepted = st.ok() ? 1 : 0;
     if (!st.ok()) std::snprintf(w.reason, sizeof w.reason, "%s", st.message().c_str());
@@ -233,12 +223,9 @@ class NcclReceiver {
     return ok_status();
   }
 
-  std::optional<Status> serve(Peer& p, bool* progress, bool* gpu_wait) {
-    if (!p.eof) {
-      auto more = p.sock.read_available(p.inbuf);
-      if (!more.ok()) return more.status();
-      p.eof = !*more;
-    }
+  std::optional<Status> serve(net::DevicePeer& peer, bool* progress, bool* gpu_wait) override {
+    Peer& p = static_cast<Peer&>(peer);
+    if (Status st = read_control(p); !st.ok()) return st;
     net::Msg m;
     while (net::pop_msg(p.inbuf, &m)) {
       *progress = true;
@@ -275,61 +262,17 @@ class NcclReceiver {
     return std::nullopt;
   }
 
-  void run() {
+  void thread_started() override {
     if (cudaSetDevice(device_) != cudaSuccess) FERRY_LOG_ERROR("nccl: receiver thread cannot use device {}", device_);
-    int idle = 0;
-    while (!stop_.load(std::memory_order_acquire)) {
-      bool progress = false, gpu_wait = false;
-      for (;;) {
-        net::Socket s = listener_.accept();
-        if (!s.valid()) break;
-        progress = true;
-        admissions_.add(std::move(s));
-      }
-      admissions_.poll([this](net::Socket s, int64_t identity) { start_setup(std::move(s), identity); }, &progress);
-      adopt(&progress);
-      for (size_t k = 0; k < peers_.size();) {
-        Peer& p = *peers_[k];
-        std::optional<Status> closing = serve(p, &progress, &gpu_wait);
-        if (!closing) {
-          ++k;
-          continue;
-        }
-        if (!closing->ok() && !p.eof) {
-          const net::Msg m = net::text_msg(kRefuse, closing->message());
-          (void)p.sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
-        }
-        FERRY_LOG_DEBUG("nccl: sender pid {} closed: {}", p.pid, closing->to_string());
-        peers_.erase(peers_.begin() + static_cast<std::ptrdiff_t>(k));
-        if (on_closed_) on_closed_(*closing);
-        progress = true;
-      }
-      if (progress) {
-        idle = 0;
-        continue;
-      }
-      std::vector<int> fds = {listener_.poll_fd(), waker_.fd()};
-      for (auto& p : peers_) fds.push_back(p->sock.fd());
-      admissions_.append_fds(fds);
-      const int timeout = listener_.timeout_ms(admissions_.timeout_ms(gpu_wait ? (++idle < kSpins ? 0 : 1) : 100));
-      if (net::wait_readable(fds.data(), fds.size(), timeout) & 2) waker_.drain();
-    }
   }
 
-  net::Listener listener_;
   int device_;
   uint64_t max_bucket_;
   uint64_t slot_bytes_;  // each receive slot, allocated at set-up
   BucketCallback on_bucket_;
-  PeerClosedCallback on_closed_;
-  net::Admissions admissions_;  // the serving thread's, then stop()'s after the join
-  net::Waker waker_;
-  std::atomic<bool> stop_{false};
-  std::vector<std::unique_ptr<Peer>> peers_;
   std::mutex setup_mu_;
   std::vector<Setup> setups_;                   // set-up threads, joined once done
   std::vector<std::unique_ptr<Peer>> joined_;   // set up, not yet taken in by the serving thread
-  std::thread thread_;
 };
 
 class NcclTransport final : public Transport {
@@ -345,10 +288,10 @@ class NcclTransport final : public Transport {
                                                   device.to_string()));
     }
     if (size > 0) {
-      FERRY_ASSIGN_OR_RETURN(int actual, cuda_ipc::device_of(data));
+      FERRY_ASSIGN_OR_RETURN(int actual, gpu::device_of(data));
       if (actual != device_) return Status::invalid_argument(fmt::format("nccl: memory lives on cuda:{}", actual));
     }
-    return std::unique_ptr<MemoryRegion>(std::make_unique<cuda_ipc::DeviceRegion>(data, size, device_));
+    return std::unique_ptr<MemoryRegion>(std::make_unique<gpu::DeviceRegion>(data, size, device_));
   }
 
   Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
