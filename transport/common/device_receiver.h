@@ -34,6 +34,8 @@ struct DevicePeer {
 class DeviceReceiver {
  public:
   virtual ~DeviceReceiver();
+  // Stops the thread, says goodbye to every sender and releases them; idempotent.
+  virtual void stop() = 0;
 
  protected:
   // `transport` names the transport in messages and logs.

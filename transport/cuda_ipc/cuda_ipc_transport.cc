@@ -18,6 +18,7 @@
 #include "core/buffer.h"
 #include "core/log.h"
 #include "transport/common/device_receiver.h"
+#include "transport/common/device_transport.h"
 #include "transport/common/socket.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
 
@@ -110,7 +111,7 @@ class IpcReceiver final : public net::DeviceReceiver {
   }
   ~IpcReceiver() override { stop(); }
 
-  void stop() {
+  void stop() override {
     if (!halt()) return;
     say_goodbye();
     ScopedDevice d(device_);
@@ -304,10 +305,9 @@ class IpcReceiver final : public net::DeviceReceiver {
   cudaStream_t stream_ = nullptr;
 };
 
-class IpcTransport final : public Transport {
+class IpcTransport final : public net::DeviceTransport {
  public:
-  IpcTransport(int device, const TransportOptions& options) : device_(device), options_(options) {}
-  ~IpcTransport() override { shutdown(); }
+  IpcTransport(int device, const TransportOptions& options) : DeviceTransport(device, options) {}
   std::string_view name() const override { return "cuda_ipc"; }
   Capabilities capabilities() const override { return {true, false, false, true, device_}; }
 
@@ -322,9 +322,8 @@ class IpcTransport final : public Transport {
     return std::unique_ptr<MemoryRegion>(std::make_unique<DeviceRegion>(data, size, device.index));
   }
 
-  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (receiver_) return Status::failed_precondition("cuda_ipc: listen() was already called on this transport");
+ private:
+  Result<Started> start_receiver(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     const uint64_t bucket = options_.bucket_bytes;
     constexpr uint64_t kGrain = 2 << 20, kMaxSlot = 256ull << 20;
     const uint64_t slot_bytes = std::clamp((bucket + kGrain - 1) / kGrain * kGrain, kGrain, kMaxSlot);
@@ -332,29 +331,16 @@ class IpcTransport final : public Transport {
     static std::atomic<uint64_t> counter{0};
     const std::string name = fmt::format("ferry-cuda-ipc-{}-{}-{:x}", getpid(), counter++, net::process_nonce());
     FERRY_ASSIGN_OR_RETURN(net::Listener listener, net::Listener::unix_abstract(name));
-    receiver_ = std::make_unique<IpcReceiver>(std::move(listener), device_, slots, slot_bytes, options_.max_received_bucket(),
-                                              std::move(on_bucket), std::move(on_closed), std::move(admit));
-    return std::string(kScheme) + net::boot_id() + "/" + name;
+    auto receiver = std::make_unique<IpcReceiver>(std::move(listener), device_, slots, slot_bytes,
+                                                  options_.max_received_bucket(), std::move(on_bucket),
+                                                  std::move(on_closed), std::move(admit));
+    return Started{std::move(receiver), std::string(kScheme) + net::boot_id() + "/" + name};
   }
 
-  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                              const ConnectOptions& options) override {
-    const std::string_view credential = options.credential;
-    auto c = cuda_ipc::connect(blob, device_, deadline, credential);
-    if (!c.ok()) return c.status().with_context("cuda_ipc connect to " + blob);
-    return c;
+  Result<std::unique_ptr<Connection>> connect_sender(const std::string& blob, Deadline deadline,
+                                                     std::string_view credential) override {
+    return cuda_ipc::connect(blob, device_, deadline, credential);
   }
-
-  void shutdown() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (receiver_) receiver_->stop();
-  }
-
- private:
-  int device_;
-  const TransportOptions options_;
-  std::mutex mu_;
-  std::unique_ptr<IpcReceiver> receiver_;
 };
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "transport/common/device.h"
 #include "transport/common/device_receiver.h"
+#include "transport/common/device_transport.h"
 #include "transport/common/socket.h"
 #include "transport/listen_host.h"
 #include "transport/nccl/nccl_wire.h"
@@ -79,7 +80,7 @@ class NcclReceiver final : public net::DeviceReceiver {
   }
   ~NcclReceiver() override { stop(); }
 
-  void stop() {
+  void stop() override {
     if (!halt()) return;
     // Set-ups end at their own deadlines; what they finish joins the peers told to close below.
     std::vector<Setup> setups;
@@ -275,10 +276,9 @@ class NcclReceiver final : public net::DeviceReceiver {
   std::vector<std::unique_ptr<Peer>> joined_;   // set up, not yet taken in by the serving thread
 };
 
-class NcclTransport final : public Transport {
+class NcclTransport final : public net::DeviceTransport {
  public:
-  NcclTransport(int device, const TransportOptions& options) : device_(device), options_(options) {}
-  ~NcclTransport() override { shutdown(); }
+  NcclTransport(int device, const TransportOptions& options) : DeviceTransport(device, options) {}
   std::string_view name() const override { return "nccl"; }
   Capabilities capabilities() const override { return {true, true, false, true, device_}; }
 
@@ -294,9 +294,8 @@ class NcclTransport final : public Transport {
     return std::unique_ptr<MemoryRegion>(std::make_unique<gpu::DeviceRegion>(data, size, device_));
   }
 
-  Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (receiver_) return Status::failed_precondition("nccl: listen() was already called on this transport");
+ private:
+  Result<Started> start_receiver(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) override {
     const uint64_t bucket = options_.bucket_bytes;
     const std::string& host = options_.listen_host;
     FERRY_ASSIGN_OR_RETURN(net::Listener listener, net::Listener::tcp(host));
@@ -308,30 +307,16 @@ class NcclTransport final : public Transport {
     }
     if (advertised.find(':') != std::string::npos) advertised = "[" + advertised + "]";
     const int port = listener.port();
-    receiver_ = std::make_unique<NcclReceiver>(std::move(listener), device_, options_.max_received_bucket(),
-                                               bucket + (2ull << 20), std::move(on_bucket), std::move(on_closed),
-                                               std::move(admit));
-    return fmt::format("{}{}:{}", kScheme, advertised, port);
+    auto receiver = std::make_unique<NcclReceiver>(std::move(listener), device_, options_.max_received_bucket(),
+                                                   bucket + (2ull << 20), std::move(on_bucket), std::move(on_closed),
+                                                   std::move(admit));
+    return Started{std::move(receiver), fmt::format("{}{}:{}", kScheme, advertised, port)};
   }
 
-  Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline deadline,
-                                              const ConnectOptions& options) override {
-    const std::string_view credential = options.credential;
-    auto c = nccl::connect(blob, device_, deadline, credential);
-    if (!c.ok()) return c.status().with_context("nccl connect to " + blob);
-    return c;
+  Result<std::unique_ptr<Connection>> connect_sender(const std::string& blob, Deadline deadline,
+                                                     std::string_view credential) override {
+    return nccl::connect(blob, device_, deadline, credential);
   }
-
-  void shutdown() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (receiver_) receiver_->stop();
-  }
-
- private:
-  int device_;
-  const TransportOptions options_;
-  std::mutex mu_;
-  std::unique_ptr<NcclReceiver> receiver_;
 };
 
 }  // namespace
