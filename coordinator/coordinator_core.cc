@@ -138,7 +138,10 @@ void CoordinatorCore::on_hello(const std::shared_ptr<Channel>& c, Pending& p, co
 }
 
 Status CoordinatorCore::check_registration(const sharding::RankSpec& spec) const {
-  if (spec.tp_size < 1 || spec.tp_rank < 0 || spec.tp_rank >= spec.tp_size || spec.replica < 0) {
+  // Bounded: a replica is remembered for good and listed rank by rank in every status.
+  constexpr int kMaxTpSize = 4096, kMaxReplica = 1 << 20;
+  if (spec.tp_size < 1 || spec.tp_size > kMaxTpSize || spec.tp_rank < 0 || spec.tp_rank >= spec.tp_size ||
+      spec.replica < 0 || spec.replica > kMaxReplica) {
     return Status::invalid_argument(fmt::format("a rank of replica {} says it is rank {} of TP {}", spec.replica,
                                                 spec.tp_rank, spec.tp_size));
   }
@@ -163,8 +166,9 @@ void CoordinatorCore::on_registration(const std::shared_ptr<Channel>& c, const w
     Member& o = members_.at(old->second);
     FERRY_LOG_WARN("{} joined again from {}; closing its old connection from {}", o.describe(), c->peer(),
                    o.channel->peer());
-    o.channel->close(Status::unavailable("replaced by a rejoining rank"));
-    on_closed(o.channel, Status::unavailable("replaced by a rejoining rank"));
+    const std::shared_ptr<Channel> old_channel = o.channel;  // outlives the member's erasure below
+    old_channel->close(Status::unavailable("replaced by a rejoining rank"));
+    on_closed(old_channel, Status::unavailable("replaced by a rejoining rank"));
   }
   Member m;
   m.role = h.role();

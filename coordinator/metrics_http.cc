@@ -14,14 +14,26 @@ using asio::ip::tcp;
 
 constexpr size_t kMaxRequestBytes = 8192;
 
-// One request, one response, then close: scrapers open a connection per scrape.
+constexpr std::chrono::seconds kSessionDeadline{5};
+
+// One request, one response, then close: scrapers open a connection per scrape. A session that has
+// not been answered within kSessionDeadline is closed (a silent client holds no descriptor, and
+// keeps no coordinator from stopping).
 struct Session : std::enable_shared_from_this<Session> {
-  Session(tcp::socket s, std::function<std::string()> render) : socket(std::move(s)), render(std::move(render)) {
+  Session(tcp::socket s, std::function<std::string()> render)
+      : socket(std::move(s)), render(std::move(render)), deadline(socket.get_executor()) {
     parser.header_limit(kMaxRequestBytes);
     parser.body_limit(kMaxRequestBytes);
   }
   void start() {
     auto self = shared_from_this();
+    deadline.expires_after(kSessionDeadline);
+    deadline.async_wait([weak = std::weak_ptr<Session>(self)](beast::error_code ec) {
+      auto s = weak.lock();
+      if (ec || !s) return;
+      beast::error_code e;
+      s->socket.close(e);
+    });
     http::async_read(socket, buffer, parser, [self](beast::error_code ec, size_t) {
       if (ec) return;
       const auto& req = self->parser.get();
@@ -39,11 +51,13 @@ struct Session : std::enable_shared_from_this<Session> {
       http::async_write(self->socket, self->res, [self](beast::error_code, size_t) {
         beast::error_code e;
         self->socket.shutdown(tcp::socket::shutdown_both, e);
+        self->deadline.cancel();
       });
     });
   }
   tcp::socket socket;
   std::function<std::string()> render;
+  asio::steady_timer deadline;
   beast::flat_buffer buffer;
   http::request_parser<http::string_body> parser;
   http::response<http::string_body> res;

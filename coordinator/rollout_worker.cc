@@ -133,6 +133,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   Status resume() override {
+    std::lock_guard<std::mutex> hooks(hooks_mu_);
     const uint64_t v = version_.load();
     if (!consistent_.load()) {
       return Status::failed_precondition(
@@ -163,6 +164,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   void on_pause(const wire::Pause& p) {
+    std::lock_guard<std::mutex> hooks(hooks_mu_);
     {
       std::map<int, std::string> senders;
       for (const auto& s : p.senders()) senders[s.member_id()] = s.key();
@@ -239,6 +241,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   void on_resume(const wire::Resume& r) {
+    std::lock_guard<std::mutex> hooks(hooks_mu_);
     // The version is set before the hook runs: code the hook wakes must read the new version.
     version_ = r.version();
     consistent_ = true;
@@ -247,6 +250,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
 
   // Runs the engine's resume hook and tells the coordinator how it went. A failing hook leaves the
   // rank paused, at `version` complete, and its replica not serving (the update fails, naming it).
+  // The caller holds hooks_mu_.
   Status run_resume_hook(uint64_t version) {
     Status st;
     if (options_.resume) st = options_.resume(version);
@@ -268,6 +272,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   void on_abort(const wire::Abort& a) {
+    std::lock_guard<std::mutex> hooks(hooks_mu_);
     wire::Envelope env;
     auto* ack = env.mutable_abort_ack();
     ack->set_version(a.version());
@@ -307,7 +312,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     {
       std::lock_guard<std::mutex> lock(closed_mu_);
       closed_ = true;
-      if (!goodbye_ && !closing_) {
+      if ((!goodbye_ || mid_update) && !closing_) {
         // The coordinator went away without ending the job: say in what state it left this rank.
         const uint64_t v = version_.load();
         const std::string state =
@@ -318,7 +323,8 @@ class RolloutWorkerImpl final : public RolloutWorker {
                               : fmt::format("paused, holding no complete version (last complete v{})", v))
             : paused_.load() ? fmt::format("paused at v{} complete", v)
                              : fmt::format("serving v{} complete", v);
-        ended_ = Status::unavailable(fmt::format("lost the coordinator ({}); this rank is {}", why.message(), state));
+        ended_ = Status::unavailable(fmt::format("{} ({}); this rank is {}",
+                                                 goodbye_ ? "the job ended" : "lost the coordinator", why.message(), state));
         FERRY_LOG_ERROR("{}", ended_.message());
       }
     }
@@ -353,6 +359,9 @@ class RolloutWorkerImpl final : public RolloutWorker {
   int64_t timeout_ms_ = 0;
   bool verify_ = false;
 
+  // The engine's hooks and the state they go with (paused_, consistent_, version_) change under
+  // this: a resume() retried on a user's thread never interleaves with the next update's pause.
+  std::mutex hooks_mu_;
   std::mutex mu_;  // engine and update counters
   std::unique_ptr<reload::ReloadEngine> engine_;
   Device device_ = Device::cpu();                      // of the storage

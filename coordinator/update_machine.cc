@@ -79,6 +79,9 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
     to_wire(st, reply.mutable_start_reply()->mutable_status());
     trainer.channel->send(reply);
   };
+  if (trainer.role != "trainer" || trainer.data_key.empty()) {
+    return refuse(Status::failed_precondition(fmt::format("{} may not start an update; only trainers do", trainer.describe())));
+  }
   if (phase_ != Phase::kIdle) {
     return refuse(Status::failed_precondition(
         fmt::format("update v{} is {}; a second update cannot start", version_, phase())));
@@ -250,15 +253,23 @@ void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
 
 void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
   const Status hook = from_wire(a.status());
-  if (phase_ != Phase::kResuming || a.version() != version_ || !participants_.count(m.id)) {
-    // A rank whose hook failed retried it on its own (RolloutWorker::resume()).
-    if (m.state == "resume-failed" && a.version() == m.version && hook.ok()) {
+  const bool this_resume = phase_ == Phase::kResuming && a.version() == version_ && participants_.count(m.id);
+  if (!this_resume || acked_.count(m.id)) {
+    // A rank whose hook failed retried it on its own (RolloutWorker::resume()), perhaps before the
+    // update's other ranks answered; or a hook failed after a rollback's resume.
+    if (a.version() != m.version) return;
+    if (hook.ok() && m.state == "resume-failed") {
       m.state = "serving";
+      const std::string who = m.describe() + ": ";
+      std::erase_if(resume_failures_, [&](const std::string& f) { return f.starts_with(who); });
       FERRY_LOG_WARN("{} resumed at v{} after its resume hook had failed", m.describe(), m.version);
+    } else if (!hook.ok() && m.state == "serving") {
+      m.state = "resume-failed";
+      FERRY_LOG_ERROR("resume hook of {} failed at v{}: {}", m.describe(), m.version, hook.message());
     }
     return;
   }
-  if (!acked_.insert(m.id).second) return;
+  acked_.insert(m.id);
   m.version = version_;
   m.consistent = true;  // its storage holds the complete version either way
   m.state = hook.ok() ? "serving" : "resume-failed";
@@ -352,6 +363,11 @@ void UpdateMachine::fail(const Status& why) {
   wire::Envelope abort;
   abort.mutable_abort()->set_version(version_);
   abort.mutable_abort()->set_reason(why.message());
+  // Ranks that already resumed (a failure while resuming: another rank lost, or late) hold the new
+  // version complete and run on it: they are not aborted.
+  if (phase_ == Phase::kResuming) {
+    for (int id : acked_) participants_.erase(id);
+  }
   for (int id : participants_) {
     auto it = members_.find(id);
     if (it == members_.end()) continue;

@@ -61,7 +61,7 @@ Result<int> check_data_credential(std::string_view credential, int receiver,
   }
   const int sender = static_cast<int>(get_u32(credential));
   const std::string* key = keys(sender);
-  if (key == nullptr) {
+  if (key == nullptr || key->empty()) {
     return Status::unauthenticated(
         fmt::format("a data connection claims to be member {}, which is no sender of this rank's update", sender));
   }

@@ -30,7 +30,9 @@ namespace {
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kTimeoutMs = 1500;
+// Every deadline of these tests (heartbeats, joining, each phase); generous enough for a loaded
+// machine under a sanitizer, and what the timing assertions scale with.
+constexpr int64_t kTimeoutMs = 3000;
 
 class FailClosed : public ::testing::Test {
  protected:
@@ -254,7 +256,9 @@ TEST_F(FailClosed, UnknownPauseModeIsRefusedAtStart) {
 }
 
 // Issue case 3: 1,500 connections opened at once and closed at a coordinator limited to 1024
-// descriptors; it keeps accepting: ranks join and an update lands.
+// descriptors; it keeps accepting: ranks join and an update lands. (The bound on connections waiting
+// to join keeps it from running out of descriptors at all; the accept loop's back-off on EMFILE is
+// tested on a tcp listener in tests/transport/accept_test.cc.)
 TEST_F(FailClosed, CoordinatorSurvivesAConnectionBurstPastItsDescriptorLimit) {
   for (const char* limit : {"1024"}) {
     SCOPED_TRACE(limit);
@@ -264,7 +268,12 @@ TEST_F(FailClosed, CoordinatorSurvivesAConnectionBurstPastItsDescriptorLimit) {
     ASSERT_FALSE(addr.empty());
     {
       std::vector<std::unique_ptr<RawSocket>> burst;
-      for (int i = 0; i < 1500; ++i) burst.push_back(std::make_unique<RawSocket>(addr));
+      int opened = 0;
+      for (int i = 0; i < 1500; ++i) {
+        burst.push_back(std::make_unique<RawSocket>(addr));
+        opened += burst.back()->ok();
+      }
+      EXPECT_EQ(opened, 1500);
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }  // all closed
     auto r0 = rollout(addr, 0, 2);
@@ -312,7 +321,7 @@ TEST_F(FailClosed, UnauthenticatedConnectionsAreCappedBoundedAndTimedOut) {
   for (auto* group : {&idle, &trickle}) {
     for (auto& s : *group) EXPECT_TRUE(s->closed_by_peer(static_cast<int>(3 * kTimeoutMs)));
   }
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0 * kTimeoutMs / 1000 + 1);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 4.0 * kTimeoutMs / 1000);
   stop = true;
   drip.join();
   // Members are untouched by all this: the next update lands too.
