@@ -53,7 +53,7 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
 }
 
 if want tests; then
-for t in kernels_quantize_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test core_buffer_test coordinator_bucket_test \
+for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test core_buffer_test dataplane_bucket_test \
          reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
