@@ -91,6 +91,7 @@ struct BucketSender::Destination {
   Device bucket_device = Device::cpu();  // where the buckets are (a device transport's device)
   std::set<uint64_t> announced;      // shared allocations this connection was told of
   uint64_t connected_for = 0;        // the largest bucket the connection was opened for
+  size_t connected_in_flight = 0;    // and the most buckets in flight it was opened for
 };
 
 BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> on_posted)
@@ -162,7 +163,7 @@ Result<transport::Transport*> BucketSender::transport_named(const std::string& n
 // Connects to the first of the rank's endpoints, in its preference order, that can be reached;
 // FERRY_TRANSPORT, when set, allows only that one.
 Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints,
-                                  uint64_t max_bucket) {
+                                  uint64_t max_bucket, size_t max_in_flight) {
   const sharding::RankSpec& rank = (*ranks_)[i];
   FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
   Status last = Status::unavailable(fmt::format("replica {} rank {} advertises no data transport this trainer can use",
@@ -174,8 +175,9 @@ Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<st
       last = t.status();
       continue;
     }
-    auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms),
-                           transport::ConnectOptions(identity_.credentials.at(i), max_bucket));
+    transport::ConnectOptions options(identity_.credentials.at(i), max_bucket);
+    options.max_in_flight = static_cast<uint32_t>(max_in_flight);
+    auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms), options);
     if (!c.ok()) {
       FERRY_LOG_INFO("{} cannot reach replica {} rank {}: {}", e.transport(), rank.replica, rank.tp_rank,
                      c.status().message());
@@ -202,19 +204,27 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     // at least its largest row. Connections that reserve memory (shm's ring) are sized from it.
     const size_t want =
         std::max<uint64_t>(std::min<uint64_t>(settings_.bucket_bytes, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
+    // Buffers (and a ring's slots) for the buckets an update sends this rank, up to the setting: a
+    // small model's one or two buckets need no four 64 MiB buffers. One more than the payload needs,
+    // for pieces that leave a bucket short of full.
+    const uint64_t payload = want - kBucketSlack;
+    const size_t in_flight = static_cast<size_t>(
+        std::min<uint64_t>(settings_.in_flight, (plan_->bytes_per_dst[i] + payload - 1) / std::max<uint64_t>(payload, 1) + 1));
     for (auto& old : dests_) {
       bool same = false;
       for (const auto& e : endpoints[i]) same = same || e.blob() == old.endpoint;
       // A connection opened for smaller buckets is opened again (its ring would split them).
-      if (same && old.conn && old.in_flight.empty() && old.connected_for >= want) {
+      if (same && old.conn && old.in_flight.empty() && old.connected_for >= want &&
+          old.connected_in_flight >= in_flight) {
         d = std::move(old);
         break;
       }
     }
     if (!d.conn) {
-      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints, want));
+      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints, want, in_flight));
       d.announced.clear();
       d.connected_for = want;
+      d.connected_in_flight = in_flight;
     }
     // Direct reads need the rank on this node (a transport over shared memory reached it) with
     // device storage.
@@ -227,12 +237,12 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     d.open_ref_bytes = 0;
     // Transports that move device memory only (nccl, cuda_ipc) send buckets built on their device.
     const Device where = transport::bucket_device(d.transport->capabilities());
-    if (d.pool.empty() || d.pool.front()->capacity() < want || d.bucket_device != where) {
+    if (d.pool.size() < in_flight || d.pool.front()->capacity() < want || d.bucket_device != where) {
       d.bucket_device = where;
       d.pool.clear();
       d.regions.clear();
       d.free.clear();
-      for (size_t k = 0; k < settings_.in_flight; ++k) {
+      for (size_t k = 0; k < in_flight; ++k) {
         auto b = std::make_unique<BucketBuilder>(want, where);
         if (b->capacity() < want) {
           return Status::resource_exhausted(fmt::format("bucket buffer of {} bytes on {}", want, where.to_string()));

@@ -160,6 +160,8 @@ struct ConnectOptions {
   // TransportOptions::bucket_bytes and room for headers. A transport that reserves memory per connection (shm's ring) sizes it so:
   // a bucket larger than that still travels, in pieces.
   uint64_t max_bucket_bytes = 0;
+  // The most buckets the connection will have in flight at once; 0: FERRY_BUCKETS_IN_FLIGHT.
+  uint32_t max_in_flight = 0;
 };
 
 class Transport {

@@ -3,6 +3,7 @@
 // no replica resuming with mixed versions, a clear error, and a successful update after recovery.
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -40,6 +41,15 @@ class FaultTest : public ::testing::Test {
     auto r = coordinator::query_status(address, 5000);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return r.ok() ? *r : wire::StatusReply{};
+  }
+  // Waits until the coordinator has seen rank `tp_rank` leave: a rank started again before that
+  // would replace it, failing whatever update the old one was still part of.
+  static void wait_gone(const std::string& address, int tp_rank) {
+    for (auto until = Clock::now() + std::chrono::seconds(10); Clock::now() < until;) {
+      if (rank(status(address), tp_rank) == nullptr) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "rank " << tp_rank << " is still a member";
   }
   static const wire::MemberStatus* rank(const wire::StatusReply& s, int tp_rank) {
     for (const auto& m : s.members()) {
@@ -170,6 +180,7 @@ TEST_F(FaultTest, StoppedRankMeetsTheDeadline) {
   EXPECT_THAT(r.status().message(), HasSubstr("rank 1"));
   r1->signal(SIGKILL);
   r1->wait_exit(5000);
+  wait_gone(addr, 1);
   auto r1b = rollout(addr, 1, 2);
   ASSERT_TRUE((*trainer)->wait_for_ranks(2, 10'000).ok());
   auto ok = full_update(**trainer, 3);

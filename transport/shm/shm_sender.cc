@@ -250,7 +250,8 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
   }
   if (lh->closed.load(std::memory_order_acquire) != 0) return Status::unavailable("shm: receiver has shut down");
 
-  const uint32_t slots = static_cast<uint32_t>(std::clamp<int64_t>(transport.buckets_in_flight, 2, 16));
+  const int64_t in_flight = options.max_in_flight > 0 ? options.max_in_flight : transport.buckets_in_flight;
+  const uint32_t slots = static_cast<uint32_t>(std::clamp<int64_t>(in_flight, 2, 16));
   auto page_round = [](uint64_t n) { return (n + kPage - 1) / kPage * kPage; };
   // A slot holds the largest bucket the connection will carry: the plan's when the sender knows it
   // (a small model's update does not reserve rings for 64 MiB buckets), else the transport's.
