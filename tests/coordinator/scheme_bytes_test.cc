@@ -10,6 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/common/scoped_env.h"
+
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -37,47 +39,30 @@ struct Config {
   int tp = 1;
 };
 
-// TP 2 with more KV heads than ranks (two per rank); the vocabulary of 300 pads each rank's shard
-// to 192 rows, the last rank's 42 of them padding.
-Config kv_above_tp() {
-  Config c{"Tp2Kv4", {}, 2};
-  c.llama.hidden_size = 128;
+// A two-layer model of 8 heads and a vocabulary of 300 (which no TP size here divides).
+Config config(std::string name, int tp, int64_t hidden, int64_t kv_heads, int64_t head_dim, int64_t intermediate) {
+  Config c{std::move(name), {}, tp};
+  c.llama.hidden_size = hidden;
   c.llama.num_heads = 8;
-  c.llama.num_kv_heads = 4;
-  c.llama.head_dim = 32;
-  c.llama.intermediate_size = 256;
+  c.llama.num_kv_heads = kv_heads;
+  c.llama.head_dim = head_dim;
+  c.llama.intermediate_size = intermediate;
   c.llama.vocab_size = 300;
   c.llama.num_layers = 2;
   return c;
 }
+
+// TP 2 with more KV heads than ranks (two per rank); the vocabulary of 300 pads each rank's shard
+// to 192 rows, the last rank's 42 of them padding.
+Config kv_above_tp() { return config("Tp2Kv4", 2, 128, 4, 32, 256); }
 
 // TP 4 with two KV heads: each KV head is replicated on two ranks. Vocabulary shards of 128 rows:
 // rank 2 holds 44 real rows and rank 3 none at all (all padding).
-Config kv_below_tp() {
-  Config c{"Tp4Kv2", {}, 4};
-  c.llama.hidden_size = 128;
-  c.llama.num_heads = 8;
-  c.llama.num_kv_heads = 2;
-  c.llama.head_dim = 64;
-  c.llama.intermediate_size = 512;
-  c.llama.vocab_size = 300;
-  c.llama.num_layers = 2;
-  return c;
-}
+Config kv_below_tp() { return config("Tp4Kv2", 4, 128, 2, 64, 512); }
 
 // Large enough that each rank's update is several buckets: a bucket holds FERRY_BUCKET_BYTES of
 // payload plus the sender's room for headers (about 1 MiB), and each rank here takes about 2.5 MB.
-Config several_buckets() {
-  Config c{"Tp2Kv4Wide", {}, 2};
-  c.llama.hidden_size = 256;
-  c.llama.num_heads = 8;
-  c.llama.num_kv_heads = 4;
-  c.llama.head_dim = 64;
-  c.llama.intermediate_size = 1024;
-  c.llama.vocab_size = 300;
-  c.llama.num_layers = 2;
-  return c;
-}
+Config several_buckets() { return config("Tp2Kv4Wide", 2, 256, 4, 64, 1024); }
 
 sharding::testing::TCfg oracle_cfg(const Config& c) {
   sharding::testing::TCfg t;
@@ -404,21 +389,6 @@ INSTANTIATE_TEST_SUITE_P(AllOnlineSchemes, SchemeBytes, ::testing::ValuesIn(all_
 // ---------------------------------------------------------------------------------------------
 // FERRY_VERIFY end to end, with a byte flipped in flight.
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // Flips one payload byte of the `target`-th bucket (0-based) sent to TP rank `rank` after arm(),
 // once; remembers the parameters that bucket carried pieces of.

@@ -3,6 +3,8 @@
 // cases against child processes).
 #pragma once
 
+#include "tests/common/scoped_env.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -39,22 +41,7 @@ inline void PrintTo(const TransportCase& c, std::ostream* os) { *os << (c.label.
 // Every transport built into this ferry, with the cases device transports need.
 std::vector<TransportCase> built_cases();
 
-// Sets an environment variable for one test and puts the old value back after it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testutil::ScopedEnv;
 
 struct Posted {
   std::unique_ptr<TransferHandle> handle;
