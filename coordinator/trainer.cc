@@ -21,6 +21,7 @@
 #include "coordinator/wire.h"
 #include "sharding/planner.h"
 #include "transport/ipc_share.h"
+#include "transport/transport.h"
 
 namespace ferry::coordinator {
 namespace {
@@ -74,6 +75,8 @@ class TrainerImpl final : public Trainer {
     FERRY_ASSIGN_OR_RETURN(std::string direct, setting_string("FERRY_DIRECT"));
     ss.direct = direct == "auto" && transport::ipc_share_available();
     ss.in_flight = static_cast<size_t>(inflight);
+    FERRY_ASSIGN_OR_RETURN(ss.transport, setting_string("FERRY_TRANSPORT"));
+    FERRY_ASSIGN_OR_RETURN(ss.transport_options, transport::transport_options_from_settings());
     sender_ = std::make_unique<dataplane::BucketSender>(ss, [this] { progress(false); });
     std::string address = options_.coordinator;
     if (address.empty()) {

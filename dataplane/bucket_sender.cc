@@ -13,7 +13,6 @@
 #include "core/device_copy.h"
 #include "core/log.h"
 #include "core/region_copy.h"
-#include "core/settings.h"
 #include "dataplane/bucket.h"
 #include "sharding/planner.h"
 #include "transport/ipc_share.h"
@@ -155,7 +154,7 @@ Result<transport::Transport*> BucketSender::transport_named(const std::string& n
   for (auto& t : transports_) {
     if (t->name() == name) return t.get();
   }
-  FERRY_ASSIGN_OR_RETURN(auto t, transport::create_transport(name));
+  FERRY_ASSIGN_OR_RETURN(auto t, transport::create_transport(name, settings_.transport_options));
   transports_.push_back(std::move(t));
   return transports_.back().get();
 }
@@ -165,7 +164,7 @@ Result<transport::Transport*> BucketSender::transport_named(const std::string& n
 Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints,
                                   uint64_t max_bucket, size_t max_in_flight) {
   const sharding::RankSpec& rank = (*ranks_)[i];
-  FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
+  const std::string& forced = settings_.transport;
   Status last = Status::unavailable(fmt::format("replica {} rank {} advertises no data transport this trainer can use",
                                                 rank.replica, rank.tp_rank));
   for (const auto& e : endpoints[i]) {

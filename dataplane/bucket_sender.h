@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "transport/transport.h"
 
 namespace ferry {
 struct Device;
@@ -41,6 +42,8 @@ struct BucketSenderSettings {
   size_t in_flight = 1;       // FERRY_BUCKETS_IN_FLIGHT
   bool verify = false;        // FERRY_VERIFY
   bool direct = false;        // FERRY_DIRECT allows direct reads
+  std::string transport = "auto";  // FERRY_TRANSPORT: the one allowed, or "auto"
+  transport::TransportOptions transport_options;  // what the transports it creates are made with
 };
 
 // For tests of the receive path: runs on every bucket in host memory after it is sealed and before

@@ -19,6 +19,7 @@
 
 #include "dataplane/bucket.h"
 #include "coordinator/status_client.h"
+#include "tests/coordinator/status_util.h"
 #include "transport/transport.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/coordinator/process.h"
@@ -43,23 +44,6 @@ class FailClosed : public ::testing::Test {
     const std::string cmd = fmt::format("exec {} rollout {} {} {}{}", FERRY_FAULT_PEER, address, rank, tp,
                                         log.empty() ? "" : " 2> " + log);
     return std::make_unique<Child>(std::vector<std::string>{"/bin/sh", "-c", cmd});
-  }
-  static wire::StatusReply status(const std::string& address) {
-    auto r = coordinator::query_status(address, 5000);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : wire::StatusReply{};
-  }
-  static const wire::ReplicaStatus* replica(const wire::StatusReply& s, int id) {
-    for (const auto& r : s.replicas()) {
-      if (r.replica() == id) return &r;
-    }
-    return nullptr;
-  }
-  static const wire::MemberStatus* rank(const wire::StatusReply& s, int tp_rank) {
-    for (const auto& m : s.members()) {
-      if (m.role() == "rollout" && m.tp_rank() == tp_rank) return &m;
-    }
-    return nullptr;
   }
   // Polls `address` until `n` rollout ranks are members.
   static bool wait_members(const std::string& address, int n) {
@@ -115,9 +99,7 @@ TEST_F(FailClosed, UpdateOfAReplicaMissingARankFailsBeforeAnyPause) {
   ASSERT_TRUE(full_update(**trainer, 1).ok());
   r1->signal(SIGKILL);
   ASSERT_EQ(r1->wait_exit(5000), 128 + SIGKILL);
-  for (auto until = Clock::now() + std::chrono::seconds(10); rank(status(addr), 1) && Clock::now() < until;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_gone(addr, 1);
   auto r = full_update(**trainer, 2);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);

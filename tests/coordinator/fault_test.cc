@@ -10,6 +10,7 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/status_client.h"
+#include "tests/coordinator/status_util.h"
 #include "core/version.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/coordinator/process.h"
@@ -36,26 +37,6 @@ class FaultTest : public ::testing::Test {
   static std::unique_ptr<Child> rollout(const std::string& address, int rank, int tp) {
     return std::make_unique<Child>(std::vector<std::string>{FERRY_FAULT_PEER, "rollout", address, std::to_string(rank),
                                                             std::to_string(tp)});
-  }
-  static wire::StatusReply status(const std::string& address) {
-    auto r = coordinator::query_status(address, 5000);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : wire::StatusReply{};
-  }
-  // Waits until the coordinator has seen rank `tp_rank` leave: a rank started again before that
-  // would replace it, failing whatever update the old one was still part of.
-  static void wait_gone(const std::string& address, int tp_rank) {
-    for (auto until = Clock::now() + std::chrono::seconds(10); Clock::now() < until;) {
-      if (rank(status(address), tp_rank) == nullptr) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ADD_FAILURE() << "rank " << tp_rank << " is still a member";
-  }
-  static const wire::MemberStatus* rank(const wire::StatusReply& s, int tp_rank) {
-    for (const auto& m : s.members()) {
-      if (m.role() == "rollout" && m.tp_rank() == tp_rank) return &m;
-    }
-    return nullptr;
   }
 };
 

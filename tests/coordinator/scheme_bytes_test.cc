@@ -482,15 +482,19 @@ std::set<std::string> tensors_of_layers(const sharding::RankSpec& spec, const st
   return out;
 }
 
-TEST(Verify, CorruptedBucketFailsWithDataLossAndTheNextUpdateLands) {
-  ScopedEnv verify("FERRY_VERIFY", "1");
-  ScopedEnv buckets("FERRY_BUCKET_BYTES", kSmallBuckets);
+// A replica that takes several buckets per rank, in fp8_per_channel, with a Corrupter on its links.
+class Verify : public ::testing::Test {
+ protected:
+  static constexpr Scheme scheme = Scheme::kFp8PerChannel;
+  ScopedEnv buckets_{"FERRY_BUCKET_BYTES", kSmallBuckets};
   const Config cfg = several_buckets();
-  const Scheme scheme = Scheme::kFp8PerChannel;
-  const std::string name(scheme_name(scheme));
-  const Layout layout = make_layout(cfg, name);
+  const Layout layout = make_layout(cfg, std::string(scheme_name(scheme)));
   Corrupter corrupt;
-  Cluster c(cfg.tp, name, cfg.llama);
+  Cluster c{cfg.tp, std::string(scheme_name(scheme)), cfg.llama};  // started by each test
+};
+
+TEST_F(Verify, CorruptedBucketFailsWithDataLossAndTheNextUpdateLands) {
+  ScopedEnv verify("FERRY_VERIFY", "1");
   Status st = c.start();
   ASSERT_TRUE(st.ok()) << st.to_string();
 
@@ -545,15 +549,8 @@ TEST(Verify, CorruptedBucketFailsWithDataLossAndTheNextUpdateLands) {
 
 // The contrast: without FERRY_VERIFY the same flip is not caught. The update succeeds, and the
 // corrupted parameter, and nothing else, differs from the reference in storage.
-TEST(Verify, WithoutVerifyTheSameCorruptionLandsUnnoticed) {
+TEST_F(Verify, WithoutVerifyTheSameCorruptionLandsUnnoticed) {
   ScopedEnv verify("FERRY_VERIFY", "0");
-  ScopedEnv buckets("FERRY_BUCKET_BYTES", kSmallBuckets);
-  const Config cfg = several_buckets();
-  const Scheme scheme = Scheme::kFp8PerChannel;
-  const std::string name(scheme_name(scheme));
-  const Layout layout = make_layout(cfg, name);
-  Corrupter corrupt;
-  Cluster c(cfg.tp, name, cfg.llama);
   Status st = c.start();
   ASSERT_TRUE(st.ok()) << st.to_string();
 

@@ -71,6 +71,8 @@ class ShmStranger final : public StrangerPeer {
     if (s->entry_ == nullptr) return Status::resource_exhausted("no free shm entry");
     s->entry_->sender_pid = getpid();
     if (kind == Stranger::kPartial) {
+      // Claims an entry and writes 3 of the 16 credential bytes it announces, then never offers
+      // it: the receiver must take the entry back at the admission deadline.
       s->entry_->credential_bytes = 16;
       std::memcpy(s->entry_->credential, "xxx", 3);
     }
