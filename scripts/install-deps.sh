@@ -11,7 +11,7 @@ packages=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libssl-dev
   libucx-dev ucx-utils
   libopenmpi-dev openmpi-bin
-  pybind11-dev python3-dev python3-numpy python3-pytest
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-venv
   clang-14 libclang-rt-14-dev llvm-14
   iproute2
 )

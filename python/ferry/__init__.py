@@ -36,6 +36,7 @@ from ._ferry import (  # noqa: F401
     view_as,
     Trainer,
     UpdateReport,
+    __version__,
     describe_model,
     llama_manifest,
     llama_rank_spec,
