@@ -29,13 +29,13 @@ void BucketReceiver::set_senders(std::map<int, std::string> keys) {
   senders_ = std::move(keys);
 }
 
-Result<int64_t> BucketReceiver::admit(std::string_view credential) {
+Result<transport::Admission> BucketReceiver::admit(std::string_view credential) {
   std::lock_guard<std::mutex> lock(senders_mu_);
   FERRY_ASSIGN_OR_RETURN(int sender, check_data_credential(credential, receiver_, [&](int id) -> const std::string* {
                            auto it = senders_.find(id);
                            return it == senders_.end() ? nullptr : &it->second;
                          }));
-  return static_cast<int64_t>(sender);
+  return transport::Admission{static_cast<int64_t>(sender), 0};
 }
 
 BucketReceiver::Decoded BucketReceiver::decode(const transport::ReceivedBucket& bucket, Device where) const {
@@ -94,7 +94,7 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
   // A host bucket the transport hands over (tcp) is lent the same way when that saves the engine
   // its scratch and copy-in: the bucket's buffer stays alive until the pieces' layers are done.
   std::shared_ptr<const void> handed_over;
-  if (st.ok() && !kept && !where.is_cuda() && engine_.lends_host_pieces()) handed_over = transport::bucket_owner();
+  if (st.ok() && !kept && !where.is_cuda() && engine_.lends_host_pieces()) handed_over = bucket.owner;
   bool borrowed = false;
   // Borrows end before this call returns, also when something throws.
   struct EndBorrows {

@@ -40,8 +40,9 @@ class BucketReceiver {
   // The senders of the update opening now and their data keys (the Pause): only they are admitted,
   // and only their buckets are taken. Thread-safe.
   void set_senders(std::map<int, std::string> keys);
-  // A transport's AdmitCallback: the sender's member id, or Unauthenticated. Thread-safe.
-  Result<int64_t> admit(std::string_view credential);
+  // A transport's AdmitCallback: the sender's member id, or Unauthenticated. The connection's
+  // bucket limit is the transport's default for now. Thread-safe.
+  Result<transport::Admission> admit(std::string_view credential);
 
   // A bucket after decoding: its header, or why it is refused.
   struct Decoded {

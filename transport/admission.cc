@@ -14,17 +14,25 @@ Status check_credential(std::string_view credential) {
   return ok_status();
 }
 
-Result<int64_t> admit_peer(const AdmitCallback& admit, std::string_view credential, std::string_view transport,
-                           std::string_view peer) {
+Result<Admission> admit_peer(const AdmitCallback& admit, std::string_view credential, std::string_view transport,
+                             std::string_view peer, uint64_t default_max_bucket) {
   Status why = check_credential(credential);
-  if (why.ok() && !admit) return int64_t{0};
+  Result<Admission> granted = Admission{};
+  if (why.ok() && admit) {
+    granted = admit(credential);
+    if (!granted.ok()) why = granted.status();
+  }
   if (why.ok()) {
-    Result<int64_t> id = admit(credential);
-    if (id.ok()) return id;
-    why = id.status();
+    if (granted->max_bucket_bytes == 0) granted->max_bucket_bytes = default_max_bucket;
+    return granted;
   }
   FERRY_LOG_WARN("{}: refused a sending connection from {}: {}", transport, peer, why.message());
   return Status::unauthenticated(fmt::format("{}: connection refused: {}", transport, why.message()));
+}
+
+Status bucket_over_limit(std::string_view transport, uint64_t size, uint64_t limit) {
+  return Status::resource_exhausted(
+      fmt::format("{}: a {}-byte bucket; this connection's limit is {}", transport, size, limit));
 }
 
 void log_unadmitted(std::string_view transport, std::string_view peer, std::string_view why) {

@@ -17,9 +17,15 @@ Status check_credential(std::string_view credential);
 
 // Judges a new connection's credential: its size, then `admit` (empty: identity 0). A refusal is
 // logged here, once, naming the transport and `peer` (its address or pid), and comes back as
-// Unauthenticated; the caller closes the connection without telling anyone else.
-Result<int64_t> admit_peer(const AdmitCallback& admit, std::string_view credential, std::string_view transport,
-                           std::string_view peer);
+// Unauthenticated; the caller closes the connection without telling anyone else. The admission
+// comes back with its bucket limit resolved: `default_max_bucket` (the transport's
+// TransportOptions::max_received_bucket()) where `admit` set none.
+Result<Admission> admit_peer(const AdmitCallback& admit, std::string_view credential, std::string_view transport,
+                             std::string_view peer, uint64_t default_max_bucket);
+
+// The Status a receiver closes a connection with when it announces a bucket of `size` bytes over
+// the connection's `limit`.
+Status bucket_over_limit(std::string_view transport, uint64_t size, uint64_t limit);
 
 // Logs that a connection was closed before it presented a credential (a silent or too slow peer,
 // or a malformed frame). Once per connection, like a refusal.

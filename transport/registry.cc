@@ -8,18 +8,6 @@
 
 namespace ferry::transport {
 
-namespace {
-thread_local std::shared_ptr<const void> t_bucket_owner;
-}  // namespace
-
-std::shared_ptr<const void> bucket_owner() { return t_bucket_owner; }
-
-BucketOwnerScope::BucketOwnerScope(std::shared_ptr<const void> owner) : previous_(std::move(t_bucket_owner)) {
-  t_bucket_owner = std::move(owner);
-}
-
-BucketOwnerScope::~BucketOwnerScope() { t_bucket_owner = std::move(previous_); }
-
 const std::vector<TransportFactory>& transport_factories() {
   // cuda_ipc and nccl hand the receiver DEVICE memory, so they register MANUAL: "auto" never
   // picks them, they are used only when named (FERRY_TRANSPORT).

@@ -42,7 +42,7 @@ struct TransportOptions {
   std::string listen_host = "127.0.0.1";
   // Bytes per bucket (FERRY_BUCKET_BYTES). Receive buffers and ring slots are sized from it, a
   // sender's connection when ConnectOptions::max_bucket_bytes is 0, and a receiver refuses buckets
-  // larger than 4 times it plus 64 MiB.
+  // larger than 4 times it plus 64 MiB from a connection admitted without a limit of its own.
   uint64_t bucket_bytes = uint64_t{64} << 20;
   // Buckets posted and not yet completed per connection (FERRY_BUCKETS_IN_FLIGHT): the slots of
   // shm's and cuda_ipc's rings.
@@ -51,7 +51,8 @@ struct TransportOptions {
   // (DeadlineExceeded).
   std::chrono::milliseconds timeout{30000};
 
-  // The largest bucket a receiver takes; a peer announcing a larger one is refused.
+  // The largest bucket a receiver takes from a connection admitted without a limit of its own
+  // (Admission::max_bucket_bytes 0); a peer announcing a larger one is refused.
   uint64_t max_received_bucket() const { return bucket_bytes * 4 + (uint64_t{64} << 20); }
 };
 
@@ -104,46 +105,48 @@ inline constexpr size_t kMaxCredentialBytes = 256;
 // closed.
 inline constexpr std::chrono::milliseconds kAdmissionDeadline{5000};
 
+// What admission grants a new sending connection.
+struct Admission {
+  int64_t peer = 0;  // the peer's identity, passed with every bucket of the connection
+  // The largest bucket (header and trailer included) this connection may deliver; 0: the
+  // transport's default, TransportOptions::max_received_bucket(). A larger bucket is refused
+  // (ResourceExhausted, naming both sizes) and closes the connection before any of it reaches the
+  // bucket callback.
+  uint64_t max_bucket_bytes = 0;
+};
+
 // Decides whether a new sending connection may deliver buckets, from the credential its sender
-// presented at connect. Returns the peer's identity (passed with every bucket of the connection)
-// or an error, which closes the connection before one byte of a bucket is read or allocated for.
-// Never runs at the same time as another callback of the same transport.
-using AdmitCallback = std::function<Result<int64_t>(std::string_view credential)>;
+// presented at connect. Returns what the connection is admitted as (its peer identity and bucket
+// limit) or an error, which closes the connection before one byte of a bucket is read or allocated
+// for. Never runs at the same time as another callback of the same transport.
+using AdmitCallback = std::function<Result<Admission>(std::string_view credential)>;
 
 // One received bucket: `size` bytes at `data`, from the peer whose identity admission returned.
 struct ReceivedBucket {
   const uint8_t* data = nullptr;
   size_t size = 0;
   int64_t peer = 0;
+  // Where the bytes are: host memory, or for a transport that moves device memory only (cuda_ipc,
+  // nccl) the receiver's CUDA device (bucket_device() of its capabilities).
+  Device device = Device::cpu();
+  // The owner of the bytes when the transport hands them over, else null. A receiver that holds a
+  // copy of it keeps the bytes valid past the callback (the transport reads the next bucket into
+  // another buffer), so it can read them in place later instead of copying them now. The holder may
+  // drop it on any thread, at any time, even after the transport is shut down and destroyed. tcp
+  // hands every bucket over; ucx the buckets it receives into its own buffers (rendezvous ones, and
+  // eager ones queued behind a rendezvous) but not eager ones delivered in place from UCX's buffer;
+  // shm the buckets larger than a ring slot (assembled) but not those it delivers in place from a
+  // slot; cuda_ipc and nccl none (their bytes are device memory in a ring or a buffer the transport
+  // reuses, which the rank keeps by copying).
+  std::shared_ptr<const void> owner;
 };
 
 // Called once per received bucket; the bytes stay valid until it returns. A non-OK Status closes
-// the sending connection. One transport never runs two callbacks at once. The bytes are host memory
-// unless capabilities().device_memory is set and host_memory is not (cuda_ipc, nccl): then they
-// are device memory on the receiver's current device.
+// the sending connection. One transport never runs two callbacks at once. The bytes are where
+// `bucket.device` says: host memory unless capabilities().device_memory is set and host_memory is
+// not (cuda_ipc, nccl), then device memory on the receiver's device.
 using BucketCallback = std::function<Status(const ReceivedBucket& bucket)>;
 
-// During a BucketCallback: the owner of the bucket's bytes when the transport hands them over, else
-// null. A receiver that holds a copy of it keeps the bytes valid past the callback (the transport
-// reads the next bucket into another buffer), so it can read them in place later instead of copying
-// them now. The holder may drop it on any thread, at any time, even after the transport is shut down
-// and destroyed. tcp hands every bucket over; ucx the buckets it receives into its own buffers
-// (rendezvous ones, and eager ones queued behind a rendezvous) but not eager ones delivered in place
-// from UCX's buffer; shm the buckets larger than a ring slot (assembled) but not those it delivers in
-// place from a slot; cuda_ipc and nccl none (their bytes are device memory in a ring or a buffer the
-// transport reuses, which the rank keeps by copying).
-std::shared_ptr<const void> bucket_owner();
-// Set by a transport around its BucketCallback (this thread only).
-class BucketOwnerScope {
- public:
-  explicit BucketOwnerScope(std::shared_ptr<const void> owner);
-  ~BucketOwnerScope();
-  BucketOwnerScope(const BucketOwnerScope&) = delete;
-  BucketOwnerScope& operator=(const BucketOwnerScope&) = delete;
-
- private:
-  std::shared_ptr<const void> previous_;
-};
 // Called when an admitted sending peer's connection ends (OK for a clean close). A peer refused at
 // admission never reaches it (nor the bucket callback): the transport logs the refusal once.
 using PeerClosedCallback = std::function<void(const Status& why)>;
@@ -174,8 +177,8 @@ class Transport {
 
   // Receiver side: starts accepting buckets; returns the connection blob senders connect with.
   // Every new sending connection first presents a credential (within kAdmissionDeadline) that
-  // `admit` judges; `admit` empty: every peer is admitted with identity 0. Every listener binds
-  // TransportOptions::listen_host only.
+  // `admit` judges; `admit` empty: every peer is admitted with identity 0 and the default bucket
+  // limit. Every listener binds TransportOptions::listen_host only.
   virtual Result<std::string> listen(BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit) = 0;
   // Sender side: `options.credential` (at most kMaxCredentialBytes) is presented first on the new
   // connection.

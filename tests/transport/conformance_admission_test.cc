@@ -1,12 +1,14 @@
 // The conformance cases of admission: every transport takes buckets only from senders whose
-// credential its admit callback took, tells the callback who sent each bucket, and closes peers
-// that present no credential in time. Fixture and instantiation: conformance.h and
+// credential its admit callback took, tells the callback who sent each bucket, holds each
+// connection to the bucket limit its admission set, and closes peers that present no credential in
+// time. Fixture and instantiation: conformance.h and
 // conformance_test.cc; the strangers: stranger.h.
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tests/transport/conformance.h"
 #include "tests/transport/stranger.h"
@@ -77,6 +79,70 @@ TEST_P(Conformance, BucketsCarryTheAdmittedIdentity) {
     EXPECT_EQ(r.peer, r.sender == 0 ? kIdentity : kSecondIdentity) << "sender " << r.sender << " seq " << r.seq;
   }
   (*tx2)->shutdown();
+}
+
+// Admission sets each connection's own bucket limit, instead of the receiver's default
+// (TransportOptions::max_received_bucket(): 64 MiB and a little with small buckets). A connection
+// granted 80 MiB delivers a 70 MiB bucket whole; a bucket over its connection's grant (1 MiB: one
+// of 2 MiB, travelling in pieces where a transport's slots are smaller, and one just over 1 MiB that
+// fits a slot), or over the default where admission granted none, is refused: the connection closes
+// with ResourceExhausted naming both sizes, and nothing of the bucket reaches the callback.
+TEST_P(Conformance, AdmissionSetsTheConnectionsBucketLimit) {
+  auto options = transport_options_from_settings();
+  ASSERT_TRUE(options.ok()) << options.status().to_string();
+  options->bucket_bytes = 64 << 10;
+  create_pair(*options);
+  constexpr size_t kMiB = size_t{1} << 20;
+  const uint64_t default_limit = options->max_received_bucket();
+  ASSERT_LT(default_limit, 70 * kMiB);
+  struct Grant {
+    std::string credential;
+    uint64_t limit;  // 0: none, the default
+    size_t bucket;
+    bool passes;
+  };
+  const std::vector<Grant> grants = {{"grant-80MiB", 80 * kMiB, 70 * kMiB, true},
+                                     {"grant-1MiB", kMiB, 2 * kMiB, false},
+                                     {"grant-1MiB", kMiB, kMiB + 4097, false},
+                                     {"grant-default", 0, 70 * kMiB, false}};
+  auto blob = rx_->listen(inbox_->callback(), inbox_->closed_callback(),
+                          [&grants](std::string_view credential) -> Result<Admission> {
+                            for (const Grant& g : grants) {
+                              if (credential == g.credential) return Admission{kIdentity, g.limit};
+                            }
+                            return Status::unauthenticated("not a credential of this test");
+                          });
+  ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+  auto src = Source::create(*tx_, 70 * kMiB, txd());
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  size_t closed = 0;
+  for (const Grant& g : grants) {
+    SCOPED_TRACE(g.credential + ", a " + std::to_string(g.bucket) + "-byte bucket");
+    auto c = connect(*tx_, *blob, g.credential);
+    ASSERT_TRUE(c);
+    const size_t before = inbox_->received().size();
+    auto posted = post_all(*c, *src, {{0, g.bucket}}, 5);
+    ASSERT_EQ(posted.size(), 1u);
+    const Status sent = posted[0].handle->wait(in(60s));
+    if (g.passes) {
+      EXPECT_TRUE(sent.ok()) << sent.to_string();
+      expect_arrived(posted, before);
+      c.reset();
+      ASSERT_TRUE(inbox_->wait_for_closed(++closed, in(30s))) << "a clean close was not reported";
+      EXPECT_TRUE(inbox_->closed().back().ok()) << inbox_->closed().back().to_string();
+      continue;
+    }
+    // The sender may see the refusal, or the connection closing, or (tcp) nothing: its bytes left.
+    EXPECT_NE(sent.code(), StatusCode::kDeadlineExceeded) << sent.to_string();
+    ASSERT_TRUE(inbox_->wait_for_closed(++closed, in(30s))) << "the connection was not closed";
+    const Status why = inbox_->closed().back();
+    EXPECT_EQ(why.code(), StatusCode::kResourceExhausted) << why.to_string();
+    const uint64_t limit = g.limit == 0 ? default_limit : g.limit;
+    EXPECT_NE(why.message().find(std::to_string(g.bucket)), std::string::npos) << why.to_string();
+    EXPECT_NE(why.message().find(std::to_string(limit)), std::string::npos) << why.to_string();
+    c.reset();
+    EXPECT_EQ(inbox_->received().size(), before) << "a refused bucket reached the callback";
+  }
 }
 
 // A peer that connects and says nothing, and one that starts a credential and stops (ucx: sends a

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "transport/admission.h"
 
 namespace ferry::transport::net {
 namespace {
@@ -10,9 +11,9 @@ constexpr int kSpins = 2000;
 }  // namespace
 
 DeviceReceiver::DeviceReceiver(std::string_view transport, ControlTypes types, Listener listener,
-                               PeerClosedCallback on_closed, AdmitCallback admit)
+                               PeerClosedCallback on_closed, AdmitCallback admit, uint64_t default_max_bucket)
     : transport_(transport), types_(types), listener_(std::move(listener)), on_closed_(std::move(on_closed)),
-      admissions_(std::string(transport), std::move(admit)) {}
+      admissions_(std::string(transport), std::move(admit), default_max_bucket) {}
 
 DeviceReceiver::~DeviceReceiver() { halt(); }
 
@@ -31,6 +32,10 @@ void DeviceReceiver::say_goodbye() {
     const Msg m = text_msg(types_.close, transport_ + " receiver shut down");
     (void)p->sock.write_all(&m, sizeof m, Clock::now() + std::chrono::milliseconds(100));
   }
+}
+
+Status DeviceReceiver::check_bucket(const DevicePeer& p, uint64_t size) const {
+  return size > p.max_bucket ? bucket_over_limit(transport_, size, p.max_bucket) : ok_status();
 }
 
 Status DeviceReceiver::read_control(DevicePeer& p) {
@@ -52,7 +57,7 @@ void DeviceReceiver::run() {
       progress = true;
       admissions_.add(std::move(s));
     }
-    admissions_.poll([this](Socket s, int64_t identity) { on_admitted(std::move(s), identity); }, &progress);
+    admissions_.poll([this](Socket s, const Admission& granted) { on_admitted(std::move(s), granted); }, &progress);
     adopt(&progress);
     for (size_t k = 0; k < peers_.size();) {
       DevicePeer& p = *peers_[k];

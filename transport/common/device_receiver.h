@@ -26,7 +26,8 @@ struct DevicePeer {
   Socket sock;
   std::string inbuf;
   int pid = 0;
-  int64_t identity = 0;  // what admission returned
+  int64_t identity = 0;     // what admission returned
+  uint64_t max_bucket = 0;  // the largest bucket admission lets it deliver
   bool clean_close = false;
   bool eof = false;
 };
@@ -38,9 +39,10 @@ class DeviceReceiver {
   virtual void stop() = 0;
 
  protected:
-  // `transport` names the transport in messages and logs.
+  // `transport` names the transport in messages and logs; `default_max_bucket` is the bucket limit
+  // of a sender admitted without one of its own.
   DeviceReceiver(std::string_view transport, ControlTypes types, Listener listener, PeerClosedCallback on_closed,
-                 AdmitCallback admit);
+                 AdmitCallback admit, uint64_t default_max_bucket);
 
   // Starts the thread: the derived constructor's last step.
   void start();
@@ -56,8 +58,12 @@ class DeviceReceiver {
 
   // The backend's part, on the thread.
   virtual void thread_started() {}
-  // An admitted sender: set it up (a handshake) and add it to peers_, now or later (adopt()).
-  virtual void on_admitted(Socket s, int64_t identity) = 0;
+  // An admitted sender: set it up (a handshake) and add it to peers_, now or later (adopt()), its
+  // DevicePeer keeping what it was `granted` (identity and bucket limit).
+  virtual void on_admitted(Socket s, const Admission& granted) = 0;
+  // Refuses, closing the link (the Status serve() returns), a bucket of `size` bytes over `p`'s
+  // limit.
+  Status check_bucket(const DevicePeer& p, uint64_t size) const;
   // Takes in senders set up elsewhere; sets *progress when any.
   virtual void adopt(bool* progress) {}
   // Reads `p`'s control messages and delivers what has arrived; returns the Status that ends the

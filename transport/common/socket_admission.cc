@@ -50,7 +50,7 @@ void Admissions::add(Socket s) {
   pending_.push_back(std::move(p));
 }
 
-bool Admissions::step(Pending& p, const std::function<void(Socket, int64_t)>& on_admitted, bool* progress) {
+bool Admissions::step(Pending& p, const std::function<void(Socket, const Admission&)>& on_admitted, bool* progress) {
   char buf[kCredentialHeaderBytes + kMaxCredentialBytes];
   const size_t n = p.want - p.frame.size();  // never past the frame: what follows is the handshake's
   const ssize_t got = ::recv(p.sock.fd(), buf, n, 0);
@@ -78,12 +78,13 @@ bool Admissions::step(Pending& p, const std::function<void(Socket, int64_t)>& on
     p.want += *length;
     if (*length > 0) return false;
   }
-  auto id = admit_peer(admit_, std::string_view(p.frame).substr(kCredentialHeaderBytes), transport_, p.who);
-  if (id.ok()) on_admitted(std::move(p.sock), *id);
+  auto granted = admit_peer(admit_, std::string_view(p.frame).substr(kCredentialHeaderBytes), transport_, p.who,
+                            default_max_bucket_);
+  if (granted.ok()) on_admitted(std::move(p.sock), *granted);
   return true;
 }
 
-void Admissions::poll(const std::function<void(Socket, int64_t)>& on_admitted, bool* progress) {
+void Admissions::poll(const std::function<void(Socket, const Admission&)>& on_admitted, bool* progress) {
   for (size_t i = 0; i < pending_.size();) {
     bool done = false;
     // Whatever is readable now, frame by frame stage.

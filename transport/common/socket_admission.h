@@ -14,15 +14,17 @@ namespace ferry::transport::net {
 
 class Admissions {
  public:
-  // `transport` names the transport in the log.
-  Admissions(std::string transport, AdmitCallback admit) : transport_(std::move(transport)), admit_(std::move(admit)) {}
+  // `transport` names the transport in the log; `default_max_bucket` is the bucket limit of a
+  // connection `admit` sets none for (TransportOptions::max_received_bucket()).
+  Admissions(std::string transport, AdmitCallback admit, uint64_t default_max_bucket)
+      : transport_(std::move(transport)), admit_(std::move(admit)), default_max_bucket_(default_max_bucket) {}
 
   // A freshly accepted socket; it has kAdmissionDeadline to present its credential.
   void add(Socket s);
   // Reads what the pending sockets hold now, never past their credential frame. Each admitted one
-  // goes to `on_admitted` with its identity; a refused, malformed, closed or late one is closed
-  // (and logged once). Sets `*progress` when anything changed.
-  void poll(const std::function<void(Socket, int64_t identity)>& on_admitted, bool* progress);
+  // goes to `on_admitted` with its admission (bucket limit resolved); a refused, malformed, closed
+  // or late one is closed (and logged once). Sets `*progress` when anything changed.
+  void poll(const std::function<void(Socket, const Admission&)>& on_admitted, bool* progress);
   // Adds the pending sockets to a poll set.
   void append_fds(std::vector<int>& fds) const;
   // `cap`, or less when a pending socket's deadline comes sooner (ms).
@@ -39,10 +41,11 @@ class Admissions {
     size_t want = 0;     // the frame's whole size, once its header is in
   };
   // Reads once; true when `p` is done (admitted or closed).
-  bool step(Pending& p, const std::function<void(Socket, int64_t)>& on_admitted, bool* progress);
+  bool step(Pending& p, const std::function<void(Socket, const Admission&)>& on_admitted, bool* progress);
 
   std::string transport_;
   AdmitCallback admit_;
+  uint64_t default_max_bucket_;
   std::vector<Pending> pending_;
 };
 

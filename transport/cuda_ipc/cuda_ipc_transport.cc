@@ -101,12 +101,11 @@ struct Peer final : net::DevicePeer {
 
 class IpcReceiver final : public net::DeviceReceiver {
  public:
-  IpcReceiver(net::Listener listener, int device, uint32_t slots, uint64_t slot_bytes, uint64_t max_bucket,
+  IpcReceiver(net::Listener listener, int device, uint32_t slots, uint64_t slot_bytes, uint64_t default_max_bucket,
               BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit)
       : DeviceReceiver("cuda_ipc", {kClose, kAbort, kRefuse}, std::move(listener), std::move(on_closed),
-                       std::move(admit)),
-        device_(device), slots_(slots), slot_bytes_(slot_bytes), max_bucket_(max_bucket),
-        on_bucket_(std::move(on_bucket)) {
+                       std::move(admit), default_max_bucket),
+        device_(device), slots_(slots), slot_bytes_(slot_bytes), on_bucket_(std::move(on_bucket)) {
     start();
   }
   ~IpcReceiver() override { stop(); }
@@ -122,7 +121,7 @@ class IpcReceiver final : public net::DeviceReceiver {
 
  private:
   // An admitted sender's handshake; its ring is allocated only now.
-  Status accept_peer(net::Socket s, int64_t identity) {
+  Status accept_peer(net::Socket s, const Admission& granted) {
     const Deadline deadline = Clock::now() + kHandshake;
     Hello hello{};
     FERRY_RETURN_IF_ERROR(s.read_all(&hello, sizeof hello, deadline));
@@ -130,7 +129,8 @@ class IpcReceiver final : public net::DeviceReceiver {
     hello.bus_id[sizeof hello.bus_id - 1] = '\0';
     auto peer = std::make_unique<Peer>();
     peer->pid = hello.pid;
-    peer->identity = identity;
+    peer->identity = granted.peer;
+    peer->max_bucket = granted.max_bucket_bytes;
     peer->slot_bytes = slot_bytes_;
     RingInfo info{};
     info.magic = kMagic;
@@ -200,14 +200,14 @@ class IpcReceiver final : public net::DeviceReceiver {
       if (!done) return ok_status();
       *progress = true;
       const uint8_t* data = static_cast<const uint8_t*>(p.ring->ring) + m.slot * slot_bytes_;
+      const Device where = Device::cuda(device_);
+      // A slot may be larger than the connection's limit.
+      if (m.offset == 0) FERRY_RETURN_IF_ERROR(check_bucket(p, m.total));
       Status st;
       if (m.offset == 0 && m.length == m.total) {
-        st = on_bucket_(ReceivedBucket{data, m.length, p.identity});
+        st = on_bucket_(ReceivedBucket{data, m.length, p.identity, where, nullptr});
       } else {
         if (m.offset == 0) {
-          if (m.total > max_bucket_) {
-            return Status::resource_exhausted(fmt::format("cuda_ipc: a {}-byte bucket; the limit is {}", m.total, max_bucket_));
-          }
           if (m.total > p.assembly_cap) {
             if (p.assembly != nullptr) FERRY_CUDA_CHECK(cudaFree(p.assembly));
             p.assembly = nullptr;
@@ -222,7 +222,9 @@ class IpcReceiver final : public net::DeviceReceiver {
         FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, data, m.length, cudaMemcpyDeviceToDevice, stream_));
         FERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // local copy: it cannot wait on the peer
         p.assembled += m.length;
-        if (p.assembled == m.total) st = on_bucket_(ReceivedBucket{static_cast<const uint8_t*>(p.assembly), m.total, p.identity});
+        if (p.assembled == m.total) {
+          st = on_bucket_(ReceivedBucket{static_cast<const uint8_t*>(p.assembly), m.total, p.identity, where, nullptr});
+        }
       }
       // On the legacy stream: work the callback left on blocking streams finishes before reuse.
       FERRY_CUDA_CHECK(cudaEventRecord(p.ring->freed[m.slot], cudaStreamLegacy));
@@ -292,15 +294,14 @@ class IpcReceiver final : public net::DeviceReceiver {
     }
   }
 
-  void on_admitted(net::Socket s, int64_t identity) override {
-    Status st = accept_peer(std::move(s), identity);
+  void on_admitted(net::Socket s, const Admission& granted) override {
+    Status st = accept_peer(std::move(s), granted);
     if (!st.ok()) FERRY_LOG_WARN("cuda_ipc: refused a sender: {}", st.to_string());
   }
 
   int device_;
   uint32_t slots_;
   uint64_t slot_bytes_;
-  uint64_t max_bucket_;
   BucketCallback on_bucket_;
   cudaStream_t stream_ = nullptr;
 };

@@ -71,10 +71,11 @@ struct Peer final : net::DevicePeer {
 
 class NcclReceiver final : public net::DeviceReceiver {
  public:
-  NcclReceiver(net::Listener listener, int device, uint64_t max_bucket, uint64_t slot_bytes, BucketCallback on_bucket,
-               PeerClosedCallback on_closed, AdmitCallback admit)
-      : DeviceReceiver("nccl", {kClose, kAbort, kRefuse}, std::move(listener), std::move(on_closed), std::move(admit)),
-        device_(device), max_bucket_(max_bucket), slot_bytes_(std::max<uint64_t>(slot_bytes, kWarmupBytes)),
+  NcclReceiver(net::Listener listener, int device, uint64_t default_max_bucket, uint64_t slot_bytes,
+               BucketCallback on_bucket, PeerClosedCallback on_closed, AdmitCallback admit)
+      : DeviceReceiver("nccl", {kClose, kAbort, kRefuse}, std::move(listener), std::move(on_closed), std::move(admit),
+                       default_max_bucket),
+        device_(device), slot_bytes_(std::max<uint64_t>(slot_bytes, kWarmupBytes)),
         on_bucket_(std::move(on_bucket)) {
     start();
   }
@@ -111,12 +112,12 @@ class NcclReceiver final : public net::DeviceReceiver {
   };
 
   // Admitted senders only: a set-up thread, a communicator and buffers are spent on no one else.
-  void start_setup(net::Socket s, int64_t identity) {
+  void start_setup(net::Socket s, const Admission& granted) {
     auto done = std::make_shared<std::atomic<bool>>(false);
-    std::thread t([this, done, identity, sock = std::move(s)]() mutable {
+    std::thread t([this, done, granted, sock = std::move(s)]() mutable {
       Result<std::unique_ptr<Peer>> p =
           cudaSetDevice(device_) == cudaSuccess
-              ? accept_peer(std::move(sock), identity)
+              ? accept_peer(std::move(sock), granted)
               : Result<std::unique_ptr<Peer>>(Status::internal("nccl: receiver set-up thread cannot use its device"));
       if (!p.ok()) FERRY_LOG_WARN("nccl: refused a sender: {}", p.status().to_string());
       {
@@ -130,7 +131,7 @@ class NcclReceiver final : public net::DeviceReceiver {
     setups_.push_back({std::move(t), std::move(done)});
   }
 
-  void on_admitted(net::Socket s, int64_t identity) override { start_setup(std::move(s), identity); }
+  void on_admitted(net::Socket s, const Admission& granted) override { start_setup(std::move(s), granted); }
 
   // Takes in senders whose set-up finished and joins their threads.
   void adopt(bool* progress) override {
@@ -152,7 +153,7 @@ class NcclReceiver final : public net::DeviceReceiver {
     for (auto& s : finished) s.thread.join();
   }
 
-  Result<std::unique_ptr<Peer>> accept_peer(net::Socket s, int64_t identity) {
+  Result<std::unique_ptr<Peer>> accept_peer(net::Socket s, const Admission& granted) {
     const Deadline deadline = Clock::now() + kSetup;
     Hello hello{};
     FERRY_RETURN_IF_ERROR(s.read_all(&hello, sizeof hello, deadline));
@@ -161,7 +162,8 @@ class NcclReceiver final : public net::DeviceReceiver {
     auto p = std::make_unique<Peer>();
     p->device = device_;
     p->pid = hello.pid;
-    p->identity = identity;
+    p->identity = granted.peer;
+    p->max_bucket = granted.max_bucket_bytes;
     Welcome w{};
     w.magic = kMagic;
     w.pid = getpid();
@@ -219,7 +221,8 @@ class NcclReceiver final : public net::DeviceReceiver {
       }
       ++p.delivered;
       *progress = true;
-      FERRY_RETURN_IF_ERROR(on_bucket_(ReceivedBucket{static_cast<const uint8_t*>(s.buf), s.size, p.identity}));
+      const ReceivedBucket bucket{static_cast<const uint8_t*>(s.buf), s.size, p.identity, Device::cuda(device_), nullptr};
+      FERRY_RETURN_IF_ERROR(on_bucket_(bucket));
     }
     return ok_status();
   }
@@ -231,9 +234,7 @@ class NcclReceiver final : public net::DeviceReceiver {
     while (net::pop_msg(p.inbuf, &m)) {
       *progress = true;
       if (m.type == kData) {
-        if (m.total > max_bucket_) {
-          return Status::resource_exhausted(fmt::format("nccl: a {}-byte bucket; the limit is {}", m.total, max_bucket_));
-        }
+        if (Status st = check_bucket(p, m.total); !st.ok()) return st;
         p.announced.push_back(m.total);
       } else if (m.type == kClose) {
         p.clean_close = true;
@@ -268,7 +269,6 @@ class NcclReceiver final : public net::DeviceReceiver {
   }
 
   int device_;
-  uint64_t max_bucket_;
   uint64_t slot_bytes_;  // each receive slot, allocated at set-up
   BucketCallback on_bucket_;
   std::mutex setup_mu_;

@@ -1,6 +1,7 @@
 // shm, receiving end and the transport: one thread serves every sender's ring, so callbacks never
 // run concurrently; a whole bucket in one slot goes to the callback in place, and one larger than a
-// slot is assembled from its fragments into a pooled buffer that is handed over (bucket_owner()).
+// slot is assembled from its fragments into a pooled buffer that is handed over
+// (ReceivedBucket::owner). Each sender's admission sets the largest bucket it may deliver.
 #include "transport/shm/shm_transport.h"
 
 #include <unistd.h>
@@ -30,9 +31,10 @@ constexpr int kSpins = 64;
 
 class ShmReceiver {
  public:
-  ShmReceiver(Segment listener, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed,
+  ShmReceiver(Segment listener, uint64_t default_max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed,
               AdmitCallback admit)
-      : listener_(std::move(listener)), lh_(static_cast<ListenerHeader*>(listener_.data())), max_bucket_(max_bucket),
+      : listener_(std::move(listener)), lh_(static_cast<ListenerHeader*>(listener_.data())),
+        default_max_bucket_(default_max_bucket),
         on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)), admit_(std::move(admit)) {
     thread_ = std::thread([this] { run(); });
   }
@@ -53,7 +55,8 @@ class ShmReceiver {
     Segment ring;
     RingHeader* rh;
     ListenerEntry* entry;
-    int64_t identity = 0;  // what admission returned
+    int64_t identity = 0;     // what admission returned
+    uint64_t max_bucket = 0;  // the largest bucket admission lets it deliver
     uint64_t record = 0;
     // The bucket being assembled from fragments (assembly_total bytes, assembled so far), in a
     // buffer from assembly_buffers_.
@@ -87,18 +90,18 @@ class ShmReceiver {
   }
 
   // Judges an offer by its credential before the sender's ring is even opened.
-  bool admitted(ListenerEntry& e, int64_t* identity) {
+  bool admitted(ListenerEntry& e, Admission* granted) {
     const uint32_t n = e.credential_bytes;
     const std::string who = fmt::format("pid {}", e.sender_pid);
-    Result<int64_t> id = Status::invalid_argument(fmt::format("a {}-byte credential announced", n));
-    if (n <= kMaxCredentialBytes) id = admit_peer(admit_, std::string(e.credential, n), "shm", who);
-    else log_unadmitted("shm", who, id.status().message());
-    if (!id.ok()) {
+    Result<Admission> a = Status::invalid_argument(fmt::format("a {}-byte credential announced", n));
+    if (n <= kMaxCredentialBytes) a = admit_peer(admit_, std::string(e.credential, n), "shm", who, default_max_bucket_);
+    else log_unadmitted("shm", who, a.status().message());
+    if (!a.ok()) {
       e.state.store(kDenied, std::memory_order_release);
       futex_wake(e.state);
       return false;
     }
-    *identity = *id;
+    *granted = *a;
     return true;
   }
 
@@ -110,8 +113,8 @@ class ShmReceiver {
       reclaim(e, claimed_since_[k], now);
       if (e.state.load(std::memory_order_acquire) != kOffered) continue;
       progress = true;
-      int64_t identity = 0;
-      if (!admitted(e, &identity)) continue;
+      Admission granted;
+      if (!admitted(e, &granted)) continue;
       const std::string name(e.ring_name, strnlen(e.ring_name, sizeof e.ring_name));
       auto ring = Segment::open(name);
       auto* rh = ring.ok() ? static_cast<RingHeader*>(ring->data()) : nullptr;
@@ -127,7 +130,8 @@ class ShmReceiver {
       p->ring = std::move(*ring);
       p->rh = rh;
       p->entry = &e;
-      p->identity = identity;
+      p->identity = granted.peer;
+      p->max_bucket = granted.max_bucket_bytes;
       peers_.push_back(std::move(p));
       e.state.store(kAccepted, std::memory_order_release);
       futex_wake(e.state);
@@ -150,25 +154,24 @@ class ShmReceiver {
       Status st;
       if (len > h.slot_bytes || off > total || len > total - off) {
         st = Status::data_loss(fmt::format("shm: malformed slot ({} bytes at {} of {})", len, off, total));
+      } else if (off == 0 && total > p.max_bucket) {
+        // A slot may be larger than the connection's limit (the sender sized its ring).
+        st = bucket_over_limit("shm", total, p.max_bucket);
       } else if (off == 0 && len == total) {
-        // In place, with no owner (bucket_owner() stays null): the slot is the sender's again once
-        // the callback returns, and the ring's slots go round in order, so a slot kept past the
-        // callback would stall the sender at it (and every bucket behind it) until let go.
-        st = on_bucket_(ReceivedBucket{data, len, p.identity});
+        // In place, with no owner: the slot is the sender's again once the callback returns, and the
+        // ring's slots go round in order, so a slot kept past the callback would stall the sender at
+        // it (and every bucket behind it) until let go.
+        st = on_bucket_(ReceivedBucket{data, len, p.identity, Device::cpu(), nullptr});
       } else {
         if (off == 0) {
           p.assembly.reset();
           p.assembled = 0;
-          if (total > max_bucket_) {
-            st = Status::resource_exhausted(fmt::format("shm: a {}-byte bucket; the limit is {}", total, max_bucket_));
+          auto b = assembly_buffers_.take(total);
+          if (b.ok()) {
+            p.assembly = std::move(*b);
+            p.assembly_total = total;
           } else {
-            auto b = assembly_buffers_.take(total);
-            if (b.ok()) {
-              p.assembly = std::move(*b);
-              p.assembly_total = total;
-            } else {
-              st = b.status().with_context(fmt::format("shm: a buffer for a {}-byte bucket", total));
-            }
+            st = b.status().with_context(fmt::format("shm: a buffer for a {}-byte bucket", total));
           }
         }
         if (st.ok() && (p.assembly == nullptr || off != p.assembled || p.assembly_total != total)) {
@@ -178,10 +181,7 @@ class ShmReceiver {
           std::memcpy(p.assembly->data_as<uint8_t>() + off, data, len);
           p.assembled = off + len;
           if (p.assembled == total) {
-            {
-              BucketOwnerScope handed_over(p.assembly);
-              st = on_bucket_(ReceivedBucket{p.assembly->data_as<uint8_t>(), total, p.identity});
-            }
+            st = on_bucket_(ReceivedBucket{p.assembly->data_as<uint8_t>(), total, p.identity, Device::cpu(), p.assembly});
             // Ours no longer: a buffer the callback did not keep goes back to the pool now, one it
             // kept when its last holder lets go (on any thread, even after this receiver is gone).
             p.assembly.reset();
@@ -239,7 +239,7 @@ class ShmReceiver {
 
   Segment listener_;
   ListenerHeader* lh_;
-  uint64_t max_bucket_;
+  const uint64_t default_max_bucket_;  // for a sender admitted without a limit of its own
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
   AdmitCallback admit_;

@@ -38,12 +38,12 @@ Status net_error(std::string_view what, const boost::system::error_code& ec) {
 
 // Receives buckets from one sender, once it is admitted: the connection's first frame is the
 // sender's credential (admission.h), read within kAdmissionDeadline and judged before any bucket
-// header is read.
+// header is read. Its admission sets the largest bucket it takes.
 class Receiver : public std::enable_shared_from_this<Receiver> {
  public:
-  Receiver(tcp::socket socket, uint64_t max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed,
+  Receiver(tcp::socket socket, uint64_t default_max_bucket, BucketCallback on_bucket, PeerClosedCallback on_closed,
            AdmitCallback admit)
-      : socket_(std::move(socket)), admission_timer_(socket_.get_executor()), max_bucket_(max_bucket),
+      : socket_(std::move(socket)), admission_timer_(socket_.get_executor()), max_bucket_(default_max_bucket),
         on_bucket_(std::move(on_bucket)), on_closed_(std::move(on_closed)), admit_(std::move(admit)) {}
 
   void start() {
@@ -79,10 +79,11 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
         if (self->closed_) return;
         if (e) return self->unadmitted("closed while presenting its credential: " + e.message());
         self->admission_timer_.cancel();
-        auto id = admit_peer(self->admit_, self->credential_, "tcp", self->peer_name_);
-        if (!id.ok()) return self->close();
+        auto granted = admit_peer(self->admit_, self->credential_, "tcp", self->peer_name_, self->max_bucket_);
+        if (!granted.ok()) return self->close();
         self->admitted_ = true;
-        self->peer_ = *id;
+        self->peer_ = granted->peer;
+        self->max_bucket_ = granted->max_bucket_bytes;
         self->credential_.clear();
         self->read_header();
       });
@@ -100,10 +101,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
       if (ec) return self->finish(ec == asio::error::eof ? ok_status() : net_error("receive", ec));
       uint64_t n = 0;
       for (int i = 7; i >= 0; --i) n = (n << 8) | self->header_[static_cast<size_t>(i)];
-      if (n > self->max_bucket_) {
-        return self->finish(Status::resource_exhausted(
-            fmt::format("tcp: peer announced a {}-byte bucket; the limit is {}", n, self->max_bucket_)));
-      }
+      if (n > self->max_bucket_) return self->finish(bucket_over_limit("tcp", n, self->max_bucket_));
       // The last bucket's buffer again, unless the callback kept it (or it is too small).
       if (self->body_ == nullptr || self->body_.use_count() > 1 || self->body_->size() < n) {
         auto b = self->buffers_.take(n);
@@ -120,11 +118,9 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
     asio::async_read(socket_, asio::buffer(body_->data(), body_bytes_), transfer_all_large,
                      [self](boost::system::error_code ec, size_t) {
       if (ec) return self->finish(net_error("receive", ec));
-      Status st;
-      {
-        BucketOwnerScope handed_over(self->body_);
-        st = self->on_bucket_(ReceivedBucket{self->body_->data_as<uint8_t>(), self->body_bytes_, self->peer_});
-      }
+      Status st =
+          self->on_bucket_(ReceivedBucket{self->body_->data_as<uint8_t>(), self->body_bytes_, self->peer_, Device::cpu(),
+                                          self->body_});
       if (!st.ok()) return self->finish(st);
       self->read_header();
     });
@@ -137,7 +133,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
   tcp::socket socket_;
   asio::steady_timer admission_timer_;
-  uint64_t max_bucket_;
+  uint64_t max_bucket_;  // the transport's default until admission sets this connection's
   BucketCallback on_bucket_;
   PeerClosedCallback on_closed_;
   AdmitCallback admit_;
@@ -148,7 +144,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   bool closed_ = false;  // closed here: a read still under way then ends without a word
   int64_t peer_ = 0;
   std::array<uint8_t, 8> header_{};
-  // A bucket's buffer is handed to the callback (bucket_owner()); one it kept returns here when its
+  // A bucket's buffer is handed to the callback (ReceivedBucket::owner); one it kept returns here when its
   // last holder lets go, and the next bucket takes an idle one (pages already touched) or a new one.
   SharedBufferPool buffers_{4};
   std::shared_ptr<Buffer> body_;

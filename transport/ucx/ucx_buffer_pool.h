@@ -18,7 +18,7 @@ class Engine;
 // UCP context once, and UCX writes the bucket straight into it (no fresh pages, no registration per
 // bucket). At most kKeep idle ones stay.
 //
-// A delivered bucket's block is handed over (bucket_owner()), so it comes back whenever its last
+// A delivered bucket's block is handed over (ReceivedBucket::owner), so it comes back whenever its last
 // holder lets go: on any thread, possibly after the receiver stopped and the transport is gone. So
 // take() and give() lock, and the pool holds the Engine: every Pending holds the pool, so the UCP
 // context outlives every block mapped with it, and the last block's release unmaps it, then frees the

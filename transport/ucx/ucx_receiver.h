@@ -26,9 +26,10 @@ struct Listening {
 
 // Starts listening on `host` (an IPv4 address), on a port of its choosing. Every accepted endpoint
 // must say hello (kHelloId) with a credential that `admit` takes within kAdmissionDeadline before
-// anything else it sends is read.
+// anything else it sends is read (ucx_admission.h); its buckets may be as large as its admission
+// lets them, `default_max_bucket` where that sets no limit.
 Result<std::shared_ptr<Receiver>> start_receiver(std::shared_ptr<Engine> engine, const std::string& host,
-                                                 uint64_t max_bucket, BucketCallback on_bucket,
+                                                 uint64_t default_max_bucket, BucketCallback on_bucket,
                                                  PeerClosedCallback on_closed, AdmitCallback admit, Listening* where,
                                                  std::shared_ptr<StreamTable> table = nullptr);
 // Closes the listener and every accepted endpoint; waits until the progress thread has done so.

@@ -1,4 +1,5 @@
-// ucx's sending side (ucx_sender.cc): connections, for ucx_transport.cc.
+// ucx's sending side (ucx_sender.cc, its endpoints in ucx_connection.cc): connections, for
+// ucx_transport.cc.
 #pragma once
 
 #include <cstdint>

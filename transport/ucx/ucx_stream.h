@@ -1,5 +1,6 @@
-// ucx's receiving side, shared state (ucx_receiver.cc): a sender's stream, the table of streams
-// that the receivers of one host's lanes share, and the lock over it.
+// ucx's receiving side, shared state (ucx_receiver.cc): a sender's stream and the order of its
+// buckets, the table of streams that the receivers of one host's lanes share, and the lock over it
+// (ucx_stream.cc).
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -10,9 +11,11 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "transport/ucx/ucx_buffer_pool.h"
+#include "transport/ucx/ucx_engine.h"
 
 namespace ferry::transport::ucx {
 
@@ -27,13 +30,14 @@ struct Inbound {
   uint64_t stream = 0;  // the lanes' stream id; 0: one endpoint without a header
   uint32_t lanes = 1;
   int64_t peer = 0;  // the identity admission returned (every lane's is the same)
+  uint64_t max_bucket = 0;  // the largest bucket admission lets it deliver (the least of its lanes')
   std::set<ucp_ep_h> byes;  // the endpoints that said goodbye
   bool bye = false;         // every lane said goodbye
   bool closed = false;
   uint64_t next_seq = 0;      // the next sequence number a bucket without a header gets
   uint64_t next_deliver = 0;  // the sequence number delivered next
   // A bucket received into memory of ours, handed over when delivered: the callback may keep it
-  // (bucket_owner()) and drop it later on any thread; its block then returns to the pool.
+  // (ReceivedBucket::owner) and drop it later on any thread; its block then returns to the pool.
   struct Pending {
     std::shared_ptr<BufferPool> pool;
     std::unique_ptr<BufferPool::Block> block;  // rendezvous buckets
@@ -46,6 +50,16 @@ struct Inbound {
     }
   };
   std::map<uint64_t, std::shared_ptr<Pending>> queue;  // by sequence number
+
+  // The place of a bucket arriving with `header` (a LaneHeader, or none) in the stream: the lane
+  // header's sequence number, or without one the next in arrival order.
+  uint64_t sequence(const void* header, size_t header_length);
+  // Whether a bucket numbered `seq` arrived before.
+  bool seen(uint64_t seq) const { return seq < next_deliver || queue.count(seq) != 0; }
+  // Whether a bucket numbered `seq` may be delivered at once: it is next and nothing is queued.
+  bool next(uint64_t seq) const { return queue.empty() && seq == next_deliver; }
+  // The next bucket in order, taken off the queue, once it has arrived; else null.
+  std::shared_ptr<Pending> pop_ready();
 };
 
 // The streams of the receivers that share it, by id. The lanes of one same-host connection reach
@@ -59,8 +73,14 @@ struct StreamTable {
   std::recursive_mutex mu;
   std::map<uint64_t, std::shared_ptr<Inbound>> streams;
   std::shared_ptr<BufferPool> pool;  // null: each receiver maps a pool of its own
-};
 
+  // A lane's admission: joins endpoint `ep` (accepted by `owner`; `lane` its record so far) to the
+  // stream `h` names, and points `lane` at that stream's record. False (logged) when the stream is
+  // another peer's: no admitted sender can slip buckets into another's stream.
+  bool join(std::shared_ptr<Inbound>& lane, const LaneHeader& h, ucp_ep_h ep, std::weak_ptr<Receiver> owner);
+  // Takes `e` out of its stream; the stream's id goes with its last endpoint.
+  void forget(Inbound& in, ucp_ep_h e);
+};
 
 // Holds a table's lock. Nothing calls into UCX while a thread holds it: UCX calls back into the
 // handlers (which take it) while holding a lock of its own (a receive completing in
@@ -100,5 +120,9 @@ class TableLock {
   }
   StreamTable& table_;
 };
+
+// A message to the sender at the other end of `ep` (kRefuseId with the reason, kByeAckId). Sent
+// once no table lock is held.
+void notify(ucp_ep_h ep, unsigned id, std::string text);
 
 }  // namespace ferry::transport::ucx

@@ -1,9 +1,11 @@
 // ucx: a UCP context and worker per transport instance, driven by one progress thread that makes
 // every UCP call on that worker; each lane of a connection to a listener on this host gets a
 // context, worker and progress thread of its own (below). Buckets travel as active messages (eager
-// or rendezvous, UCX decides). The sending side is in ucx_sender.cc, the receiving side in
-// ucx_receiver.cc; this file holds the transport. listen() opens a UCP sockaddr listener and returns
-// "ucx://host:port/boot-id/local-port,local-port" (the last for this host's senders, below).
+// or rendezvous, UCX decides). The sending side is in ucx_sender.cc (a connection's lanes) and
+// ucx_connection.cc (one endpoint), the receiving side in ucx_receiver.cc, with its admission
+// (ucx_admission.cc) and its streams (ucx_stream.cc); this file holds the transport. listen() opens
+// a UCP sockaddr listener and returns "ucx://host:port/boot-id/local-port,local-port" (the last for
+// this host's senders, below).
 //
 // Error handling mode, by where the peer is:
 // - Another host: peer error handling (UCP_ERR_HANDLING_MODE_PEER). UCX then reports a peer's
@@ -42,15 +44,15 @@
 //     UCX 1.13.1 assert in the receiver's worker when a sender died mid-transfer). The
 //     transport's listener and context, which senders on other hosts use, are not involved. Every
 //     message on a lane carries a LaneHeader (ucx_engine.h): the receivers join the lanes into
-//     one stream (shared between their threads under a lock: ucx_receiver.cc), deliver its
+//     one stream (shared between their threads under a lock: ucx_stream.h), deliver its
 //     buckets in the order posted, report its end once, and answer the goodbyes once every lane
 //     has said one. A lane that fails fails the others.
 //
 // Memory a sender registers is mapped with the transport's context once (ucp_mem_map) and each
 // post to another host passes that mapping; the receiver lands rendezvous buckets in pooled
-// buffers mapped once and hands them over (bucket_owner()). The user's UCX_* variables are read as
-// they are (ucp_config_read) and never written. Device memory goes through a pinned host mirror
-// when this UCX build cannot move CUDA memory itself (checked at run time).
+// buffers mapped once and hands them over (ReceivedBucket::owner). The user's UCX_* variables are
+// read as they are (ucp_config_read) and never written. Device memory goes through a pinned host
+// mirror when this UCX build cannot move CUDA memory itself (checked at run time).
 #include "transport/ucx/ucx_transport.h"
 
 #include <atomic>
@@ -91,7 +93,7 @@ class UcxTransport final : public Transport {
     std::lock_guard<std::mutex> lock(mu_);
     if (receiver_) return Status::failed_precondition("ucx: listen() was already called on this transport");
     const std::string& host = options_.listen_host;
-    const uint64_t max_bucket = options_.max_received_bucket();
+    const uint64_t default_max_bucket = options_.max_received_bucket();
     auto turn = std::make_shared<std::mutex>();
     BucketCallback bucket_cb = [turn, cb = std::move(on_bucket)](const ReceivedBucket& b) {
       std::lock_guard<std::mutex> l(*turn);
@@ -109,7 +111,8 @@ class UcxTransport final : public Transport {
       if (cb) cb(why);
     };
     ucx::Listening main;
-    FERRY_ASSIGN_OR_RETURN(receiver_, ucx::start_receiver(engine_, host, max_bucket, bucket_cb, closed_cb, admit_cb, &main));
+    FERRY_ASSIGN_OR_RETURN(receiver_,
+                           ucx::start_receiver(engine_, host, default_max_bucket, bucket_cb, closed_cb, admit_cb, &main));
     const std::string blob = main.blob;
     if (ucx::host_identity().empty() || ucx::same_host_lanes() < 2) return blob;
     std::string ports;
@@ -119,7 +122,7 @@ class UcxTransport final : public Transport {
       ucx::Listening where;
       Status st = local->init(host, /*indirect_ids=*/true);
       if (st.ok()) {
-        auto r = ucx::start_receiver(local, host, max_bucket, bucket_cb, closed_cb, admit_cb, &where, table);
+        auto r = ucx::start_receiver(local, host, default_max_bucket, bucket_cb, closed_cb, admit_cb, &where, table);
         if (r.ok()) {
           local_receivers_.push_back(*r);
           local_engines_.push_back(local);
