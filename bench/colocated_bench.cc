@@ -254,7 +254,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   }
   auto bw = copy_bandwidth(device);
   if (!bw.ok()) return std::cerr << bw.status().to_string() << "\n", 1;
-  auto bucket_or = ferry::setting_bytes("FERRY_BUCKET_BYTES");
+  auto bucket_or = ferry::bucket_bytes_setting();
   const uint64_t bucket = bucket_or.ok() ? *bucket_or : uint64_t{64} << 20;
   Measured link;
   if (apart) {

@@ -170,8 +170,9 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
     specs.push_back(std::move(spec));
   }
   FERRY_RETURN_IF_ERROR(sharding::check_manifest(manifest, specs));  // a scheme the demo model cannot take fails here
-  FERRY_ASSIGN_OR_RETURN(uint64_t bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
-  FERRY_ASSIGN_OR_RETURN(int64_t in_flight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
+  FERRY_ASSIGN_OR_RETURN(const transport::TransportOptions topts, transport::transport_options_from_settings());
+  const uint64_t bucket_bytes = topts.bucket_bytes;
+  const int64_t in_flight = topts.buckets_in_flight;
   FERRY_ASSIGN_OR_RETURN(int64_t timeout_ms, setting_int("FERRY_TIMEOUT_MS"));
   // The plan the trainer makes: the same manifest, ranks, one sender holding everything, bucket size.
   FERRY_ASSIGN_OR_RETURN(sharding::Plan plan,

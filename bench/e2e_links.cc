@@ -13,6 +13,7 @@
 #include "core/buffer.h"
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
+#include "dataplane/bucket_sender.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
 #include "sharding/cost_model.h"
@@ -86,12 +87,8 @@ class Probe final : public LinkProbe {
       regions_.push_back(std::move(reg));
     }
     // Bucket builders for packing, sized as the trainer sizes them.
-    uint64_t max_row = 0;
-    for (const auto& p : plan_.pieces) max_row = std::max<uint64_t>(max_row, p.bytes / std::max<int64_t>(1, p.src.size[0]));
     for (size_t d = 0; d < ranks_.size(); ++d) {
-      const size_t want =
-          std::max<uint64_t>(std::min<uint64_t>(plan_.bucket_bytes, plan_.bytes_per_dst[d]), max_row) + (1u << 20);
-      builders_.push_back(std::make_unique<dataplane::BucketBuilder>(want));
+      builders_.push_back(std::make_unique<dataplane::BucketBuilder>(dataplane::bucket_capacity(plan_, d)));
       if (!builders_.back()->ok()) return Status::resource_exhausted("bucket buffer for the packing probe");
     }
     return ok_status();
@@ -241,27 +238,27 @@ class Probe final : public LinkProbe {
     return ok_status();
   }
 
-  // A new version's weights packed into the warm bucket buffers, as the trainer does every update.
+  // A new version's weights packed into the plan's buckets in the warm bucket buffers, as the trainer
+  // does every update.
   Status packing(bool keep) {
     for (int i = 0; i < 3; ++i) {
       const Weights w(manifest_, 1000 + (++packs_));
       const auto t0 = Clock::now();
-      for (auto& b : builders_) b->reset(1, 0, 0);
-      for (int src : plan_.source_order) {
-        for (int pi : plan_.by_source[static_cast<size_t>(src)]) {
-          const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(pi)];
+      for (const sharding::Bucket& bucket : plan_.buckets) {
+        dataplane::BucketBuilder& b = *builders_[static_cast<size_t>(bucket.dst)];
+        b.reset(1, 0, 0);
+        for (const sharding::BucketPart& part : bucket.parts) {
+          const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(part.piece)];
           const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
-          dataplane::BucketBuilder& b = *builders_[static_cast<size_t>(pc.dst)];
-          if (b.payload_room() < pc.bytes) {
-            FERRY_RETURN_IF_ERROR(b.seal(false).status());
-            b.reset(1, 0, 0);
-          }
-          const Region dst = sharding::slice_dst_region(param.slices[static_cast<size_t>(pc.slice)], param);
-          uint8_t* where = b.add_piece(static_cast<uint32_t>(pc.param), dst, manifest_[static_cast<size_t>(src)].dtype, pc.bytes);
-          FERRY_RETURN_IF_ERROR(pack_region(w.views[static_cast<size_t>(src)], pc.src, where, pc.bytes));
+          const auto [src, dst] = sharding::part_regions(
+              pc.src, sharding::slice_dst_region(param.slices[static_cast<size_t>(pc.slice)], param), part.first_row,
+              part.rows);
+          const auto& source = manifest_[static_cast<size_t>(pc.source)];
+          uint8_t* where = b.add_piece(static_cast<uint32_t>(pc.param), dst, source.dtype, part.bytes);
+          FERRY_RETURN_IF_ERROR(pack_region(w.views[static_cast<size_t>(pc.source)], src, where, part.bytes));
         }
+        FERRY_RETURN_IF_ERROR(b.seal(false).status());
       }
-      for (auto& b : builders_) FERRY_RETURN_IF_ERROR(b->seal(false).status());
       if (keep) pack_.push_back(since(t0));
     }
     return ok_status();

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/borrow_buckets.h"
 #include "bench/e2e_bench.h"
 #include "bench/e2e_links.h"
 #include "bench/e2e_probe.h"
@@ -70,7 +71,7 @@ class ControlEcho {
 // median seconds of `runs` whole updates (begin, every piece, finalize). The pieces are borrowed
 // for a bucket's worth of FERRY_BUCKET_BYTES at a time, as a rank borrows a host bucket's.
 Result<std::pair<uint64_t, double>> process_probe(const sharding::RankSpec& spec, int runs) {
-  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, bucket_bytes_setting());
   FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
   FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, storage));
   struct Piece {
@@ -96,15 +97,12 @@ Result<std::pair<uint64_t, double>> process_probe(const sharding::RankSpec& spec
     }
     const auto t0 = Clock::now();
     FERRY_RETURN_IF_ERROR(engine->begin(static_cast<uint64_t>(r + 1)));
-    uint64_t in_bucket = 0;
+    sharding::BucketCutter bucket(bucket_bytes);
     for (const auto& pc : pieces) {
       const size_t n = pc.data.size() * 2;
-      if (in_bucket > 0 && in_bucket + n > bucket_bytes) {
-        FERRY_RETURN_IF_ERROR(engine->release_borrowed());
-        in_bucket = 0;
-      }
-      in_bucket += n;
-      FERRY_RETURN_IF_ERROR(engine->borrow_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data.data(), n));
+      FERRY_RETURN_IF_ERROR(bench::borrow_in_buckets(*engine, bucket, [&] {
+        return engine->borrow_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data.data(), n);
+      }, n));
     }
     FERRY_RETURN_IF_ERROR(engine->release_borrowed());
     FERRY_RETURN_IF_ERROR(engine->finalize().status());

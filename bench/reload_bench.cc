@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/borrow_buckets.h"
 #include "core/region_copy.h"
 #include "core/settings.h"
 #include "examples/tiny_decoder/model.h"
@@ -127,10 +128,10 @@ Status bench_scheme(bool json, Scheme linear) {
   // Borrowed: the buckets are the transport's, valid during their callback: pieces are borrowed
   // and released at the end of every FERRY_BUCKET_BYTES of them.
   enum class Mode { kLent, kCopied, kBorrowed };
-  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, bucket_bytes_setting());
   auto update = [&](Mode mode) -> Status {
     FERRY_RETURN_IF_ERROR(engine->begin(++version));
-    uint64_t in_bucket = 0;
+    sharding::BucketCutter bucket(bucket_bytes);
     for (const auto& p : pieces) {
       if (mode == Mode::kLent) {
         FERRY_RETURN_IF_ERROR(
@@ -139,12 +140,9 @@ Status bench_scheme(bool json, Scheme linear) {
         FERRY_RETURN_IF_ERROR(
             engine->apply_input_piece(p.param, p.input, p.dst, p.dtype, p.bytes.data(), p.bytes.size()));
       } else {
-        if (in_bucket > 0 && in_bucket + p.bytes.size() > bucket_bytes) {
-          FERRY_RETURN_IF_ERROR(engine->release_borrowed());
-          in_bucket = 0;
-        }
-        in_bucket += p.bytes.size();
-        FERRY_RETURN_IF_ERROR(engine->borrow_piece(p.param, p.input, p.dst, p.dtype, p.bytes.data(), p.bytes.size()));
+        FERRY_RETURN_IF_ERROR(bench::borrow_in_buckets(*engine, bucket, [&] {
+          return engine->borrow_piece(p.param, p.input, p.dst, p.dtype, p.bytes.data(), p.bytes.size());
+        }, p.bytes.size()));
       }
     }
     if (mode == Mode::kBorrowed) FERRY_RETURN_IF_ERROR(engine->release_borrowed());

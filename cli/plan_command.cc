@@ -84,7 +84,7 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
   if (!a.bucket_bytes.empty()) {
     FERRY_ASSIGN_OR_RETURN(opts.bucket_bytes, parse_bytes(a.bucket_bytes));
   } else {
-    FERRY_ASSIGN_OR_RETURN(opts.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+    FERRY_ASSIGN_OR_RETURN(opts.bucket_bytes, bucket_bytes_setting());
   }
   if (opts.bucket_bytes == 0) return Status::invalid_argument("bucket bytes must be positive");
   if (a.trainers <= 0) return Status::invalid_argument("--trainers must be positive");

@@ -12,7 +12,6 @@
 
 #include "core/log.h"
 #include "core/settings.h"
-#include "dataplane/credential.h"
 #include "dataplane/bucket_sender.h"
 #include "coordinator/channel.h"
 #include "coordinator/coordinator.h"
@@ -66,17 +65,16 @@ class TrainerImpl final : public Trainer {
     FERRY_ASSIGN_OR_RETURN(timeout_ms_, setting_int("FERRY_TIMEOUT_MS"));
     dataplane::BucketSenderSettings ss;
     ss.timeout_ms = timeout_ms_;
-    FERRY_ASSIGN_OR_RETURN(ss.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
-    FERRY_ASSIGN_OR_RETURN(int64_t inflight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
     FERRY_ASSIGN_OR_RETURN(ss.verify, setting_bool("FERRY_VERIFY"));
     FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
-    if (inflight < 1) return Status::invalid_argument("FERRY_BUCKETS_IN_FLIGHT must be at least 1");
-    if (ss.bucket_bytes < 4096) return Status::invalid_argument("FERRY_BUCKET_BYTES must be at least 4K");
     FERRY_ASSIGN_OR_RETURN(std::string direct, setting_string("FERRY_DIRECT"));
     ss.direct = direct == "auto" && transport::ipc_share_available();
-    ss.in_flight = static_cast<size_t>(inflight);
     FERRY_ASSIGN_OR_RETURN(ss.transport, setting_string("FERRY_TRANSPORT"));
     FERRY_ASSIGN_OR_RETURN(ss.transport_options, transport::transport_options_from_settings());
+    ss.in_flight = static_cast<size_t>(ss.transport_options.buckets_in_flight);
+    // This trainer's bucket size: every plan it makes cuts its buckets so, and the ranks take them
+    // whatever their own setting (each connection announces its largest bucket).
+    plan_options_.bucket_bytes = ss.transport_options.bucket_bytes;
     sender_ = std::make_unique<dataplane::BucketSender>(ss, [this] { progress(false); });
     std::string address = options_.coordinator;
     if (address.empty()) {
@@ -163,19 +161,14 @@ class TrainerImpl final : public Trainer {
       manifest_ = manifest;
       index_.clear();
       for (size_t i = 0; i < manifest_.size(); ++i) index_[manifest_[i].name] = i;
-      auto plan = plans_.get(manifest_, ranks_, {sharding::SenderInfo{}});
+      auto plan = plans_.get(manifest_, ranks_, {sharding::SenderInfo{}}, plan_options_);
       if (!plan.ok()) return end_open_update(plan.status());
       plan_ = *plan;
       plan_members_ = members;
       plan_digest_ = digest;
     }
     plan_seconds_ = since(t_plan);
-    dataplane::BucketSender::Identity identity{member_id_, {}};
-    for (int id : members) {
-      auto credential = dataplane::data_credential(data_key_, member_id_, id);
-      if (!credential.ok()) return end_open_update(credential.status());
-      identity.credentials.push_back(std::move(*credential));
-    }
+    dataplane::BucketSender::Identity identity{member_id_, data_key_, members};
     if (Status st = sender_->prepare(version, plan_, ranks_, endpoints, storage_devices, std::move(identity)); !st.ok()) {
       return end_open_update(st);
     }
@@ -240,6 +233,7 @@ class TrainerImpl final : public Trainer {
     rep.ranks = r.ranks();
     rep.bytes = r.bytes();
     rep.direct_bytes = sender_->direct_bytes();
+    rep.buckets = sender_->buckets();
     rep.moved = r.moved();
     rep.registered = r.registered();
     rep.peak_staging_bytes = r.peak_staging_bytes();
@@ -326,6 +320,7 @@ class TrainerImpl final : public Trainer {
 
   std::unique_ptr<dataplane::BucketSender> sender_;
   sharding::PlanCache plans_;
+  sharding::PlanOptions plan_options_;
   std::shared_ptr<const sharding::Plan> plan_;
   sharding::Manifest manifest_;
   std::map<std::string, size_t> index_;

@@ -49,6 +49,7 @@ struct UpdateReport {
   int ranks = 0;
   uint64_t bytes = 0;
   uint64_t direct_bytes = 0;  // of `bytes`, read in place from this trainer's device memory by colocated ranks
+  std::vector<uint64_t> buckets;  // buckets this trainer posted to each rank of the update, in plan order
   uint64_t moved = 0;
   uint64_t registered = 0;
   uint64_t peak_staging_bytes = 0;

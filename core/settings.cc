@@ -135,6 +135,12 @@ Result<uint64_t> setting_bytes(std::string_view name) {
   return parse_bytes(v);
 }
 
+Result<uint64_t> bucket_bytes_setting() {
+  FERRY_ASSIGN_OR_RETURN(const uint64_t bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  if (bytes < 4096) return Status::invalid_argument(fmt::format("FERRY_BUCKET_BYTES={} is below 4K", bytes));
+  return bytes;
+}
+
 Status validate_settings() {
   for (const SettingInfo& s : kSettings) {
     FERRY_RETURN_IF_ERROR(setting_string(s.name).status());

@@ -33,6 +33,10 @@ Result<bool> setting_bool(std::string_view name);
 // Accepts plain bytes or a suffix K, M, G (powers of 1024), e.g. "256M".
 Result<uint64_t> setting_bytes(std::string_view name);
 
+// FERRY_BUCKET_BYTES, at least 4 KiB: the one place it is read. The processes that cut buckets (a
+// trainer, and the benches and `ferry plan` that model one) take it from here.
+Result<uint64_t> bucket_bytes_setting();
+
 // Parsers, exposed for tests and for command-line flags that take the same forms.
 Result<int64_t> parse_int(std::string_view text);
 Result<bool> parse_bool(std::string_view text);

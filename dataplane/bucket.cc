@@ -6,12 +6,18 @@
 #include <xxhash.h>
 
 #include "core/device_copy.h"
+#include "sharding/buckets.h"
 
 namespace ferry::dataplane {
 namespace {
 
 constexpr size_t kHeaderFixedBytes = 64;
 constexpr size_t kPieceHeaderBytes = 96;  // generous upper bound of one encoded PieceHeader
+constexpr size_t kAllocationBytes = 160;  // and of one encoded IpcAllocation
+static_assert(kHeaderFixedBytes + sharding::kMaxPiecesPerBucket * (kPieceHeaderBytes + kAllocationBytes) +
+                      kPieceHeaderBytes + kBucketTrailerBytes <=
+                  kBucketHeaderRoom,
+              "a bucket's header room holds the header of its most pieces");
 
 void put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));

@@ -14,6 +14,9 @@ namespace ferry::dataplane {
 
 inline constexpr uint32_t kBucketMagic = 0x42595246;  // "FRYB"
 inline constexpr size_t kBucketTrailerBytes = 8;
+// Room beside a bucket's payload for its header and trailer: enough for the most pieces a bucket
+// carries (sharding::kMaxPiecesPerBucket), each announcing one shared allocation.
+inline constexpr size_t kBucketHeaderRoom = size_t{1} << 20;
 
 class BucketBuilder {
  public:

@@ -31,11 +31,14 @@ void BucketReceiver::set_senders(std::map<int, std::string> keys) {
 
 Result<transport::Admission> BucketReceiver::admit(std::string_view credential) {
   std::lock_guard<std::mutex> lock(senders_mu_);
-  FERRY_ASSIGN_OR_RETURN(int sender, check_data_credential(credential, receiver_, [&](int id) -> const std::string* {
+  FERRY_ASSIGN_OR_RETURN(const DataCredential c,
+                         check_data_credential(credential, receiver_, [&](int id) -> const std::string* {
                            auto it = senders_.find(id);
                            return it == senders_.end() ? nullptr : &it->second;
                          }));
-  return transport::Admission{static_cast<int64_t>(sender), 0};
+  // The connection takes buckets up to the largest its sender announced (its plan's), whatever
+  // this rank's own bucket setting.
+  return transport::Admission{static_cast<int64_t>(c.sender), c.max_bucket_bytes};
 }
 
 BucketReceiver::Decoded BucketReceiver::decode(const transport::ReceivedBucket& bucket, Device where) const {
@@ -93,8 +96,14 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
   }
   // A host bucket the transport hands over (tcp) is lent the same way when that saves the engine
   // its scratch and copy-in: the bucket's buffer stays alive until the pieces' layers are done.
-  std::shared_ptr<const void> handed_over;
-  if (st.ok() && !kept && !where.is_cuda() && engine_.lends_host_pieces()) handed_over = bucket.owner;
+  // Any other bucket is borrowed: valid until this call returns, a layer the bucket completes is
+  // processed from it in place, and release_borrowed() below copies the rest.
+  reload::PieceBytes from_bucket{reload::Intake::kBorrow, nullptr, 0, nullptr, Device::cpu()};
+  if (kept) {
+    from_bucket = {reload::Intake::kLend, nullptr, 0, kept, payload_device};
+  } else if (!where.is_cuda() && bucket.owner && engine_.lends_host_pieces()) {
+    from_bucket = {reload::Intake::kLend, nullptr, 0, bucket.owner, Device::cpu()};
+  }
   bool borrowed = false;
   // Borrows end before this call returns, also when something throws.
   struct EndBorrows {
@@ -112,18 +121,19 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
       break;
     }
     Region dst{Shape(p.dst_offset().begin(), p.dst_offset().end()), Shape(p.size().begin(), p.size().end())};
+    Result<reload::PieceBytes> bytes = from_bucket;
     if (p.ref_alloc() != 0) {
-      st = apply_direct(header.sender_nonce(), p, dst, *dt);
-    } else if (kept) {
-      st = engine_.lend_piece(p.param(), 0, dst, *dt, kept, data + p.offset(), p.bytes(), payload_device);
-    } else if (handed_over) {
-      st = engine_.lend_piece(p.param(), 0, dst, *dt, handed_over, data + p.offset(), p.bytes());
+      bytes = direct_bytes(header.sender_nonce(), p);
     } else {
-      // Valid until this call returns: a layer the bucket completes is processed from it in place;
-      // the rest is copied by release_borrowed() below.
-      st = engine_.borrow_piece(p.param(), 0, dst, *dt, data + p.offset(), p.bytes());
-      borrowed = true;
+      bytes->data = data + p.offset();
+      bytes->bytes = p.bytes();
     }
+    if (!bytes.ok()) {
+      st = bytes.status();
+      break;
+    }
+    borrowed = borrowed || bytes->intake == reload::Intake::kBorrow;
+    st = engine_.take_piece(p.param(), 0, dst, *dt, std::move(*bytes));
   }
   if (borrowed) {
     borrowed = false;
@@ -150,9 +160,9 @@ Status BucketReceiver::announce(const wire::IpcAllocation& a) {
   return importer_->announce(s);
 }
 
-// A piece the rank reads in place from the colocated sender's device memory. Rows that are not one
-// run (columns of a row-parallel weight) are gathered on the device first.
-Status BucketReceiver::apply_direct(uint64_t nonce, const wire::PieceHeader& p, const Region& dst, DType dtype) {
+// A piece the rank reads in place from the colocated sender's device memory, lent to the engine.
+// Rows that are not one run (columns of a row-parallel weight) are gathered on the device first.
+Result<reload::PieceBytes> BucketReceiver::direct_bytes(uint64_t nonce, const wire::PieceHeader& p) {
   if (!importer_) {
     return Status::failed_precondition(
         fmt::format("direct piece for parameter #{} on a rank whose storage is on {}", p.param(), device_.to_string()));
@@ -161,13 +171,13 @@ Status BucketReceiver::apply_direct(uint64_t nonce, const wire::PieceHeader& p, 
   const uint64_t span = rows ? (rows - 1) * p.ref_row_stride() + row_bytes : 0;
   FERRY_ASSIGN_OR_RETURN(const uint8_t* src, importer_->resolve(nonce, p.ref_alloc(), p.ref_offset(), span));
   if (rows <= 1 || p.ref_row_stride() == row_bytes) {
-    return engine_.lend_piece(p.param(), 0, dst, dtype, nullptr, src, p.bytes(), device_);
+    return reload::PieceBytes{reload::Intake::kLend, src, p.bytes(), nullptr, device_};
   }
   // Into a pooled buffer: the gather and the kernels that read it share the legacy default stream.
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const Buffer> packed, payloads_.take(p.bytes(), device_));
   void* to = packed->data();
   FERRY_RETURN_IF_ERROR(transport::gather_rows(to, src, rows, row_bytes, p.ref_row_stride(), device_.index));
-  return engine_.lend_piece(p.param(), 0, dst, dtype, std::move(packed), to, p.bytes(), device_);
+  return reload::PieceBytes{reload::Intake::kLend, to, p.bytes(), std::move(packed), device_};
 }
 
 }  // namespace ferry::dataplane

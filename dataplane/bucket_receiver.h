@@ -21,6 +21,7 @@
 
 namespace ferry::reload {
 class ReloadEngine;
+struct PieceBytes;
 }
 namespace ferry::transport {
 class IpcImporter;
@@ -40,8 +41,8 @@ class BucketReceiver {
   // The senders of the update opening now and their data keys (the Pause): only they are admitted,
   // and only their buckets are taken. Thread-safe.
   void set_senders(std::map<int, std::string> keys);
-  // A transport's AdmitCallback: the sender's member id, or Unauthenticated. The connection's
-  // bucket limit is the transport's default for now. Thread-safe.
+  // A transport's AdmitCallback: the sender's member id and the largest bucket it announced for the
+  // connection (credential.h), or Unauthenticated. Thread-safe.
   Result<transport::Admission> admit(std::string_view credential);
 
   // A bucket after decoding: its header, or why it is refused.
@@ -60,7 +61,7 @@ class BucketReceiver {
 
  private:
   Status announce(const wire::IpcAllocation& a);
-  Status apply_direct(uint64_t nonce, const wire::PieceHeader& p, const Region& dst, DType dtype);
+  Result<reload::PieceBytes> direct_bytes(uint64_t nonce, const wire::PieceHeader& p);
 
   reload::ReloadEngine& engine_;
   Device device_;

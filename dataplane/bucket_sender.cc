@@ -14,6 +14,8 @@
 #include "core/log.h"
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
+#include "dataplane/credential.h"
+#include "sharding/buckets.h"
 #include "sharding/planner.h"
 #include "transport/ipc_share.h"
 #include "transport/transport.h"
@@ -23,7 +25,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kBucketSlack = 1 << 20;  // room for headers beyond FERRY_BUCKET_BYTES of payload
 
 Clock::time_point deadline(int64_t timeout_ms) { return Clock::now() + std::chrono::milliseconds(timeout_ms); }
 
@@ -67,6 +68,11 @@ SealedBucketHook& sealed_hook() {
 
 }  // namespace
 
+size_t bucket_capacity(const sharding::Plan& plan, size_t dst) {
+  return std::max<uint64_t>(std::min<uint64_t>(plan.bucket_bytes, plan.bytes_per_dst[dst]), plan.max_row_bytes) +
+         kBucketHeaderRoom;
+}
+
 void set_sealed_bucket_hook_for_testing(SealedBucketHook hook) {
   std::lock_guard<std::mutex> lock(sealed_hook_mu);
   sealed_hook_set = static_cast<bool>(hook);
@@ -83,7 +89,7 @@ struct BucketSender::Destination {
   std::deque<std::pair<std::unique_ptr<transport::TransferHandle>, size_t>> in_flight;
   std::vector<size_t> free;
   int open = -1;  // builder being filled
-  uint64_t open_ref_bytes = 0;  // weight bytes the open bucket's direct pieces reference
+  sharding::BucketCutter cutter{sharding::kDefaultBucketBytes};  // the open bucket, by the bucket rule
   uint64_t buckets = 0;
   uint64_t seq = 0;
   bool direct = false;               // reads this trainer's device tensors in place
@@ -174,7 +180,9 @@ Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<st
       last = t.status();
       continue;
     }
-    transport::ConnectOptions options(identity_.credentials.at(i), max_bucket);
+    FERRY_ASSIGN_OR_RETURN(const std::string credential,
+                           data_credential(identity_.key, identity_.sender, identity_.receivers.at(i), max_bucket));
+    transport::ConnectOptions options(credential, max_bucket);
     options.max_in_flight = static_cast<uint32_t>(max_in_flight);
     auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms), options);
     if (!c.ok()) {
@@ -193,20 +201,16 @@ Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<st
 
 Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>& endpoints,
                                  const std::vector<std::string>& storage_devices) {
-  // Bucket buffers hold at least the largest row of any piece, so every piece can be chunked.
-  uint64_t max_row = 0;
-  for (const auto& p : plan_->pieces) max_row = std::max<uint64_t>(max_row, p.bytes / std::max<int64_t>(1, p.src.size[0]));
   std::vector<Destination> next(ranks_->size());
   for (size_t i = 0; i < ranks_->size(); ++i) {
     Destination& d = next[i];
-    // The largest bucket this destination gets: the plan's bytes for it, up to the bucket size, and
-    // at least its largest row. Connections that reserve memory (shm's ring) are sized from it.
-    const size_t want =
-        std::max<uint64_t>(std::min<uint64_t>(settings_.bucket_bytes, plan_->bytes_per_dst[i]), max_row) + kBucketSlack;
+    // The largest bucket this destination gets. Connections that reserve memory (shm's ring) are
+    // sized from it.
+    const size_t want = bucket_capacity(*plan_, i);
     // Buffers (and a ring's slots) for the buckets an update sends this rank, up to the setting: a
     // small model's one or two buckets need no four 64 MiB buffers. One more than the payload needs,
     // for pieces that leave a bucket short of full.
-    const uint64_t payload = want - kBucketSlack;
+    const uint64_t payload = want - kBucketHeaderRoom;
     const size_t in_flight = static_cast<size_t>(
         std::min<uint64_t>(settings_.in_flight, (plan_->bytes_per_dst[i] + payload - 1) / std::max<uint64_t>(payload, 1) + 1));
     for (auto& old : dests_) {
@@ -233,7 +237,7 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     // A bucket a failed update left open (finish() sends nothing then) goes back to the pool.
     if (d.open >= 0) d.free.push_back(static_cast<size_t>(d.open));
     d.open = -1;
-    d.open_ref_bytes = 0;
+    d.cutter = sharding::BucketCutter(plan_->bucket_bytes);
     // Transports that move device memory only (nccl, cuda_ipc) send buckets built on their device.
     const Device where = transport::bucket_device(d.transport->capabilities());
     if (d.pool.size() < in_flight || d.pool.front()->capacity() < want || d.bucket_device != where) {
@@ -274,11 +278,35 @@ Result<BucketBuilder*> BucketSender::open_bucket(Destination& d) {
   return b;
 }
 
+// The bucket the next rows of a piece go into, and how many of them, by the bucket rule
+// (sharding/buckets.h): the open bucket, or a new one once the open one is sent.
+Result<BucketSender::Part> BucketSender::next_part(Destination& d, int64_t rows_left, uint64_t row_bytes, bool payload) {
+  for (;;) {
+    const int64_t n = d.cutter.fit(rows_left, row_bytes);
+    if (n == 0) {
+      FERRY_RETURN_IF_ERROR(flush(d));
+      continue;
+    }
+    FERRY_ASSIGN_OR_RETURN(BucketBuilder * b, open_bucket(d));
+    if (payload && static_cast<uint64_t>(n) * row_bytes > b->payload_room()) {
+      return Status::internal(fmt::format("a bucket of {} bytes has no room for {} rows of {} bytes", b->capacity(), n,
+                                          row_bytes));
+    }
+    return Part{b, n};
+  }
+}
+
+// Records rows placed in `d`'s open bucket, and sends it when the rule says it is full.
+Status BucketSender::placed(Destination& d, int64_t rows, uint64_t row_bytes) {
+  if (d.cutter.place(rows, row_bytes)) return flush(d);
+  return ok_status();
+}
+
 Status BucketSender::flush(Destination& d) {
+  d.cutter.sent();
   if (d.open < 0) return ok_status();
   const size_t k = static_cast<size_t>(d.open);
   d.open = -1;
-  d.open_ref_bytes = 0;
   BucketBuilder& b = *d.pool[k];
   if (b.piece_count() == 0) {
     d.free.push_back(k);
@@ -332,34 +360,32 @@ Result<bool> BucketSender::send_direct(Destination& d, const sharding::Piece& pi
     return false;
   }
   const transport::SharedRef ref = *located;
-  FERRY_ASSIGN_OR_RETURN(BucketBuilder * b, open_bucket(d));
-  if (b->payload_room() < 1024) {
-    FERRY_RETURN_IF_ERROR(flush(d));
-    FERRY_ASSIGN_OR_RETURN(b, open_bucket(d));
+  const sharding::PieceRows pr = sharding::piece_rows(piece.src.size, piece.bytes);
+  for (int64_t row = 0; row < pr.rows;) {
+    FERRY_ASSIGN_OR_RETURN(const Part part, next_part(d, pr.rows - row, pr.row_bytes, /*payload=*/false));
+    if (!d.announced.contains(ref.id)) {
+      const transport::SharedAllocation* a = exporter_->allocation(ref.id);
+      wire::IpcAllocation w;
+      w.set_id(a->id);
+      w.set_handle(a->handle);
+      w.set_size(a->size);
+      w.set_process_nonce(a->process_nonce);
+      w.set_base(a->base);
+      w.set_device(a->device);
+      w.set_pid(a->pid);
+      part.bucket->add_allocation(w);
+      d.announced.insert(ref.id);
+    }
+    const uint64_t bytes = static_cast<uint64_t>(part.rows) * pr.row_bytes;
+    part.bucket->add_ref_piece(static_cast<uint32_t>(piece.param), sharding::part_regions(piece.src, dst, row, part.rows).second,
+                               tensor.dtype(), bytes, ref.id,
+                               ref.offset + runs->first + static_cast<uint64_t>(row) * runs->second, runs->second,
+                               static_cast<uint64_t>(part.rows));
+    bytes_ += bytes;
+    direct_bytes_ += bytes;
+    row += part.rows;
+    FERRY_RETURN_IF_ERROR(placed(d, part.rows, pr.row_bytes));
   }
-  if (!d.announced.contains(ref.id)) {
-    const transport::SharedAllocation* a = exporter_->allocation(ref.id);
-    wire::IpcAllocation w;
-    w.set_id(a->id);
-    w.set_handle(a->handle);
-    w.set_size(a->size);
-    w.set_process_nonce(a->process_nonce);
-    w.set_base(a->base);
-    w.set_device(a->device);
-    w.set_pid(a->pid);
-    b->add_allocation(w);
-    d.announced.insert(ref.id);
-  }
-  const uint64_t rows = piece.src.size.empty() ? 1 : static_cast<uint64_t>(piece.src.size[0]);
-  b->add_ref_piece(static_cast<uint32_t>(piece.param), dst, tensor.dtype(), piece.bytes, ref.id,
-                   ref.offset + runs->first, runs->second, rows);
-  bytes_ += piece.bytes;
-  direct_bytes_ += piece.bytes;
-  // A bucket goes once it references a bucket's worth of weights, so that the rank starts on the
-  // first layers while later ones are still being described (references alone would fill a bucket
-  // only after the whole model, leaving the rank's GPU idle until then).
-  d.open_ref_bytes += piece.bytes;
-  if (d.open_ref_bytes >= settings_.bucket_bytes) FERRY_RETURN_IF_ERROR(flush(d));
   return true;
 }
 
@@ -387,31 +413,18 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
               .with_context(name));
       tensor = TensorView(host.data(), tensor_in.dtype(), tensor_in.shape());
     }
-    const int64_t rows = piece.src.size.empty() ? 1 : piece.src.size[0];
-    const size_t row_bytes = rows ? piece.bytes / static_cast<uint64_t>(rows) : 0;
-    const size_t k = dst_full.size.size() - piece.src.size.size();  // dst dim of src dim 0
-    int64_t row = 0;
-    while (row < rows) {
-      FERRY_ASSIGN_OR_RETURN(BucketBuilder * b, open_bucket(d));
-      const int64_t n = std::min<int64_t>(rows - row, static_cast<int64_t>(b->payload_room() / std::max<size_t>(1, row_bytes)));
-      if (n == 0) {
-        FERRY_RETURN_IF_ERROR(flush(d));
-        continue;
-      }
-      Region src = piece.src;
-      Region dst = dst_full;
-      if (!src.size.empty()) {
-        src.offset[0] += row;
-        src.size[0] = n;
-        dst.offset[k] += row;
-        dst.size[k] = n;
-      }
-      const size_t bytes = static_cast<size_t>(n) * row_bytes;
-      uint8_t* where = b->add_piece(static_cast<uint32_t>(piece.param), dst, meta.dtype, bytes);
-      FERRY_RETURN_IF_ERROR(pack_piece(d.bucket_device, runs, tensor_in, tensor, src, row, n, row_bytes, where, bytes)
-                                .with_context(name));
+    const sharding::PieceRows pr = sharding::piece_rows(piece.src.size, piece.bytes);
+    for (int64_t row = 0; row < pr.rows;) {
+      FERRY_ASSIGN_OR_RETURN(const Part part, next_part(d, pr.rows - row, pr.row_bytes, /*payload=*/true));
+      const auto [src, dst] = sharding::part_regions(piece.src, dst_full, row, part.rows);
+      const size_t bytes = static_cast<size_t>(part.rows) * pr.row_bytes;
+      uint8_t* where = part.bucket->add_piece(static_cast<uint32_t>(piece.param), dst, meta.dtype, bytes);
+      FERRY_RETURN_IF_ERROR(
+          pack_piece(d.bucket_device, runs, tensor_in, tensor, src, row, part.rows, pr.row_bytes, where, bytes)
+              .with_context(name));
       bytes_ += bytes;
-      row += n;
+      row += part.rows;
+      FERRY_RETURN_IF_ERROR(placed(d, part.rows, pr.row_bytes));
     }
   }
   return ok_status();

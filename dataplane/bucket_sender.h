@@ -38,13 +38,16 @@ class BucketBuilder;
 
 struct BucketSenderSettings {
   int64_t timeout_ms = 0;     // FERRY_TIMEOUT_MS
-  uint64_t bucket_bytes = 0;  // FERRY_BUCKET_BYTES
   size_t in_flight = 1;       // FERRY_BUCKETS_IN_FLIGHT
   bool verify = false;        // FERRY_VERIFY
   bool direct = false;        // FERRY_DIRECT allows direct reads
   std::string transport = "auto";  // FERRY_TRANSPORT: the one allowed, or "auto"
   transport::TransportOptions transport_options;  // what the transports it creates are made with
 };
+
+// The bucket buffer a sender keeps for destination `dst` of `plan`: the plan's bytes for it up to
+// the bucket size, at least its largest row, and the header's room.
+size_t bucket_capacity(const sharding::Plan& plan, size_t dst);
 
 // For tests of the receive path: runs on every bucket in host memory after it is sealed and before
 // it is posted, with its destination rank, its bytes and their size; it may change the bytes, as a
@@ -60,11 +63,13 @@ class BucketSender {
   BucketSender(const BucketSender&) = delete;
   BucketSender& operator=(const BucketSender&) = delete;
 
-  // Who sends (this trainer's member id, written into every bucket) and, per destination rank, the
-  // credential a new data connection to it presents (auth.h).
+  // Who sends (this trainer's member id, written into every bucket), its data key, and each
+  // destination rank's member id: a new data connection presents a credential made from them and
+  // its largest bucket (credential.h).
   struct Identity {
     int sender = 0;
-    std::vector<std::string> credentials;
+    std::string key;
+    std::vector<int> receivers;
   };
   // Connects to every rank of `plan` (keeping connections of the last update that are still good)
   // and sizes the bucket pools; then starts counting for update `version`. `ranks` must outlive the
@@ -72,7 +77,9 @@ class BucketSender {
   Status prepare(uint64_t version, std::shared_ptr<const sharding::Plan> plan, const std::vector<sharding::RankSpec>& ranks,
                  const std::vector<std::vector<wire::Endpoint>>& endpoints,
                  const std::vector<std::string>& storage_devices, Identity identity);
-  // Sends every piece of manifest tensor `source` (`meta`), read from `tensor`.
+  // Sends every piece of manifest tensor `source` (`meta`), read from `tensor`, into buckets cut
+  // by the plan's bucket rule (sharding/buckets.h): tensors sent in plan order make the plan's
+  // buckets.
   Status send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor);
   // Posts the open buckets (none once `failure` is set) and waits for every bucket in flight; a
   // destination whose bucket failed reconnects next update. Returns `failure`, else the first error.
@@ -91,6 +98,12 @@ class BucketSender {
   Status connect_all(const std::vector<std::vector<wire::Endpoint>>& endpoints,
                      const std::vector<std::string>& storage_devices);
   Result<BucketBuilder*> open_bucket(Destination& d);
+  struct Part {
+    BucketBuilder* bucket;
+    int64_t rows;
+  };
+  Result<Part> next_part(Destination& d, int64_t rows_left, uint64_t row_bytes, bool payload);
+  Status placed(Destination& d, int64_t rows, uint64_t row_bytes);
   Status flush(Destination& d);
   Status sync_source(Device device);
   Result<bool> send_direct(Destination& d, const sharding::Piece& piece, const Region& dst,

@@ -39,22 +39,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (rest.size() < *length) return 0;  // a peer that stops here is closed at the deadline
   const std::string_view credential = rest.substr(0, *length);
   const transport::AdmitCallback admit = [](std::string_view c) -> Result<transport::Admission> {
-    FERRY_ASSIGN_OR_RETURN(int sender, dataplane::check_data_credential(c, kReceiver, [](int id) -> const std::string* {
+    FERRY_ASSIGN_OR_RETURN(const dataplane::DataCredential d,
+                           dataplane::check_data_credential(c, kReceiver, [](int id) -> const std::string* {
                              auto it = kKeys.find(id);
                              return it == kKeys.end() ? nullptr : &it->second;
                            }));
-    return transport::Admission{static_cast<int64_t>(sender), 0};
+    return transport::Admission{static_cast<int64_t>(d.sender), d.max_bucket_bytes};
   };
   constexpr uint64_t kDefaultLimit = uint64_t{1} << 30;
   auto granted = transport::admit_peer(admit, credential, "fuzz", "peer", kDefaultLimit);
   if (!granted.ok()) return 0;
-  if (granted->max_bucket_bytes != kDefaultLimit) std::abort();  // none set: the transport's default
   const int64_t who = granted->peer;
-  // Admitted: it must be the very credential the sender's key gives.
+  // Admitted: it must be the very credential the sender's key gives for the limit it was granted
+  // (the one it announced; 0 announced leaves the transport's default).
   auto it = kKeys.find(static_cast<int>(who));
   if (it == kKeys.end()) std::abort();
-  auto expected = dataplane::data_credential(it->second, static_cast<int>(who), kReceiver);
-  if (!expected.ok() || *expected != credential) std::abort();
+  const uint64_t announced = granted->max_bucket_bytes == kDefaultLimit ? 0 : granted->max_bucket_bytes;
+  auto expected = dataplane::data_credential(it->second, static_cast<int>(who), kReceiver, announced);
+  auto expected_default = dataplane::data_credential(it->second, static_cast<int>(who), kReceiver, kDefaultLimit);
+  const bool matches = (expected.ok() && *expected == credential) ||
+                       (expected_default.ok() && *expected_default == credential);
+  if (!matches) std::abort();
   // And the frame a sender writes for it parses back to its length.
   const std::string frame = transport::credential_frame(credential);
   std::array<uint8_t, transport::kCredentialHeaderBytes> again{};

@@ -340,7 +340,7 @@ void buckets() {
 // What a peer sends first on a data connection, for fuzz_admission (its keys and receiver).
 void admission() {
   auto frame = [](const std::string& key, int sender) {
-    auto c = data_credential(key, sender, 2);
+    auto c = data_credential(key, sender, 2, uint64_t{64} << 20);
     return transport::credential_frame(c.ok() ? *c : std::string());
   };
   const std::string a(32, 'a'), b(32, 'b');

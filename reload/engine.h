@@ -76,6 +76,20 @@ struct EngineReport {
   Census census;
 };
 
+// How a piece's bytes reach the engine (ReloadEngine::take_piece()).
+enum class Intake {
+  kCopy,    // valid only during the call: copied, staged or processed, before it returns
+  kLend,    // the engine may keep them (and `owner`) until their layer is processed or the update ends
+  kBorrow,  // valid until the caller's next release_borrowed(); not counted as staging
+};
+struct PieceBytes {
+  Intake intake = Intake::kCopy;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<const void> owner;  // kLend: keeps `data` alive (null: valid until the update ends)
+  Device device = Device::cpu();      // kLend: where `data` is
+};
+
 class ReloadEngine {
  public:
   // Registers every storage tensor of every parameter of `spec`; `storage` must outlive the engine.
@@ -94,6 +108,9 @@ class ReloadEngine {
   // by finalize().
   Status apply_named_piece(const std::string& param, uint32_t input, const Region& dst, DType dtype, const void* data,
                            size_t bytes);
+  // The one intake call: a piece of input `input` of parameter `param`, landing at `dst`, whose bytes
+  // the engine holds as `bytes.intake` says (copy, lend, borrow: the three calls below).
+  Status take_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, PieceBytes bytes);
   // apply_input_piece() for bytes the caller lends: the engine may keep `data` (and `owner`, which
   // keeps it alive; null when the caller guarantees `data` until the update ends) until the layer
   // is processed or the update ends, and then processes it straight into registered storage, with

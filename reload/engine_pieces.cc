@@ -165,19 +165,31 @@ Status ReloadEngine::apply_named_piece(const std::string& param, uint32_t input,
   return apply_input_piece(*idx, input, dst, dtype, data, bytes);
 }
 
+Status ReloadEngine::take_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, PieceBytes b) {
+  switch (b.intake) {
+    case Intake::kCopy:
+      return apply(param, input, dst, dtype, b.data, b.bytes, nullptr);
+    case Intake::kLend:
+      return apply(param, input, dst, dtype, b.data, b.bytes, &b.owner, b.device);
+    case Intake::kBorrow:
+      return apply(param, input, dst, dtype, b.data, b.bytes, nullptr, Device::cpu(), true);
+  }
+  return Status::internal("unknown intake");
+}
+
 Status ReloadEngine::apply_input_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype,
                                        const void* data, size_t bytes) {
-  return apply(param, input, dst, dtype, data, bytes, nullptr);
+  return take_piece(param, input, dst, dtype, PieceBytes{Intake::kCopy, data, bytes, nullptr, Device::cpu()});
 }
 
 Status ReloadEngine::lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype,
                                 std::shared_ptr<const void> owner, const void* data, size_t bytes, Device data_device) {
-  return apply(param, input, dst, dtype, data, bytes, &owner, data_device);
+  return take_piece(param, input, dst, dtype, PieceBytes{Intake::kLend, data, bytes, std::move(owner), data_device});
 }
 
 Status ReloadEngine::borrow_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
                                   size_t bytes) {
-  return apply(param, input, dst, dtype, data, bytes, nullptr, Device::cpu(), true);
+  return take_piece(param, input, dst, dtype, PieceBytes{Intake::kBorrow, data, bytes, nullptr, Device::cpu()});
 }
 
 Status ReloadEngine::release_borrowed() {

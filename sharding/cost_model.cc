@@ -87,6 +87,13 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     return pc.bytes * static_cast<uint64_t>(scheme_weight_bits(p.scheme, p.source_dtype)) / static_cast<uint64_t>(src_bits);
   };
 
+  // A part's share of its piece's wire bytes.
+  auto part_wire_bytes = [&](const BucketPart& part) -> uint64_t {
+    const Piece& pc = plan.pieces[static_cast<size_t>(part.piece)];
+    if (pc.bytes == 0) return 0;
+    return static_cast<uint64_t>(static_cast<double>(wire_bytes(pc)) * static_cast<double>(part.bytes) / static_cast<double>(pc.bytes));
+  };
+
   CostReport rep;
   rep.pieces = plan.pieces.size();
   rep.buckets = plan.buckets.size();
@@ -100,7 +107,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
       return Status::invalid_argument(fmt::format("cost model: bucket from sender {} to rank {} is outside the cluster", b.sender, b.dst));
     }
     uint64_t bytes = 0;
-    for (int i : b.pieces) bytes += wire_bytes(plan.pieces[static_cast<size_t>(i)]);
+    for (const BucketPart& part : b.parts) bytes += part_wire_bytes(part);
     bucket_bytes[bi] = bytes;
     rep.bytes_moved += bytes;
     sent[static_cast<size_t>(b.sender)] += bytes;
@@ -154,8 +161,8 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
   rep.busiest = std::move(loads);
 
   // The pipeline. A sender packs its pieces one after another in plan order; a bucket leaves when
-  // its sender comes to the next piece for the same rank (which no longer fits) or, for the pair's
-  // last bucket, when the sender has packed everything. It then crosses its links together (paced
+  // it is full (sharding/buckets.h) or, for the pair's last bucket, when the sender has packed
+  // everything. It then crosses its links together (paced
   // by the slowest) and is processed by its rank. Every resource works on one bucket at a time;
   // the update's pipeline lasts as long as the longest chain: a resource's first arrival, its own
   // work, and its last bucket's later stages.
@@ -171,16 +178,28 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
       before[i] = static_cast<double>(packed[static_cast<size_t>(pc.sender)]);
       packed[static_cast<size_t>(pc.sender)] += wire_bytes(pc);
     }
-    // Buckets of one (sender, rank) pair are in order of their first piece.
+    // Where the sender is (wire bytes packed) when it starts a part.
+    auto start_of = [&](const BucketPart& part) {
+      const Piece& pc = plan.pieces[static_cast<size_t>(part.piece)];
+      if (pc.bytes == 0) return before[static_cast<size_t>(part.piece)];
+      const uint64_t offset = static_cast<uint64_t>(part.first_row) * piece_rows(pc.src.size, pc.bytes).row_bytes;
+      return before[static_cast<size_t>(part.piece)] +
+             static_cast<double>(wire_bytes(pc)) * static_cast<double>(offset) / static_cast<double>(pc.bytes);
+    };
+    // A bucket leaves when it is full (BucketCutter): as its last part is packed, or when the next
+    // piece of its stream does not fit, or when the sender is done (its stream's last bucket).
     std::map<std::pair<int, int>, int> next_of_pair;  // pair -> the later bucket seen so far
     for (size_t k = plan.buckets.size(); k-- > 0;) {
       const Bucket& b = plan.buckets[k];
       const auto key = std::make_pair(b.sender, b.dst);
       auto it = next_of_pair.find(key);
       double at = static_cast<double>(packed[static_cast<size_t>(b.sender)]);
-      if (it != next_of_pair.end()) {
+      const bool full = b.bytes >= plan.bucket_bytes || b.parts.size() >= kMaxPiecesPerBucket;
+      if (full && !b.parts.empty()) {
+        at = start_of(b.parts.back()) + static_cast<double>(part_wire_bytes(b.parts.back()));
+      } else if (it != next_of_pair.end()) {
         const auto& nb = plan.buckets[static_cast<size_t>(it->second)];
-        if (!nb.pieces.empty()) at = before[static_cast<size_t>(nb.pieces.front())];
+        if (!nb.parts.empty()) at = start_of(nb.parts.front());
       }
       ready[k] = pack_rate > 0 ? at / pack_rate : 0.0;
       next_of_pair[key] = static_cast<int>(k);

@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "core/settings.h"
 
 namespace ferry::sharding {
 namespace {
@@ -113,11 +112,8 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
 Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
                        const std::vector<SenderInfo>& senders, const PlanOptions& options) {
   if (senders.empty()) return Status::invalid_argument("a plan needs at least one sender");
-  uint64_t bucket_bytes = options.bucket_bytes;
-  if (bucket_bytes == 0) {
-    FERRY_ASSIGN_OR_RETURN(bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
-    if (bucket_bytes == 0) return Status::invalid_argument("FERRY_BUCKET_BYTES must be positive");
-  }
+  const uint64_t bucket_bytes = options.bucket_bytes;
+  if (bucket_bytes == 0) return Status::invalid_argument("a plan's bucket size must be positive");
   FERRY_RETURN_IF_ERROR(check_manifest(manifest, ranks));
   std::unordered_map<std::string, int> index;
   for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = static_cast<int>(i);
@@ -217,31 +213,9 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
     pc.sender = best;
     plan.bytes_per_sender[static_cast<size_t>(best)] += pc.bytes;
   }
-  plan.buckets = pack_buckets(plan, bucket_bytes);
+  for (const Piece& pc : plan.pieces) plan.max_row_bytes = std::max(plan.max_row_bytes, piece_rows(pc.src.size, pc.bytes).row_bytes);
+  plan.buckets = cut_buckets(plan, bucket_bytes);
   return plan;
-}
-
-std::vector<Bucket> pack_buckets(const Plan& plan, uint64_t bucket_bytes) {
-  std::vector<Bucket> buckets;
-  std::map<std::pair<int, int>, size_t> open;  // (sender, dst) -> bucket being filled
-  for (size_t i = 0; i < plan.pieces.size(); ++i) {
-    const Piece& pc = plan.pieces[i];
-    const auto key = std::make_pair(pc.sender, pc.dst);
-    auto it = open.find(key);
-    if (it != open.end() && buckets[it->second].bytes + pc.bytes > bucket_bytes) {
-      open.erase(it);
-      it = open.end();
-    }
-    if (it == open.end()) {
-      buckets.push_back(Bucket{pc.sender, pc.dst, 0, {}});
-      it = open.emplace(key, buckets.size() - 1).first;
-    }
-    Bucket& b = buckets[it->second];
-    b.bytes += pc.bytes;
-    b.pieces.push_back(static_cast<int>(i));
-    if (b.bytes >= bucket_bytes) open.erase(it);
-  }
-  return buckets;
 }
 
 Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
@@ -251,11 +225,7 @@ Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, con
 
 Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, const std::vector<RankSpec>& ranks,
                                                    const std::vector<SenderInfo>& senders, const PlanOptions& options) {
-  PlanOptions resolved = options;
-  if (resolved.bucket_bytes == 0) {
-    FERRY_ASSIGN_OR_RETURN(resolved.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
-  }
-  const auto key = std::make_pair(plan_key(manifest, ranks, senders), resolved.bucket_bytes);
+  const auto key = std::make_pair(plan_key(manifest, ranks, senders), options.bucket_bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
@@ -264,7 +234,7 @@ Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, con
       return it->second;
     }
   }
-  FERRY_ASSIGN_OR_RETURN(Plan plan, make_plan(manifest, ranks, senders, resolved));
+  FERRY_ASSIGN_OR_RETURN(Plan plan, make_plan(manifest, ranks, senders, options));
   auto shared = std::make_shared<const Plan>(std::move(plan));
   std::lock_guard<std::mutex> lock(mu_);
   ++misses_;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "sharding/buckets.h"
 #include "sharding/model_spec.h"
 
 namespace ferry::sharding {
@@ -25,18 +26,8 @@ struct Piece {
   int sender = 0;
 };
 
-// Pieces from one sender to one destination rank, packed in plan order; the unit a transport moves.
-// A bucket holds at most Plan::bucket_bytes, except a single piece larger than that, which travels
-// alone (pieces are never split: a receiver's coverage is per slice).
-struct Bucket {
-  int sender = 0;
-  int dst = 0;
-  uint64_t bytes = 0;
-  std::vector<int> pieces;  // indices into Plan::pieces, in plan order
-};
-
 struct PlanOptions {
-  uint64_t bucket_bytes = 0;  // 0: FERRY_BUCKET_BYTES
+  uint64_t bucket_bytes = kDefaultBucketBytes;  // the trainer's FERRY_BUCKET_BYTES
 };
 
 struct Plan {
@@ -48,8 +39,9 @@ struct Plan {
   std::vector<uint64_t> bytes_per_dst;
   uint64_t total_bytes = 0;
   uint64_t key = 0;                           // hash of manifest and specs
-  std::vector<Bucket> buckets;                // in order of their first piece
+  std::vector<Bucket> buckets;                // cut_buckets(): in the order they are sent
   uint64_t bucket_bytes = 0;
+  uint64_t max_row_bytes = 0;                 // the largest row of any piece (buckets.h)
 };
 
 struct SenderInfo {
@@ -67,9 +59,6 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
                        const std::vector<SenderInfo>& senders);
 Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ranks,
                        const std::vector<SenderInfo>& senders, const PlanOptions& options);
-
-// Packs the plan's pieces into buckets per (sender, destination) of at most `bucket_bytes`.
-std::vector<Bucket> pack_buckets(const Plan& plan, uint64_t bucket_bytes);
 
 uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, const std::vector<SenderInfo>& senders);
 

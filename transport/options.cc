@@ -8,10 +8,11 @@ namespace ferry::transport {
 Result<TransportOptions> transport_options_from_settings() {
   TransportOptions o;
   FERRY_ASSIGN_OR_RETURN(o.listen_host, setting_string("FERRY_LISTEN_HOST"));
-  FERRY_ASSIGN_OR_RETURN(o.bucket_bytes, setting_bytes("FERRY_BUCKET_BYTES"));
+  FERRY_ASSIGN_OR_RETURN(o.bucket_bytes, bucket_bytes_setting());
   FERRY_ASSIGN_OR_RETURN(o.buckets_in_flight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
   FERRY_ASSIGN_OR_RETURN(int64_t ms, setting_int("FERRY_TIMEOUT_MS"));
   o.timeout = std::chrono::milliseconds(ms);
+  if (o.buckets_in_flight < 1) return Status::invalid_argument("FERRY_BUCKETS_IN_FLIGHT must be at least 1");
   return o;
 }
 

@@ -31,6 +31,19 @@ inline sharding::LlamaConfig tiny_llama() {
   return c;
 }
 
+// One layer behind an embedding (and lm_head) of 36,000 x 1,024 bf16: 70 MiB each, larger than
+// any bucket a default receiver would take without being told.
+inline sharding::LlamaConfig wide_llama() {
+  sharding::LlamaConfig c;
+  c.hidden_size = 1024;
+  c.num_heads = 8;
+  c.num_kv_heads = 8;
+  c.intermediate_size = 1024;
+  c.vocab_size = 36000;
+  c.num_layers = 1;
+  return c;
+}
+
 // Full-precision checkpoint tensors for a manifest, seeded.
 struct Checkpoint {
   std::map<std::string, std::vector<uint16_t>> data;

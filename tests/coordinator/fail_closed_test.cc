@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "dataplane/bucket.h"
+#include "dataplane/credential.h"
 #include "coordinator/status_client.h"
 #include "tests/coordinator/status_util.h"
 #include "transport/transport.h"
@@ -345,8 +346,9 @@ TEST_F(FailClosed, DataPortRefusesAStrangerWithoutTheKey) {
     std::memset(p, 0x7f, 32);
     auto n = forged.seal(false);
     ASSERT_TRUE(n.ok());
-    std::string credential(4, '\0');
+    std::string credential(dataplane::kDataCredentialBytes - 32, '\0');
     credential[0] = static_cast<char>(claimed);
+    credential[8] = 1;                   // a 4 GiB bucket announced
     credential += std::string(32, 'x');  // no key: an HMAC it cannot compute
     auto conn = (*stranger)->connect(blob, Clock::now() + std::chrono::seconds(2), credential);
     if (!conn.ok()) continue;

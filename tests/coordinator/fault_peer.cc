@@ -1,7 +1,7 @@
 // A member process for fault tests: a rollout rank, or a trainer that stops itself mid-transfer so
 // the test can kill it at a known point. Faults are injected into real processes on real sockets.
 //
-//   ferry-fault-peer rollout COORDINATOR TP_RANK TP
+//   ferry-fault-peer rollout COORDINATOR TP_RANK TP [wide]   (wide: wide_llama(), else tiny_llama())
 //   ferry-fault-peer trainer COORDINATOR VERSION STOP_AFTER_TENSORS
 //   ferry-fault-peer coordinator ADDRESS_FILE MAX_FILES     a coordinator alone, under RLIMIT_NOFILE
 //   ferry-fault-peer embedded ADDRESS_FILE TP STOP_AFTER    a trainer embedding the coordinator: v1
@@ -21,12 +21,13 @@
 using namespace ferry;
 
 int main(int argc, char** argv) {
-  if (argc != 5 && !(argc == 4 && std::string(argv[1]) == "coordinator")) {
+  const bool wide = argc == 6 && std::string(argv[1]) == "rollout" && std::string(argv[5]) == "wide";
+  if (argc != 5 && !wide && !(argc == 4 && std::string(argv[1]) == "coordinator")) {
     std::cerr << "usage: ferry-fault-peer rollout|trainer|coordinator|embedded A B C\n";
     return 2;
   }
   const std::string role = argv[1], address = argv[2];
-  const auto cfg = testutil::tiny_llama();
+  const auto cfg = wide ? testutil::wide_llama() : testutil::tiny_llama();
   if (role == "rollout") {
     const int rank = std::atoi(argv[3]), tp = std::atoi(argv[4]);
     auto spec = sharding::llama_rank_spec(cfg, rank, tp, ferry::Scheme::kFp8PerTensor);

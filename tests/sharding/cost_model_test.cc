@@ -74,9 +74,9 @@ TEST(CostModel, OneSenderOneReceiverAcrossNodesIsNicBound) {
   const double bytes = 1024.0 * 1024 * 2;
   EXPECT_EQ(cost->bytes_moved, static_cast<uint64_t>(bytes));
   EXPECT_EQ(cost->max_link_bytes, static_cast<uint64_t>(bytes));
-  // One piece, never split, travels as one (oversized) bucket; the NIC at 100 Gb/s is the slower link.
-  EXPECT_EQ(cost->buckets, 1u);
-  EXPECT_NEAR(cost->predicted_seconds, bytes * 8 / 100e9 + 1e-3, 1e-9);
+  // The 2 MiB piece is cut by rows into two 1 MiB buckets; the NIC at 100 Gb/s is the slower link.
+  EXPECT_EQ(cost->buckets, 2u);
+  EXPECT_NEAR(cost->predicted_seconds, bytes * 8 / 100e9 + 2e-3, 1e-9);
   EXPECT_NE(cost->busiest.front().link.find("nic"), std::string::npos);
   EXPECT_NEAR(cost->receiver_bound_seconds, bytes * 8 / 100e9, 1e-9);
 }
@@ -102,7 +102,7 @@ TEST(CostModel, InsideOneNodeUsesNvlink) {
   // Force the piece onto sender 1 (GPU 1, same node as rank 0 on GPU 0): NVLink.
   Plan p = *plan2;
   p.pieces[0].sender = 1;
-  p.buckets = pack_buckets(p, 1 << 22);
+  p.buckets = cut_buckets(p, 1 << 22);
   auto nv = estimate_cost(p, t.ranks, 2, topo);
   ASSERT_TRUE(nv.ok());
   EXPECT_NEAR(nv->predicted_seconds, 2.0 * 1024 * 1024 * 8 / 1000e9, 1e-12);
@@ -236,7 +236,7 @@ TEST(CostModel, StagesAddFillAndDrainToTheBusiestLink) {
   o.stages.process_bytes_per_second = 4e9;
   auto c = estimate_cost(*plan, *ranks, 1, topo, o);
   ASSERT_TRUE(c.ok());
-  // The first bucket leaves when the sender reaches the second bucket's piece: 512 KiB packed.
+  // The first bucket leaves as soon as it is full: 512 KiB packed.
   EXPECT_NEAR(c->fill_seconds, 0.262144e-3, 1e-12);
   EXPECT_NEAR(c->busy_seconds, 2.097152e-3, 1e-12);
   EXPECT_NEAR(c->drain_seconds, 0.131072e-3, 1e-12);

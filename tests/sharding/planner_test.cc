@@ -49,7 +49,13 @@ TEST(Planner, DeterministicAcrossRuns) {
     EXPECT_EQ(a->pieces[i].src, b->pieces[i].src);
   }
   ASSERT_EQ(a->buckets.size(), b->buckets.size());
-  for (size_t i = 0; i < a->buckets.size(); ++i) EXPECT_EQ(a->buckets[i].pieces, b->buckets[i].pieces);
+  for (size_t i = 0; i < a->buckets.size(); ++i) {
+    ASSERT_EQ(a->buckets[i].parts.size(), b->buckets[i].parts.size());
+    for (size_t k = 0; k < a->buckets[i].parts.size(); ++k) {
+      EXPECT_EQ(a->buckets[i].parts[k].piece, b->buckets[i].parts[k].piece);
+      EXPECT_EQ(a->buckets[i].parts[k].rows, b->buckets[i].parts[k].rows);
+    }
+  }
 }
 
 TEST(Planner, LayersInOrderEmbeddingFirstHeadLast) {
@@ -70,44 +76,68 @@ TEST(Planner, LayersInOrderEmbeddingFirstHeadLast) {
   }
 }
 
-TEST(Planner, BucketsHoldPiecesOfOneSenderAndDestinationUpToTheLimit) {
+// Every row of every piece lands in exactly one bucket of its (sender, destination) stream, in
+// plan order; a bucket holds at most the bucket size, except a single row larger than that.
+TEST(Planner, BucketsCutPiecesByRowsUpToTheLimit) {
   Fixture f = small_model(2, 2);
   const uint64_t cap = 3000;
   auto plan = make_plan(f.manifest, f.ranks, std::vector<SenderInfo>(3), PlanOptions{cap});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->bucket_bytes, cap);
-  std::vector<int> seen(plan->pieces.size(), 0);
+  std::vector<int64_t> next_row(plan->pieces.size(), 0);
   std::map<std::pair<int, int>, int> last_piece;
+  bool split = false;
   for (const Bucket& b : plan->buckets) {
     uint64_t bytes = 0;
-    for (int i : b.pieces) {
-      const Piece& pc = plan->pieces[static_cast<size_t>(i)];
+    ASSERT_FALSE(b.parts.empty());
+    EXPECT_LE(b.parts.size(), kMaxPiecesPerBucket);
+    for (const BucketPart& part : b.parts) {
+      const Piece& pc = plan->pieces[static_cast<size_t>(part.piece)];
       EXPECT_EQ(pc.sender, b.sender);
       EXPECT_EQ(pc.dst, b.dst);
-      bytes += pc.bytes;
-      ++seen[static_cast<size_t>(i)];
-      // Plan order within one (sender, destination) stream.
+      EXPECT_EQ(part.first_row, next_row[static_cast<size_t>(part.piece)]) << "rows out of order or twice";
+      next_row[static_cast<size_t>(part.piece)] += part.rows;
+      const PieceRows pr = piece_rows(pc.src.size, pc.bytes);
+      EXPECT_EQ(part.bytes, static_cast<uint64_t>(part.rows) * pr.row_bytes);
+      split |= part.rows < pr.rows;
+      bytes += part.bytes;
       auto key = std::make_pair(b.sender, b.dst);
       if (last_piece.count(key)) {
-        EXPECT_GT(i, last_piece[key]);
+        EXPECT_GE(part.piece, last_piece[key]);
       }
-      last_piece[key] = i;
+      last_piece[key] = part.piece;
     }
     EXPECT_EQ(bytes, b.bytes);
-    if (b.pieces.size() > 1) {
-      EXPECT_LE(b.bytes, cap);
+    if (b.bytes > cap) {
+      ASSERT_EQ(b.parts.size(), 1u);
+      EXPECT_EQ(b.parts[0].rows, 1) << "only a single row larger than a bucket may exceed it";
     }
   }
-  for (int s : seen) EXPECT_EQ(s, 1);
-  // Large pieces (the embedding shard) travel alone.
-  bool oversized = false;
-  for (const Bucket& b : plan->buckets) oversized |= b.bytes > cap && b.pieces.size() == 1;
-  EXPECT_TRUE(oversized);
+  for (size_t i = 0; i < plan->pieces.size(); ++i) {
+    EXPECT_EQ(next_row[i], piece_rows(plan->pieces[i].src.size, plan->pieces[i].bytes).rows) << "piece " << i;
+  }
+  EXPECT_TRUE(split) << "the embedding shard is larger than a bucket and must be cut";
 }
 
-TEST(Planner, DefaultBucketSizeComesFromTheSetting) {
+// The rule itself, against its statement in buckets.h.
+TEST(Planner, BucketCutterFollowsTheRule) {
+  BucketCutter c(1000);
+  EXPECT_EQ(c.fit(10, 300), 3);  // whole rows up to the bucket size
+  EXPECT_FALSE(c.place(3, 300));
+  EXPECT_EQ(c.fit(5, 200), 0);  // 100 bytes left: not one row; send first
+  c.sent();
+  EXPECT_EQ(c.fit(1, 5000), 1);  // a row larger than a bucket travels alone
+  EXPECT_TRUE(c.place(1, 5000));
+  c.sent();
+  EXPECT_EQ(c.fit(4, 250), 4);
+  EXPECT_TRUE(c.place(4, 250));  // exactly full: sent at once
+  c.sent();
+  for (size_t i = 0; i + 1 < kMaxPiecesPerBucket; ++i) EXPECT_FALSE(c.place(1, 0));
+  EXPECT_TRUE(c.place(1, 0));  // the piece bound
+}
+
+TEST(Planner, DefaultBucketSizeIs64MiB) {
   Fixture f = small_model(1, 1, 1);
-  unsetenv("FERRY_BUCKET_BYTES");
   auto plan = make_plan(f.manifest, f.ranks, {SenderInfo{}});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->bucket_bytes, 64ull << 20);
