@@ -279,10 +279,11 @@ Result<BucketBuilder*> BucketSender::open_bucket(Destination& d) {
 }
 
 // The bucket the next rows of a piece go into, and how many of them, by the bucket rule
-// (sharding/buckets.h): the open bucket, or a new one once the open one is sent.
+// (sharding/buckets.h): the open bucket, or a new one once the open one is sent. A direct piece
+// (no payload) goes whole.
 Result<BucketSender::Part> BucketSender::next_part(Destination& d, int64_t rows_left, uint64_t row_bytes, bool payload) {
   for (;;) {
-    const int64_t n = d.cutter.fit(rows_left, row_bytes);
+    const int64_t n = d.cutter.fit(rows_left, row_bytes, /*whole=*/!payload);
     if (n == 0) {
       FERRY_RETURN_IF_ERROR(flush(d));
       continue;

@@ -8,10 +8,10 @@
 
 namespace ferry::sharding {
 
-int64_t BucketCutter::fit(int64_t rows_left, uint64_t row_bytes) const {
+int64_t BucketCutter::fit(int64_t rows_left, uint64_t row_bytes, bool whole) const {
   if (rows_left <= 0) return 0;
   if (pieces_ >= kMaxPiecesPerBucket || bytes_ >= bucket_bytes_) return 0;
-  if (row_bytes == 0) return rows_left;
+  if (row_bytes == 0 || whole) return rows_left;
   const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(rows_left), (bucket_bytes_ - bytes_) / row_bytes);
   if (n == 0 && empty()) return 1;  // a row larger than a bucket travels alone
   return static_cast<int64_t>(n);

@@ -8,6 +8,10 @@
 // many whole rows (of its first dimension) as fit, and continues in the next; a single row larger
 // than a bucket travels alone. A bucket is sent as soon as it is full: when it reaches its bytes or
 // its pieces, or when not even one row of the next piece fits; the last one when the update ends.
+// A direct piece (colocated ranks read it in place from the trainer's memory) is never cut: it
+// joins the open bucket whole, which is then sent once it references the bucket size. The planner
+// cannot know which pieces will go direct (that is decided per rank at run time), so the plan's
+// buckets are those of an update that sends bytes.
 #pragma once
 
 #include <cstddef>
@@ -37,8 +41,10 @@ class BucketCutter {
   explicit BucketCutter(uint64_t bucket_bytes) : bucket_bytes_(bucket_bytes) {}
 
   // How many of a piece's next `rows_left` rows of `row_bytes` go into the open bucket; 0 when the
-  // open bucket must be sent first (then sent(), and ask again).
-  int64_t fit(int64_t rows_left, uint64_t row_bytes) const;
+  // open bucket must be sent first (then sent(), and ask again). `whole`: a direct piece (a
+  // reference to the trainer's memory, with no payload) is never cut, so that the rank's kernels
+  // read it in place whole; it joins the open bucket unless that holds its most pieces.
+  int64_t fit(int64_t rows_left, uint64_t row_bytes, bool whole = false) const;
   // Records `rows` rows of `row_bytes` placed as one piece; true when the bucket is full now and
   // must be sent.
   bool place(int64_t rows, uint64_t row_bytes);

@@ -134,6 +134,10 @@ TEST(Planner, BucketCutterFollowsTheRule) {
   c.sent();
   for (size_t i = 0; i + 1 < kMaxPiecesPerBucket; ++i) EXPECT_FALSE(c.place(1, 0));
   EXPECT_TRUE(c.place(1, 0));  // the piece bound
+  c.sent();
+  EXPECT_TRUE(c.fit(3, 300) == 3 && !c.place(3, 300));
+  EXPECT_EQ(c.fit(10, 300, /*whole=*/true), 10);  // a direct piece is never cut
+  EXPECT_TRUE(c.place(10, 300));
 }
 
 TEST(Planner, DefaultBucketSizeIs64MiB) {
