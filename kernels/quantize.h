@@ -62,11 +62,11 @@ struct StorageTensor {
 //   int8_per_channel: weight i8[shape], weight_scale f32[rows]
 //   int4_group:       weight i4x2[rows, cols], weight_scale f16[rows, cols/128]
 //   gptq_int4:        see gptq_storage_layout() in kernels/gptq.h (shape is [N, K] = [out, in]).
-// Rank >= 3 under fp8_per_channel, int8_per_channel, int4_group and fp8_block: [E, rows, cols...]
+// Rank >= 3 under none, fp8_per_channel, int8_per_channel, int4_group and fp8_block: [E, rows, cols...]
 // is E stacked matrices (fused expert weights), each quantized on its own, and the scales carry E
 // in front: f32[E, rows], f16[E, rows, cols/128], f32[E, ceil(rows/128), ceil(cols/128)]; the int4
-// weight is i4x2[E, rows, cols]; shard_rows, when given, split the rows of one matrix. Under none
-// and fp8_per_tensor a shape of rank > 2 is viewed as dim 0 x the rest. The weight keeps the shape.
+// weight is i4x2[E, rows, cols]; shard_rows, when given, split the rows of one matrix. Under
+// fp8_per_tensor a shape of rank > 2 is viewed as dim 0 x the rest. The weight keeps the shape.
 Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& shape, std::span<const int64_t> shard_rows,
                                                   DType none_dtype = DType::kBF16);
 

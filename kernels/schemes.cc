@@ -19,7 +19,7 @@ namespace detail {
 Geometry geometry(Scheme scheme, const Shape& shape) {
   Geometry g;
   if (shape.empty()) return g;
-  const bool stacks = scheme == Scheme::kFp8PerChannel || scheme == Scheme::kFp8Block ||
+  const bool stacks = scheme == Scheme::kNone || scheme == Scheme::kFp8PerChannel || scheme == Scheme::kFp8Block ||
                       scheme == Scheme::kInt8PerChannel || scheme == Scheme::kInt4Group;
   const size_t lead = stacks && shape.size() >= 3 ? 1 : 0;
   g.batch = lead ? shape[0] : 1;

@@ -6,6 +6,9 @@ namespace ferry::reload {
 
 std::string storage_name(const std::string& param, const std::string& suffix) {
   if (suffix == "weight" || suffix.empty()) return param;
+  // Fused experts are named as vLLM names them: "experts.w13_weight" -> "experts.w13_weight_scale",
+  // "experts.w13_qweight" (not "experts.weight_scale", which w13 and w2 would share).
+  if (param.ends_with("_weight")) return param.substr(0, param.size() - 6) + suffix;
   const size_t dot = param.rfind('.');
   return (dot == std::string::npos ? param : param.substr(0, dot)) + "." + suffix;
 }

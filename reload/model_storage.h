@@ -13,7 +13,8 @@
 
 namespace ferry::reload {
 
-// "x.weight" with suffix "weight" -> "x.weight"; with "weight_scale" -> "x.weight_scale".
+// "x.weight" with suffix "weight" -> "x.weight"; with "weight_scale" -> "x.weight_scale"; fused experts
+// "x.w13_weight" -> "x.w13_weight_scale".
 std::string storage_name(const std::string& param, const std::string& suffix);
 
 // The storage tensors of one parameter, in kernels::storage_layout order.

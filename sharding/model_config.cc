@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "sharding/deepseek_v3.h"
 
 namespace ferry::sharding {
 namespace {
@@ -22,15 +25,102 @@ Result<int64_t> get_int(const json& j, const char* key, int64_t fallback, bool r
   return it->get<int64_t>();
 }
 
-Result<DType> parse_torch_dtype(const json& j) {
-  auto it = j.find("torch_dtype");
-  if (it == j.end() || it->is_null()) return DType::kBF16;
-  if (!it->is_string()) return Status::invalid_argument("config.json: \"torch_dtype\" is not a string");
-  const std::string s = it->get<std::string>();
-  if (s == "bfloat16") return DType::kBF16;
-  if (s == "float16") return DType::kF16;
-  if (s == "float32") return DType::kF32;
-  return Status::invalid_argument(fmt::format("config.json: torch_dtype {} is not a training dtype ferry takes", s));
+// transformers writes "dtype" since 4.56 and "torch_dtype" before; a config may hold either or both.
+Result<DType> parse_dtype_key(const json& j) {
+  std::optional<DType> found;
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_string()) return Status::invalid_argument(fmt::format("config.json: \"{}\" is not a string", key));
+    const std::string s = it->get<std::string>();
+    DType dt;
+    if (s == "bfloat16") {
+      dt = DType::kBF16;
+    } else if (s == "float16") {
+      dt = DType::kF16;
+    } else if (s == "float32") {
+      dt = DType::kF32;
+    } else {
+      return Status::invalid_argument(fmt::format("config.json: {} {} is not a training dtype ferry takes", key, s));
+    }
+    if (found && *found != dt) {
+      return Status::invalid_argument("config.json: \"dtype\" and \"torch_dtype\" name different dtypes");
+    }
+    found = dt;
+  }
+  return found.value_or(DType::kBF16);
+}
+
+// Hugging Face architecture -> family. Without "architectures" the model_type names the family.
+constexpr std::pair<std::string_view, std::string_view> kArchitectures[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+    {"Qwen3MoeForCausalLM", "qwen3_moe"},
+    {"MixtralForCausalLM", "mixtral"},
+    {"DeepseekV3ForCausalLM", "deepseek_v3"},
+};
+
+Status no_layout(std::string_view what, std::string_view name) {
+  std::string known;
+  for (const auto& [arch, family] : kArchitectures) known += (known.empty() ? "" : ", ") + std::string(arch);
+  return Status::invalid_argument(fmt::format(
+      "config.json: {} {} has no built-in layout (built in: {}); describe its tensors in a mapping file, a JSON "
+      "object with \"ferry_mapping\": 1, \"vars\" and one \"params\" entry per engine parameter (layout, sources, "
+      "shapes; docs/cost_model.md, \"Mapping files\"), and pass that file where the config.json went "
+      "(ferry plan --config FILE, ferry.model_from_file)",
+      what, name, known));
+}
+
+Result<std::string> family_of(const json& j) {
+  if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
+    if (!a->is_array() || a->empty() || !(*a)[0].is_string()) {
+      return Status::invalid_argument("config.json: \"architectures\" is not a list of names");
+    }
+    const std::string arch = (*a)[0].get<std::string>();
+    for (const auto& [name, family] : kArchitectures) {
+      if (name == arch) return std::string(family);
+    }
+    return no_layout("architecture", arch);
+  }
+  auto mt = j.find("model_type");
+  if (mt == j.end() || !mt->is_string()) return Status::invalid_argument("config.json: missing \"model_type\"");
+  const std::string type = mt->get<std::string>();
+  for (const auto& [name, family] : kArchitectures) {
+    if (family == type) return type;
+  }
+  return no_layout("model_type", type);
+}
+
+Status parse_deepseek_v3(const json& j, ModelConfig* c) {
+  auto q = j.find("q_lora_rank");
+  if (q == j.end() || q->is_null()) {
+    return Status::invalid_argument(
+        "config.json: q_lora_rank null (a plain q_proj, as DeepSeek-V2-Lite) has no built-in "
+        "layout; describe it in a mapping file (docs/cost_model.md, \"Mapping files\")");
+  }
+  FERRY_ASSIGN_OR_RETURN(c->q_lora_rank, get_int(j, "q_lora_rank", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->kv_lora_rank, get_int(j, "kv_lora_rank", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->qk_nope_head_dim, get_int(j, "qk_nope_head_dim", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->qk_rope_head_dim, get_int(j, "qk_rope_head_dim", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->v_head_dim, get_int(j, "v_head_dim", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->num_experts, get_int(j, "n_routed_experts", 0, false));
+  FERRY_ASSIGN_OR_RETURN(c->moe_intermediate_size, get_int(j, "moe_intermediate_size", 0, c->num_experts > 0));
+  FERRY_ASSIGN_OR_RETURN(c->n_shared_experts, get_int(j, "n_shared_experts", 0, false));
+  FERRY_ASSIGN_OR_RETURN(c->first_k_dense_replace, get_int(j, "first_k_dense_replace", 0, false));
+  FERRY_ASSIGN_OR_RETURN(const int64_t freq, get_int(j, "moe_layer_freq", 1, false));
+  if (freq != 1) {
+    return Status::invalid_argument(fmt::format(
+        "config.json: moe_layer_freq {} (dense layers between sparse ones) has no built-in layout; describe it in a "
+        "mapping file (docs/cost_model.md, \"Mapping files\")",
+        freq));
+  }
+  if (c->q_lora_rank <= 0 || c->kv_lora_rank <= 0 || c->qk_nope_head_dim <= 0 || c->qk_rope_head_dim <= 0 ||
+      c->v_head_dim <= 0 || c->n_shared_experts < 0 || c->first_k_dense_replace < 0) {
+    return Status::invalid_argument("config.json: MLA sizes must be positive");
+  }
+  return ok_status();
 }
 
 std::string lname(int64_t i, std::string_view rest) { return fmt::format("model.layers.{}.{}", i, rest); }
@@ -54,7 +144,7 @@ ParamRule same(const std::string& name, Layout layout, Shape shape, DType dt, bo
 }  // namespace
 
 bool ModelConfig::layer_is_moe(int64_t layer) const {
-  if (num_experts <= 0) return false;
+  if (num_experts <= 0 || layer < first_k_dense_replace) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
   return decoder_sparse_step <= 1 || (layer + 1) % decoder_sparse_step == 0;
 }
@@ -74,14 +164,7 @@ Result<ModelConfig> parse_config_json(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::invalid_argument("config.json: not a JSON object");
   ModelConfig c;
-  auto mt = j.find("model_type");
-  if (mt == j.end() || !mt->is_string()) return Status::invalid_argument("config.json: missing \"model_type\"");
-  c.family = mt->get<std::string>();
-  static const char* kFamilies[] = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"};
-  if (std::find(std::begin(kFamilies), std::end(kFamilies), c.family) == std::end(kFamilies)) {
-    return Status::invalid_argument(fmt::format(
-        "config.json: model_type {} has no preset layout; describe it with a mapping file (docs/cost_model.md)", c.family));
-  }
+  FERRY_ASSIGN_OR_RETURN(c.family, family_of(j));
   FERRY_ASSIGN_OR_RETURN(c.hidden_size, get_int(j, "hidden_size", 0, true));
   FERRY_ASSIGN_OR_RETURN(c.num_heads, get_int(j, "num_attention_heads", 0, true));
   FERRY_ASSIGN_OR_RETURN(c.num_kv_heads, get_int(j, "num_key_value_heads", c.num_heads, false));
@@ -89,7 +172,7 @@ Result<ModelConfig> parse_config_json(std::string_view text) {
   FERRY_ASSIGN_OR_RETURN(c.intermediate_size, get_int(j, "intermediate_size", 0, true));
   FERRY_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size", 0, true));
   FERRY_ASSIGN_OR_RETURN(c.num_layers, get_int(j, "num_hidden_layers", 0, true));
-  FERRY_ASSIGN_OR_RETURN(c.dtype, parse_torch_dtype(j));
+  FERRY_ASSIGN_OR_RETURN(c.dtype, parse_dtype_key(j));
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.qkv_bias = c.family == "qwen2" || j.value("attention_bias", false);
   c.qk_norm = c.family == "qwen3" || c.family == "qwen3_moe";
@@ -106,6 +189,8 @@ Result<ModelConfig> parse_config_json(std::string_view text) {
   } else if (c.family == "mixtral") {
     FERRY_ASSIGN_OR_RETURN(c.num_experts, get_int(j, "num_local_experts", 0, true));
     c.moe_intermediate_size = c.intermediate_size;
+  } else if (c.family == "deepseek_v3") {
+    FERRY_RETURN_IF_ERROR(parse_deepseek_v3(j, &c));
   }
   if (c.hidden_size <= 0 || c.num_heads <= 0 || c.num_kv_heads <= 0 || c.vocab_size <= 0 || c.num_layers < 0 ||
       c.intermediate_size <= 0 || c.head_dim < 0) {
@@ -150,6 +235,7 @@ Status ModelConfig::validate(int tp_size) const {
 Result<ModelDesc> describe_model(const ModelConfig& c) {
   if (c.num_heads <= 0 || c.hidden_size <= 0) return Status::invalid_argument("model config: sizes must be positive");
   const int64_t h = c.hidden_size, hd = c.effective_head_dim();
+  if (c.family == "deepseek_v3") return describe_deepseek_v3(c);
   const DType dt = c.dtype;
   ModelDesc m;
   m.name = c.family;

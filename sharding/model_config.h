@@ -1,7 +1,9 @@
 // A model's shape, parsed from a Hugging Face style config.json or set by hand (LlamaConfig,
-// sharding/llama.h): Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), and the
-// mixture-of-experts families Qwen3-MoE and Mixtral. Each becomes a ModelDesc in the engine's fused
-// naming (qkv_proj, gate_up_proj, experts.w13_weight / w2_weight).
+// sharding/llama.h): Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), the
+// mixture-of-experts families Qwen3-MoE and Mixtral, and DeepSeek-V3 (MLA attention, shared experts:
+// DeepSeek-V3/R1, Kimi-K2; sharding/deepseek_v3.h). The family comes from "architectures" (else
+// "model_type"); anything else is refused, pointing at mapping files (sharding/mapping.h). Each
+// becomes a ModelDesc in the engine's fused naming (qkv_proj, gate_up_proj, experts.w13_weight / w2_weight).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +17,7 @@
 namespace ferry::sharding {
 
 struct ModelConfig {
-  std::string family;  // llama, mistral, qwen2, qwen3, qwen3_moe, mixtral
+  std::string family;  // llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3
   int64_t hidden_size = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
@@ -26,13 +28,21 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;
   bool qk_norm = false;
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;  // "dtype", or the older "torch_dtype"
   int64_t vocab_pad_multiple = 64;
   // Mixture of experts (num_experts > 0).
   int64_t num_experts = 0;
   int64_t moe_intermediate_size = 0;  // per expert
   int64_t decoder_sparse_step = 1;    // Qwen3-MoE: layer i is sparse when (i + 1) % step == 0
   std::vector<int64_t> mlp_only_layers;
+  // DeepSeek-V3: MLA attention and shared experts; layers below first_k_dense_replace are dense.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t n_shared_experts = 0;
+  int64_t first_k_dense_replace = 0;
 
   int64_t effective_head_dim() const { return head_dim ? head_dim : hidden_size / num_heads; }
   bool layer_is_moe(int64_t layer) const;

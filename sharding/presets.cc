@@ -37,50 +37,14 @@ constexpr std::pair<std::string_view, std::string_view> kPresets[] = {
     {"mixtral-8x7b", R"({"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
       "intermediate_size": 14336, "num_local_experts": 8, "vocab_size": 32000, "num_hidden_layers": 32,
       "torch_dtype": "bfloat16"})"},
-    // Kimi-K2: DeepSeek-V3 layout. MLA: q_a / kv_a projections replicated, q_b / kv_b split by heads
-    // (192 = 128 nope + 64 rope rows per q head, 256 = 128 k + 128 v rows per kv_b head), o_proj
-    // row-parallel; layer 0 dense, layers 1..60 with 384 routed experts and one shared expert.
-    {"kimi-k2", R"({"ferry_mapping": 1, "name": "kimi-k2", "dtype": "bf16",
-      "vars": {"H": 7168, "V": 163840, "QL": 1536, "QB": 12288, "KVA": 576, "KVL": 512, "KVB": 16384, "O": 8192,
-               "DI": 18432, "MI": 2048, "E": 384, "NL": 61},
-      "params": [
-        {"param": "model.embed_tokens.weight", "layout": "vocab_parallel", "shape": ["V", "H"], "pad_multiple": 64},
-        {"param": "model.layers.{L}.input_layernorm.weight", "layers": [0, "NL"], "layout": "replicated", "shape": ["H"]},
-        {"param": "model.layers.{L}.self_attn.q_a_proj.weight", "layers": [0, "NL"], "layout": "replicated",
-         "quantize": true, "shape": ["QL", "H"]},
-        {"param": "model.layers.{L}.self_attn.q_a_layernorm.weight", "layers": [0, "NL"], "layout": "replicated",
-         "shape": ["QL"]},
-        {"param": "model.layers.{L}.self_attn.q_b_proj.weight", "layers": [0, "NL"], "layout": "column", "unit": 192,
-         "shape": ["QB", "QL"]},
-        {"param": "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight", "layers": [0, "NL"], "layout": "replicated",
-         "quantize": true, "shape": ["KVA", "H"]},
-        {"param": "model.layers.{L}.self_attn.kv_a_layernorm.weight", "layers": [0, "NL"], "layout": "replicated",
-         "shape": ["KVL"]},
-        {"param": "model.layers.{L}.self_attn.kv_b_proj.weight", "layers": [0, "NL"], "layout": "column", "unit": 256,
-         "shape": ["KVB", "KVL"]},
-        {"param": "model.layers.{L}.self_attn.o_proj.weight", "layers": [0, "NL"], "layout": "row", "shape": ["H", "O"]},
-        {"param": "model.layers.{L}.post_attention_layernorm.weight", "layers": [0, "NL"], "layout": "replicated",
-         "shape": ["H"]},
-        {"param": "model.layers.{L}.mlp.gate_up_proj.weight", "layers": [0, 1], "layout": "merged_column",
-         "sources": ["model.layers.{L}.mlp.gate_proj.weight", "model.layers.{L}.mlp.up_proj.weight"], "shape": ["DI", "H"]},
-        {"param": "model.layers.{L}.mlp.down_proj.weight", "layers": [0, 1], "layout": "row", "shape": ["H", "DI"]},
-        {"param": "model.layers.{L}.mlp.gate.weight", "layers": [1, "NL"], "layout": "replicated", "shape": ["E", "H"]},
-        {"param": "model.layers.{L}.mlp.gate.e_score_correction_bias", "layers": [1, "NL"], "layout": "replicated",
-         "dtype": "f32", "shape": ["E"]},
-        {"param": "model.layers.{L}.mlp.experts.w13_weight", "layers": [1, "NL"], "layout": "experts", "split": "column",
-         "num_experts": "E", "shape": ["MI", "H"],
-         "sources": ["model.layers.{L}.mlp.experts.{E}.gate_proj.weight", "model.layers.{L}.mlp.experts.{E}.up_proj.weight"]},
-        {"param": "model.layers.{L}.mlp.experts.w2_weight", "layers": [1, "NL"], "layout": "experts", "split": "row",
-         "num_experts": "E", "shape": ["H", "MI"], "source": "model.layers.{L}.mlp.experts.{E}.down_proj.weight"},
-        {"param": "model.layers.{L}.mlp.shared_experts.gate_up_proj.weight", "layers": [1, "NL"],
-         "layout": "merged_column", "shape": ["MI", "H"],
-         "sources": ["model.layers.{L}.mlp.shared_experts.gate_proj.weight",
-                     "model.layers.{L}.mlp.shared_experts.up_proj.weight"]},
-        {"param": "model.layers.{L}.mlp.shared_experts.down_proj.weight", "layers": [1, "NL"], "layout": "row",
-         "shape": ["H", "MI"]},
-        {"param": "model.norm.weight", "layout": "replicated", "shape": ["H"]},
-        {"param": "lm_head.weight", "layout": "vocab_parallel", "shape": ["V", "H"], "pad_multiple": 64}
-      ]})"},
+    // Kimi-K2: DeepSeek-V3 architecture (sharding/deepseek_v3.h): MLA attention, layer 0 dense, layers
+    // 1..60 with 384 routed experts and one shared expert.
+    {"kimi-k2", R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
+      "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+      "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "intermediate_size": 18432,
+      "moe_intermediate_size": 2048, "n_routed_experts": 384, "n_shared_experts": 1, "first_k_dense_replace": 1,
+      "moe_layer_freq": 1, "vocab_size": 163840, "num_hidden_layers": 61, "tie_word_embeddings": false,
+      "torch_dtype": "bfloat16"})"},
 };
 
 }  // namespace

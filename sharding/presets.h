@@ -1,5 +1,5 @@
 // Named models for `ferry plan --model` and for tests: the Hugging Face config.json of each dense and
-// MoE family, and Kimi-K2 (DeepSeek-V3 architecture: MLA attention, 384 experts) as a mapping file.
+// MoE family, Kimi-K2 (DeepSeek-V3 architecture: MLA attention, 384 experts) among them.
 #pragma once
 
 #include <string>
@@ -12,7 +12,7 @@
 namespace ferry::sharding {
 
 std::vector<std::string> preset_names();
-// The preset's source text: a config.json, or a mapping file for families without a C++ layout.
+// The preset's source text, a config.json.
 Result<std::string> preset_text(std::string_view name);
 Result<ModelDesc> preset_model(std::string_view name);
 

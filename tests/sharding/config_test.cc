@@ -132,6 +132,50 @@ TEST(HfConfig, Errors) {
   EXPECT_EQ(dtype.status().code(), StatusCode::kInvalidArgument);
 }
 
+// transformers >= 4.56 writes "dtype" instead of "torch_dtype"; the dtype is the manifest's.
+TEST(HfConfig, DtypeKeyIsRead) {
+  constexpr const char* kBody = R"("model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 128, "vocab_size": 100,
+    "num_hidden_layers": 1)";
+  auto with = [&](const std::string& keys) { return "{" + std::string(kBody) + keys + "}"; };
+  for (const auto& [name, dt] :
+       std::vector<std::pair<std::string, DType>>{{"float16", DType::kF16}, {"float32", DType::kF32}}) {
+    auto c = parse_hf_config(with(R"(, "dtype": ")" + name + "\""));
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->dtype, dt) << name;
+    auto d = model_from_json(with(R"(, "dtype": ")" + name + "\""));
+    ASSERT_TRUE(d.ok());
+    for (const auto& t : model_manifest(*d)) EXPECT_EQ(t.dtype, dt) << t.name;
+  }
+  auto both = parse_hf_config(with(R"(, "dtype": "float16", "torch_dtype": "float16")"));
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(both->dtype, DType::kF16);
+  auto differ = parse_hf_config(with(R"(, "dtype": "float16", "torch_dtype": "bfloat16")"));
+  EXPECT_EQ(differ.status().code(), StatusCode::kInvalidArgument);
+  auto odd = parse_hf_config(with(R"(, "dtype": "int8")"));
+  EXPECT_NE(odd.status().message().find("int8"), std::string::npos);
+  auto none = parse_hf_config(with(""));
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->dtype, DType::kBF16);
+}
+
+// The architecture names the family; one without a built-in layout is refused, naming it and the way
+// to describe it (a mapping file, given where the config.json went).
+TEST(HfConfig, UnknownArchitectureNamesItAndTheMappingFile) {
+  auto c = parse_hf_config(R"({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": 64,
+    "num_attention_heads": 8, "intermediate_size": 128, "vocab_size": 100, "num_hidden_layers": 1})");
+  ASSERT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  const std::string m = c.status().message();
+  for (const char* want : {"GPTNeoXForCausalLM", "ferry_mapping", "--config", "DeepseekV3ForCausalLM"}) {
+    EXPECT_NE(m.find(want), std::string::npos) << want << " not in: " << m;
+  }
+  // A known architecture is read whatever its model_type (Kimi-K2's is kimi_k2).
+  auto kimi = parse_hf_config(R"({"architectures": ["LlamaForCausalLM"], "model_type": "some_llama", "hidden_size": 64,
+    "num_attention_heads": 8, "intermediate_size": 128, "vocab_size": 100, "num_hidden_layers": 1})");
+  ASSERT_TRUE(kimi.ok()) << kimi.status().to_string();
+  EXPECT_EQ(kimi->family, "llama");
+}
+
 TEST(Presets, ParameterCountsMatchThePublishedModels) {
   const std::pair<const char*, double> expected[] = {{"llama2-7b", 6.74e9},     {"llama3-8b", 8.03e9},
                                                      {"llama3-70b", 70.55e9},   {"mistral-7b", 7.25e9},
