@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -103,8 +104,32 @@ class TrainerImpl final : public Trainer {
   std::string coordinator_address() const override { return address_; }
 
   Status wait_for_ranks(int n, int64_t timeout_ms) override {
-    if (!embedded_) return Status::failed_precondition("wait_for_ranks needs the coordinator embedded in this trainer");
-    return embedded_->wait_for_ranks(n, timeout_ms);
+    if (embedded_) return embedded_->wait_for_ranks(n, timeout_ms);
+    // A coordinator of its own (`ferry coordinator`) tells a trainer nothing when ranks join: ask it
+    // for its members until n rollout ranks are among them, 1 ms after the first answer, backing off
+    // to 50 ms.
+    const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    auto gap = std::chrono::milliseconds(1);
+    int joined = 0;
+    while (true) {
+      wire::Envelope ask;
+      ask.mutable_status_request();
+      channel_->send(ask);
+      auto reply = mailbox_.wait(wire::Envelope::kStatusReply, until, "status reply");
+      if (!reply.ok() && reply.status().code() != StatusCode::kDeadlineExceeded) return reply.status();
+      if (reply.ok()) {
+        const auto& members = reply->status_reply().members();
+        joined = static_cast<int>(std::count_if(members.begin(), members.end(),
+                                                [](const wire::MemberStatus& m) { return m.role() == "rollout"; }));
+        if (joined >= n) return ok_status();
+      }
+      if (!reply.ok() || Clock::now() + gap >= until) {
+        return Status::deadline_exceeded(fmt::format("{} of {} rollout ranks joined the coordinator at {} within {} ms",
+                                                     joined, n, address_, timeout_ms));
+      }
+      std::this_thread::sleep_for(gap);
+      gap = std::min(gap * 2, std::chrono::milliseconds(50));
+    }
   }
 
   Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) override {

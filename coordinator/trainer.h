@@ -86,7 +86,7 @@ class Trainer {
 
   // host:port of the coordinator this trainer uses.
   virtual std::string coordinator_address() const = 0;
-  // Waits until `n` rollout ranks have joined; needs the embedded coordinator.
+  // Waits until `n` rollout ranks have joined, the embedded coordinator or the one this trainer joined.
   virtual Status wait_for_ranks(int n, int64_t timeout_ms) = 0;
 
   // Checks `manifest` against every replica (any mismatch fails here, before a byte moves), pauses

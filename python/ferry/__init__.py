@@ -4,6 +4,7 @@ Trainer side::
 
     trainer = ferry.Trainer()                       # embeds the coordinator
     # rollout ranks join at trainer.coordinator_address
+    manifest = ferry.manifest_from_state_dict(model.state_dict())
     trainer.start_weight_update(step, manifest)     # checks every replica, pauses them
     trainer.update_weights(model.state_dict())      # or trainer.send(name, tensor)
     report = trainer.finish_weight_update()         # every rank resumed at `step`
@@ -50,6 +51,27 @@ from ._ferry import (  # noqa: F401
     storage_tensors,
     to_llama_config,
 )
+
+
+def manifest_from_state_dict(state_dict):
+    """The manifest of a state dict: a SourceTensor (name, dtype, shape) per entry, in its order.
+
+    Values are torch tensors (parameters too), numpy arrays or anything with .dtype and .shape
+    (bf16 numpy arrays through ml_dtypes). Nothing is read or copied. A dtype ferry does not take
+    raises ferry.Error naming the tensor; a value without dtype and shape raises TypeError.
+    """
+    out = []
+    for name, tensor in state_dict.items():
+        dtype, shape = getattr(tensor, "dtype", None), getattr(tensor, "shape", None)
+        if dtype is None or shape is None:
+            raise TypeError(f"{name}: a {type(tensor).__name__} has no dtype and shape")
+        try:
+            out.append(SourceTensor(name, dtype, [int(d) for d in shape]))
+        except Error as e:
+            err = Error(f"{e.code}: {name}: {e.message}")
+            err.code, err.message = e.code, f"{name}: {e.message}"
+            raise err from e
+    return out
 
 
 def wrap_module(spec, module, none_dtype="bf16"):
