@@ -250,9 +250,8 @@ class Probe final : public LinkProbe {
         for (const sharding::BucketPart& part : bucket.parts) {
           const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(part.piece)];
           const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
-          const auto [src, dst] = sharding::part_regions(
-              pc.src, sharding::slice_dst_region(param.slices[static_cast<size_t>(pc.slice)], param), part.first_row,
-              part.rows);
+          const auto [src, dst] =
+              sharding::part_regions(pc.src, sharding::piece_dst_region(pc, param), part.first_row, part.rows);
           const auto& source = manifest_[static_cast<size_t>(pc.source)];
           uint8_t* where = b.add_piece(static_cast<uint32_t>(pc.param), dst, source.dtype, part.bytes);
           FERRY_RETURN_IF_ERROR(pack_region(w.views[static_cast<size_t>(pc.source)], src, where, part.bytes));

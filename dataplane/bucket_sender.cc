@@ -397,7 +397,7 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
   for (int pi : plan_->by_source[source]) {
     const sharding::Piece& piece = plan_->pieces[static_cast<size_t>(pi)];
     const sharding::ParamSpec& param = (*ranks_)[static_cast<size_t>(piece.dst)].params[static_cast<size_t>(piece.param)];
-    const Region dst_full = sharding::slice_dst_region(param.slices[static_cast<size_t>(piece.slice)], param);
+    const Region dst_full = sharding::piece_dst_region(piece, param);
     Destination& d = dests_[static_cast<size_t>(piece.dst)];
     if (tensor_in.device().is_cuda() && d.direct) {
       auto sent = send_direct(d, piece, dst_full, tensor_in);

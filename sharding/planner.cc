@@ -100,6 +100,12 @@ uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, 
   for (const SenderInfo& s : senders) {
     h.add_int(static_cast<int64_t>(s.owns.size()));
     for (const auto& n : s.owns) h.add(n);
+    h.add_int(static_cast<int64_t>(s.holds.size()));
+    for (const Holding& x : s.holds) {
+      h.add(x.name);
+      h.add_shape(x.region.offset);
+      h.add_shape(x.region.size);
+    }
   }
   return h.digest();
 }
@@ -117,33 +123,8 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
   FERRY_RETURN_IF_ERROR(check_manifest(manifest, ranks));
   std::unordered_map<std::string, int> index;
   for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = static_cast<int>(i);
-
-  // Which senders can send each source; senders owning everything share one list.
-  std::vector<int> everyone;
-  std::vector<std::vector<int>> owners(manifest.size());
-  for (size_t s = 0; s < senders.size(); ++s) {
-    if (senders[s].owns.empty()) {
-      everyone.push_back(static_cast<int>(s));
-      continue;
-    }
-    for (const auto& n : senders[s].owns) {
-      auto it = index.find(n);
-      if (it == index.end()) return Status::invalid_argument(fmt::format("sender {} owns unknown tensor {}", s, n));
-      auto& v = owners[static_cast<size_t>(it->second)];
-      if (v.empty() || v.back() != static_cast<int>(s)) v.push_back(static_cast<int>(s));
-    }
-  }
-  std::vector<std::vector<int>> can_send(manifest.size());
-  for (size_t i = 0; i < manifest.size(); ++i) {
-    if (owners[i].empty()) continue;
-    can_send[i] = everyone;
-    can_send[i].insert(can_send[i].end(), owners[i].begin(), owners[i].end());
-    std::sort(can_send[i].begin(), can_send[i].end());
-  }
-  auto candidates = [&](size_t src) -> const std::vector<int>& { return owners[src].empty() ? everyone : can_send[src]; };
-  for (size_t i = 0; i < manifest.size(); ++i) {
-    if (candidates(i).empty()) return Status::invalid_argument(fmt::format("tensor {}: no sender holds it", manifest[i].name));
-  }
+  // Who holds which box of each source; the boxes tile every source exactly.
+  FERRY_ASSIGN_OR_RETURN(const auto held, resolve_holdings(manifest, senders));
 
   Plan plan;
   plan.key = plan_key(manifest, ranks, senders);
@@ -173,14 +154,21 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
       for (size_t s = 0; s < params[p].slices.size(); ++s) {
         const SourceSlice& sl = params[p].slices[s];
         const int src = index.at(sl.source);
-        Piece pc;
-        pc.dst = static_cast<int>(d);
-        pc.param = static_cast<int>(p);
-        pc.slice = static_cast<int>(s);
-        pc.source = src;
-        pc.src = sl.src;
-        pc.bytes = dtype_bytes(manifest[static_cast<size_t>(src)].dtype, sl.src.numel());
-        per_source[static_cast<size_t>(src)].push_back(std::move(pc));
+        // One piece per held box the slice meets (one, for a trainer holding tensors whole).
+        const auto& boxes = held[static_cast<size_t>(src)];
+        for (size_t k = 0; k < boxes.size(); ++k) {
+          auto part = boxes.size() == 1 ? std::optional<Region>(sl.src) : intersect(sl.src, boxes[k].region);
+          if (!part) continue;
+          Piece pc;
+          pc.dst = static_cast<int>(d);
+          pc.param = static_cast<int>(p);
+          pc.slice = static_cast<int>(s);
+          pc.source = src;
+          pc.box = static_cast<int>(k);
+          pc.src = std::move(*part);
+          pc.bytes = dtype_bytes(manifest[static_cast<size_t>(src)].dtype, pc.src.numel());
+          per_source[static_cast<size_t>(src)].push_back(std::move(pc));
+        }
       }
     }
   }
@@ -205,7 +193,7 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
   plan.bytes_per_sender.assign(senders.size(), 0);
   for (int i : by_size) {
     Piece& pc = plan.pieces[static_cast<size_t>(i)];
-    const auto& cands = candidates(static_cast<size_t>(pc.source));
+    const auto& cands = held[static_cast<size_t>(pc.source)][static_cast<size_t>(pc.box)].holders;
     int best = cands.front();
     for (int c : cands) {
       if (plan.bytes_per_sender[static_cast<size_t>(c)] < plan.bytes_per_sender[static_cast<size_t>(best)]) best = c;
@@ -216,6 +204,19 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
   for (const Piece& pc : plan.pieces) plan.max_row_bytes = std::max(plan.max_row_bytes, piece_rows(pc.src.size, pc.bytes).row_bytes);
   plan.buckets = cut_buckets(plan, bucket_bytes);
   return plan;
+}
+
+Region piece_dst_region(const Piece& piece, const ParamSpec& param) {
+  const SourceSlice& slice = param.slices[static_cast<size_t>(piece.slice)];
+  Region dst = slice_dst_region(slice, param);
+  // Source dimension i is destination dimension i + k (a destination may have leading dimensions,
+  // such as experts, that its source slices do not).
+  const size_t k = dst.size.size() - slice.src.size.size();
+  for (size_t i = 0; i < piece.src.size.size(); ++i) {
+    dst.offset[i + k] += piece.src.offset[i] - slice.src.offset[i];
+    dst.size[i + k] = piece.src.size[i];
+  }
+  return dst;
 }
 
 Result<std::shared_ptr<const Plan>> PlanCache::get(const Manifest& manifest, const std::vector<RankSpec>& ranks,

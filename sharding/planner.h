@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sharding/buckets.h"
+#include "sharding/holdings.h"
 #include "sharding/model_spec.h"
 
 namespace ferry::sharding {
@@ -21,9 +22,10 @@ struct Piece {
   int param = 0;   // parameter index in that rank's spec
   int slice = 0;   // slice index within the parameter
   int source = 0;  // manifest index of the source tensor
-  Region src;      // region of the source tensor
+  Region src;      // region of the source tensor (inside its slice's, and inside one held box)
   uint64_t bytes = 0;
   int sender = 0;
+  int box = 0;     // which held box of the source (holdings.h) the piece lies in
 };
 
 struct PlanOptions {
@@ -45,9 +47,15 @@ struct Plan {
 };
 
 struct SenderInfo {
-  // Names this sender can send; empty means every tensor of the manifest.
+  // Tensors this sender holds whole, and boxes of tensors it holds in part (holdings.h); both empty
+  // means every tensor of the manifest, whole.
   std::vector<std::string> owns;
+  std::vector<Holding> holds;
 };
+
+// Where a piece lands in its destination parameter: its slice's destination region, narrowed to
+// the part of the slice's source region the piece covers (a piece is cut by the holders' boxes).
+Region piece_dst_region(const Piece& piece, const ParamSpec& param);
 
 // Checks the manifest against every rank before anything moves; errors name the tensor, what the
 // replica expects and what the trainer sends.

@@ -20,29 +20,23 @@
 
 namespace ferry::testutil {
 
-inline sharding::LlamaConfig tiny_llama() {
+inline sharding::LlamaConfig llama_config(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t intermediate,
+                                          int64_t vocab, int64_t layers) {
   sharding::LlamaConfig c;
-  c.hidden_size = 128;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.intermediate_size = 256;
-  c.vocab_size = 300;
-  c.num_layers = 2;
+  c.hidden_size = hidden;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.intermediate_size = intermediate;
+  c.vocab_size = vocab;
+  c.num_layers = layers;
   return c;
 }
 
+inline sharding::LlamaConfig tiny_llama() { return llama_config(128, 4, 2, 256, 300, 2); }
+
 // One layer behind an embedding (and lm_head) of 36,000 x 1,024 bf16: 70 MiB each, larger than
 // any bucket a default receiver would take without being told.
-inline sharding::LlamaConfig wide_llama() {
-  sharding::LlamaConfig c;
-  c.hidden_size = 1024;
-  c.num_heads = 8;
-  c.num_kv_heads = 8;
-  c.intermediate_size = 1024;
-  c.vocab_size = 36000;
-  c.num_layers = 1;
-  return c;
-}
+inline sharding::LlamaConfig wide_llama() { return llama_config(1024, 8, 8, 1024, 36000, 1); }
 
 // Full-precision checkpoint tensors for a manifest, seeded.
 struct Checkpoint {

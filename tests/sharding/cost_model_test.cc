@@ -92,7 +92,7 @@ TEST(CostModel, InsideOneNodeUsesNvlink) {
   auto same_gpu = estimate_cost(*plan, t.ranks, 1, topo);  // sender 0 and rank 0 share GPU 0
   ASSERT_TRUE(same_gpu.ok());
   EXPECT_EQ(same_gpu->predicted_seconds, 0.0);
-  auto two = make_plan(t.manifest, t.ranks, {SenderInfo{{"x"}}, SenderInfo{}}, PlanOptions{1 << 22});
+  auto two = make_plan(t.manifest, t.ranks, {SenderInfo{{"x"}, {}}, SenderInfo{}}, PlanOptions{1 << 22});
   EXPECT_FALSE(two.ok());  // sender 0 owns an unknown tensor
   std::vector<SenderInfo> senders(2);
   senders[0].owns = {"model.layers.0.mlp.w.weight"};

@@ -176,8 +176,10 @@ Reassembled reassemble(const Manifest& manifest, const std::vector<RankSpec>& ra
     const ParamSpec& p = ranks[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
     const SourceSlice& sl = p.slices[static_cast<size_t>(pc.slice)];
     const Shape& src_shape = manifest[static_cast<size_t>(pc.source)].shape;
-    if (manifest[static_cast<size_t>(pc.source)].name != sl.source || !(pc.src == sl.src)) {
-      out.error = fmt::format("piece for {} does not match its slice", p.name);
+    // A piece is its slice's source box, or a part of it (cut by the holders' boxes).
+    const auto part = intersect(pc.src, sl.src);
+    if (manifest[static_cast<size_t>(pc.source)].name != sl.source || !part || !(*part == pc.src)) {
+      out.error = fmt::format("piece for {} is not inside its slice", p.name);
       return out;
     }
     const size_t k = src_shape.size(), n = p.shape.size();
@@ -189,7 +191,7 @@ Reassembled reassemble(const Manifest& manifest, const std::vector<RankSpec>& ra
       for (size_t a = 0; a < k; ++a) sflat = sflat * src_shape[a] + idx[a];
       for (size_t a = 0; a < n; ++a) {
         int64_t pos = sl.dst_offset[a];
-        if (a >= n - k) pos += idx[a - (n - k)] - pc.src.offset[a - (n - k)];
+        if (a >= n - k) pos += idx[a - (n - k)] - sl.src.offset[a - (n - k)];
         if (pos < 0 || pos >= p.shape[a]) {
           out.error = fmt::format("piece of {} lands outside {}", sl.source, p.name);
           return out;

@@ -15,12 +15,39 @@ namespace {
 
 using testing::TCfg;
 
+// FSDP2's Shard(0) of every tensor over `n` senders: rows [r * ceil(R / n), ...) each, the last
+// shorter and later ones empty; `groups` copies of that (HSDP), sender g * n + r holding shard r.
+std::vector<SenderInfo> sharded_senders(const Manifest& m, int n, int groups) {
+  std::vector<SenderInfo> senders(static_cast<size_t>(n * groups));
+  for (const SourceTensor& t : m) {
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const int64_t per = (rows + n - 1) / n;
+    for (int r = 0; r < n; ++r) {
+      Region box = Region::whole(t.shape);
+      if (!t.shape.empty()) {
+        box.offset[0] = std::min<int64_t>(rows, r * per);
+        box.size[0] = std::min<int64_t>(rows, (r + 1) * per) - box.offset[0];
+      } else if (r > 0) {
+        continue;  // a scalar is held by the first rank of each group
+      }
+      for (int g = 0; g < groups; ++g) senders[static_cast<size_t>(g * n + r)].holds.push_back(Holding{t.name, box});
+    }
+  }
+  return senders;
+}
+
 std::vector<SenderInfo> random_senders(std::mt19937_64& rng, const Manifest& m) {
   const int n = std::uniform_int_distribution<int>(1, 5)(rng);
   std::vector<SenderInfo> senders(static_cast<size_t>(n));
-  if (n > 1 && rng() % 2) {
-    // Each sender owns a subset (round-robin over tensors); the last also owns everything again.
-    for (size_t i = 0; i < m.size(); ++i) senders[i % static_cast<size_t>(n - 1)].owns.push_back(m[i].name);
+  switch (rng() % 3) {
+    case 0:
+      break;  // everyone holds everything
+    case 1:
+      // Each sender owns a subset (round-robin over tensors); the last also owns everything again.
+      for (size_t i = 0; n > 1 && i < m.size(); ++i) senders[i % static_cast<size_t>(n - 1)].owns.push_back(m[i].name);
+      break;
+    default:
+      return sharded_senders(m, n, 1 + static_cast<int>(rng() % 2));
   }
   return senders;
 }
