@@ -80,32 +80,31 @@ std::optional<Region> intersect(const Region& a, const Region& b) {
   return out;
 }
 
-Result<std::vector<std::vector<HeldBox>>> resolve_holdings(const Manifest& manifest,
-                                                           const std::vector<SenderInfo>& senders) {
+Result<Holdings> resolve_holdings(const Manifest& manifest, const std::vector<SenderInfo>& senders) {
   if (senders.empty()) return Status::invalid_argument("a plan needs at least one sender");
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = i;
-  std::vector<std::vector<HeldBox>> boxes(manifest.size());
+  Holdings out;
+  out.boxes.resize(manifest.size());
   auto add = [&](size_t t, const Region& r, int sender) {
-    for (HeldBox& b : boxes[t]) {
+    for (HeldBox& b : out.boxes[t]) {
       if (b.region == r) {
         if (b.holders.empty() || b.holders.back() != sender) b.holders.push_back(sender);
         return;
       }
     }
-    boxes[t].push_back(HeldBox{r, {sender}});
+    out.boxes[t].push_back(HeldBox{r, {sender}});
   };
   for (size_t s = 0; s < senders.size(); ++s) {
-    const int sender = static_cast<int>(s);
     const SenderInfo& info = senders[s];
     if (info.owns.empty() && info.holds.empty()) {
-      for (size_t t = 0; t < manifest.size(); ++t) add(t, Region::whole(manifest[t].shape), sender);
+      out.everyone.push_back(static_cast<int>(s));
       continue;
     }
     for (const std::string& n : info.owns) {
       auto it = index.find(n);
       if (it == index.end()) return Status::invalid_argument(fmt::format("sender {} owns unknown tensor {}", s, n));
-      add(it->second, Region::whole(manifest[it->second].shape), sender);
+      add(it->second, Region::whole(manifest[it->second].shape), static_cast<int>(s));
     }
     for (const Holding& h : info.holds) {
       auto it = index.find(h.name);
@@ -115,14 +114,27 @@ Result<std::vector<std::vector<HeldBox>>> resolve_holdings(const Manifest& manif
         return Status::invalid_argument(fmt::format("{}: sender {} holds {}, outside its shape {}", t.name, s,
                                                     h.region.to_string(), shape_to_string(t.shape)));
       }
-      if (h.region.numel() > 0) add(it->second, h.region, sender);
+      if (h.region.numel() > 0) add(it->second, h.region, static_cast<int>(s));
     }
   }
   for (size_t t = 0; t < manifest.size(); ++t) {
-    if (boxes[t].empty()) return Status::invalid_argument(fmt::format("tensor {}: no sender holds it", manifest[t].name));
-    FERRY_RETURN_IF_ERROR(check_tiling(manifest[t], boxes[t]));
+    auto& boxes = out.boxes[t];
+    if (!out.everyone.empty()) {
+      // Senders holding everything hold each tensor whole: its whole box gains them (holders kept
+      // ascending); a tensor no one else declared is that box alone (holders: everyone).
+      const Region whole = Region::whole(manifest[t].shape);
+      auto it = std::find_if(boxes.begin(), boxes.end(), [&](const HeldBox& b) { return b.region == whole; });
+      if (it == boxes.end()) {
+        boxes.push_back(HeldBox{whole, {}});
+      } else {
+        it->holders.insert(it->holders.end(), out.everyone.begin(), out.everyone.end());
+        std::sort(it->holders.begin(), it->holders.end());
+      }
+    }
+    if (boxes.empty()) return Status::invalid_argument(fmt::format("tensor {}: no sender holds it", manifest[t].name));
+    FERRY_RETURN_IF_ERROR(check_tiling(manifest[t], boxes));
   }
-  return boxes;
+  return out;
 }
 
 }  // namespace ferry::sharding

@@ -24,7 +24,16 @@ struct Holding {
 // One distinct box of a tensor and the senders holding it.
 struct HeldBox {
   Region region;
-  std::vector<int> holders;  // sender indices, ascending
+  std::vector<int> holders;  // sender indices, ascending; empty: Holdings::everyone alone
+};
+
+struct Holdings {
+  std::vector<std::vector<HeldBox>> boxes;  // per manifest tensor, tiling it
+  std::vector<int> everyone;                // senders that declared nothing: they hold every tensor whole
+  const std::vector<int>& holders(size_t tensor, size_t box) const {
+    const auto& h = boxes[tensor][box].holders;
+    return h.empty() ? everyone : h;
+  }
 };
 
 struct SenderInfo;
@@ -32,8 +41,7 @@ struct SenderInfo;
 // Per manifest tensor, its distinct boxes (tiling it exactly), from every sender's `owns` (whole
 // tensors), `holds` (boxes) or neither (every tensor whole). Errors name the tensor, the boxes and
 // the senders: an unknown name, a box outside the tensor, a gap, a conflicting overlap.
-Result<std::vector<std::vector<HeldBox>>> resolve_holdings(const Manifest& manifest,
-                                                           const std::vector<SenderInfo>& senders);
+Result<Holdings> resolve_holdings(const Manifest& manifest, const std::vector<SenderInfo>& senders);
 
 // The part of `a` inside `b`; nullopt when they share no element.
 std::optional<Region> intersect(const Region& a, const Region& b);

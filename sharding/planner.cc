@@ -155,7 +155,7 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
         const SourceSlice& sl = params[p].slices[s];
         const int src = index.at(sl.source);
         // One piece per held box the slice meets (one, for a trainer holding tensors whole).
-        const auto& boxes = held[static_cast<size_t>(src)];
+        const auto& boxes = held.boxes[static_cast<size_t>(src)];
         for (size_t k = 0; k < boxes.size(); ++k) {
           auto part = boxes.size() == 1 ? std::optional<Region>(sl.src) : intersect(sl.src, boxes[k].region);
           if (!part) continue;
@@ -193,7 +193,7 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
   plan.bytes_per_sender.assign(senders.size(), 0);
   for (int i : by_size) {
     Piece& pc = plan.pieces[static_cast<size_t>(i)];
-    const auto& cands = held[static_cast<size_t>(pc.source)][static_cast<size_t>(pc.box)].holders;
+    const auto& cands = held.holders(static_cast<size_t>(pc.source), static_cast<size_t>(pc.box));
     int best = cands.front();
     for (int c : cands) {
       if (plan.bytes_per_sender[static_cast<size_t>(c)] < plan.bytes_per_sender[static_cast<size_t>(best)]) best = c;
