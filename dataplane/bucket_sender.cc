@@ -119,6 +119,13 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
                              const std::vector<sharding::RankSpec>& ranks,
                              const std::vector<std::vector<wire::Endpoint>>& endpoints,
                              const std::vector<std::string>& storage_devices, Identity identity) {
+  // Each piece is read from the whole tensor send() is given: a plan that splits the manifest among
+  // several senders (holdings) needs every trainer rank to send only its own pieces from its own
+  // shard, which this sender does not do yet.
+  if (plan->bytes_per_sender.size() != 1) {
+    return Status::failed_precondition(
+        fmt::format("a plan of {} senders; a trainer sends as the only sender of whole tensors", plan->bytes_per_sender.size()));
+  }
   plan_ = std::move(plan);
   ranks_ = &ranks;
   identity_ = std::move(identity);

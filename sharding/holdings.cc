@@ -12,6 +12,7 @@ namespace ferry::sharding {
 namespace {
 
 std::string senders_text(const std::vector<int>& s) {
+  if (s.empty()) return "every sender that declared no holdings";
   std::string out;
   for (int i : s) out += (out.empty() ? "" : ", ") + std::to_string(i);
   return (s.size() == 1 ? "sender " : "senders ") + out;
