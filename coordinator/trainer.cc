@@ -63,16 +63,14 @@ class TrainerImpl final : public Trainer {
 
   Status init() {
     FERRY_RETURN_IF_ERROR(validate_settings());
-    FERRY_ASSIGN_OR_RETURN(timeout_ms_, setting_int("FERRY_TIMEOUT_MS"));
     dataplane::BucketSenderSettings ss;
-    ss.timeout_ms = timeout_ms_;
     FERRY_ASSIGN_OR_RETURN(ss.verify, setting_bool("FERRY_VERIFY"));
     FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
     FERRY_ASSIGN_OR_RETURN(std::string direct, setting_string("FERRY_DIRECT"));
     ss.direct = direct == "auto" && transport::ipc_share_available();
     FERRY_ASSIGN_OR_RETURN(ss.transport, setting_string("FERRY_TRANSPORT"));
     FERRY_ASSIGN_OR_RETURN(ss.transport_options, transport::transport_options_from_settings());
-    ss.in_flight = static_cast<size_t>(ss.transport_options.buckets_in_flight);
+    timeout_ms_ = ss.transport_options.timeout.count();
     // This trainer's bucket size: every plan it makes cuts its buckets so, and the ranks take them
     // whatever their own setting (each connection announces its largest bucket).
     plan_options_.bucket_bytes = ss.transport_options.bucket_bytes;

@@ -26,7 +26,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 
-Clock::time_point deadline(int64_t timeout_ms) { return Clock::now() + std::chrono::milliseconds(timeout_ms); }
+Clock::time_point deadline(std::chrono::milliseconds timeout) { return Clock::now() + timeout; }
 
 // Where the rows of `src` lie inside a contiguous tensor of `shape` and `dtype`: the first row's
 // byte offset and the bytes between rows, when every row of the box is one contiguous run.
@@ -146,7 +146,7 @@ Status BucketSender::finish(Status failure) {
   }
   for (auto& d : dests_) {
     while (!d.in_flight.empty()) {
-      Status st = d.in_flight.front().first->wait(deadline(settings_.timeout_ms));
+      Status st = d.in_flight.front().first->wait(deadline(settings_.transport_options.timeout));
       if (!st.ok()) {
         record(st);
         d.conn->abort();
@@ -191,7 +191,7 @@ Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<st
                            data_credential(identity_.key, identity_.sender, identity_.receivers.at(i), max_bucket));
     transport::ConnectOptions options(credential, max_bucket);
     options.max_in_flight = static_cast<uint32_t>(max_in_flight);
-    auto c = (*t)->connect(e.blob(), deadline(settings_.timeout_ms), options);
+    auto c = (*t)->connect(e.blob(), deadline(settings_.transport_options.timeout), options);
     if (!c.ok()) {
       FERRY_LOG_INFO("{} cannot reach replica {} rank {}: {}", e.transport(), rank.replica, rank.tp_rank,
                      c.status().message());
@@ -219,7 +219,7 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     // for pieces that leave a bucket short of full.
     const uint64_t payload = want - kBucketHeaderRoom;
     const size_t in_flight = static_cast<size_t>(
-        std::min<uint64_t>(settings_.in_flight, (plan_->bytes_per_dst[i] + payload - 1) / std::max<uint64_t>(payload, 1) + 1));
+        std::min<uint64_t>(static_cast<uint64_t>(settings_.transport_options.buckets_in_flight), (plan_->bytes_per_dst[i] + payload - 1) / std::max<uint64_t>(payload, 1) + 1));
     for (auto& old : dests_) {
       bool same = false;
       for (const auto& e : endpoints[i]) same = same || e.blob() == old.endpoint;
@@ -273,7 +273,7 @@ Result<BucketBuilder*> BucketSender::open_bucket(Destination& d) {
   if (d.open >= 0) return d.pool[static_cast<size_t>(d.open)].get();
   if (d.free.empty()) {
     auto& [handle, k] = d.in_flight.front();
-    FERRY_RETURN_IF_ERROR(handle->wait(deadline(settings_.timeout_ms)));
+    FERRY_RETURN_IF_ERROR(handle->wait(deadline(settings_.transport_options.timeout)));
     d.free.push_back(k);
     d.in_flight.pop_front();
   }

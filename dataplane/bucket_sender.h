@@ -37,12 +37,12 @@ namespace ferry::dataplane {
 class BucketBuilder;
 
 struct BucketSenderSettings {
-  int64_t timeout_ms = 0;     // FERRY_TIMEOUT_MS
-  size_t in_flight = 1;       // FERRY_BUCKETS_IN_FLIGHT
   bool verify = false;        // FERRY_VERIFY
   bool direct = false;        // FERRY_DIRECT allows direct reads
   std::string transport = "auto";  // FERRY_TRANSPORT: the one allowed, or "auto"
-  transport::TransportOptions transport_options;  // what the transports it creates are made with
+  // What the transports it creates are made with; also the sender's deadlines (timeout) and the
+  // most buckets in flight per destination (buckets_in_flight).
+  transport::TransportOptions transport_options;
 };
 
 // The bucket buffer a sender keeps for destination `dst` of `plan`: the plan's bytes for it up to
