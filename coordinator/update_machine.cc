@@ -33,6 +33,7 @@ UpdateMachine::UpdateMachine(boost::asio::io_context& io, MemberTable& members, 
 const char* UpdateMachine::phase() const {
   switch (phase_) {
     case Phase::kIdle: return "idle";
+    case Phase::kStarting: return "starting";
     case Phase::kPausing: return "pausing";
     case Phase::kTransferring: return "transferring";
     case Phase::kFinalizing: return "finalizing";
@@ -41,9 +42,11 @@ const char* UpdateMachine::phase() const {
   return "?";
 }
 
-void UpdateMachine::send_to_trainer(wire::Envelope& env) {
-  auto it = members_.find(trainer_);
-  if (it != members_.end()) it->second.channel->send(env);
+void UpdateMachine::send_to_trainers(wire::Envelope& env) {
+  for (int id : trainers_) {
+    auto it = members_.find(id);
+    if (id != 0 && it != members_.end()) it->second.channel->send(env);
+  }
 }
 
 void UpdateMachine::arm_timer(const char* what) {
@@ -73,107 +76,6 @@ void UpdateMachine::record(bool ok, const std::string& error) {
   (ok ? updates_ok_ : updates_failed_) += 1;
 }
 
-void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
-  wire::Envelope reply;
-  auto refuse = [&](const Status& st) {
-    to_wire(st, reply.mutable_start_reply()->mutable_status());
-    trainer.channel->send(reply);
-  };
-  if (trainer.role != "trainer" || trainer.data_key.empty()) {
-    return refuse(Status::failed_precondition(fmt::format("{} may not start an update; only trainers do", trainer.describe())));
-  }
-  if (phase_ != Phase::kIdle) {
-    return refuse(Status::failed_precondition(
-        fmt::format("update v{} is {}; a second update cannot start", version_, phase())));
-  }
-  StartCache& cache = start_caches_[trainer.id];
-  if (s.manifest_omitted()) {
-    if (s.manifest_digest() == 0 || s.manifest_digest() != cache.digest) {
-      return refuse(Status::failed_precondition(
-          fmt::format("the start omits its manifest (digest {:016x}) but this coordinator holds {:016x}: resend it",
-                      s.manifest_digest(), cache.digest)));
-    }
-  } else {
-    auto manifest = manifest_from_wire(s.manifest());
-    if (!manifest.ok()) return refuse(manifest.status());
-    cache.manifest = std::move(*manifest);
-    cache.digest = s.manifest_digest();
-    cache.checked_for.clear();
-  }
-  if (!s.pause_mode().empty() && s.pause_mode() != "abort" && s.pause_mode() != "wait" && s.pause_mode() != "keep") {
-    return refuse(Status::invalid_argument(
-        fmt::format("pause mode '{}' is not one of abort, wait, keep", s.pause_mode())));
-  }
-  auto who = participants_for(s);
-  if (!who.ok()) return refuse(who.status());
-  std::set<int> participants = std::move(*who);
-  // Every mismatch fails here, before any rank pauses and before one byte moves. A member's spec
-  // never changes (a rejoining rank is a new member), so a manifest checked against these members
-  // (same digest) needs no second check.
-  if (cache.digest == 0 || participants != cache.checked_for) {
-    std::vector<sharding::RankSpec> specs;
-    for (int id : participants) specs.push_back(members_.at(id).spec);
-    if (Status st = sharding::check_manifest(cache.manifest, specs); !st.ok()) return refuse(st);
-    cache.checked_for = participants;
-  }
-
-  participants_ = std::move(participants);
-  trainer_ = trainer.id;
-  version_ = s.version();
-  pending_failure_ = Status();
-  acked_.clear();
-  resume_failures_.clear();
-  phase_ = Phase::kPausing;
-  started_ = phase_start_ = Clock::now();
-  report_ = wire::FinishReply{};
-  wire::Envelope pause;
-  pause.mutable_pause()->set_version(s.version());
-  pause.mutable_pause()->set_mode(s.pause_mode().empty() ? "abort" : s.pause_mode());
-  pause.mutable_pause()->set_clear_cache(s.clear_cache());
-  auto* sender = pause.mutable_pause()->add_senders();
-  sender->set_member_id(trainer.id);
-  sender->set_key(trainer.data_key);
-  for (int id : participants_) {
-    members_.at(id).state = "pausing";
-    members_.at(id).channel->send(pause);
-  }
-  arm_timer("pause");
-}
-
-Result<std::set<int>> UpdateMachine::participants_for(const wire::StartUpdate& s) const {
-  std::set<int> wanted(s.replicas().begin(), s.replicas().end());
-  if (wanted.empty()) {
-    for (const auto& [replica, info] : replicas_) wanted.insert(replica);
-  }
-  std::set<int> participants;
-  for (int replica : wanted) {
-    auto info = replicas_.find(replica);
-    if (info == replicas_.end()) {
-      return Status::failed_precondition(fmt::format("replica {} has no rank that ever joined; nothing was paused", replica));
-    }
-    const auto ranks = replica_ranks(members_, replica);
-    for (int k = 0; k < info->second.tp_size; ++k) {
-      auto it = ranks.find(k);
-      if (it == ranks.end()) {
-        auto why = info->second.left.find(k);
-        return Status::failed_precondition(fmt::format(
-            "replica {} is missing rank {} of {} ({}); nothing was paused. Start the rank again, or update the other "
-            "replicas alone (UpdateOptions.replicas)",
-            replica, k, info->second.tp_size,
-            why == info->second.left.end() ? "it has not joined" : "it left: " + why->second));
-      }
-      const Member& m = members_.at(it->second);
-      if (s.version() <= m.version) {
-        return Status::invalid_argument(
-            fmt::format("version {} is not above the current version {} of {}", s.version(), m.version, m.describe()));
-      }
-      participants.insert(it->second);
-    }
-  }
-  if (participants.empty()) return Status::failed_precondition("no rollout rank has joined");
-  return participants;
-}
-
 void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
   if (phase_ != Phase::kPausing || a.version() != version_ || !participants_.count(m.id)) return;
   if (Status st = from_wire(a.status()); !st.ok()) return fail(on_rank(st, m, "pause"));
@@ -184,45 +86,35 @@ void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
   timer_.cancel();
   report_.set_pause_seconds(since(phase_start_));
   phase_ = Phase::kTransferring;
-  wire::Envelope reply;
-  auto* r = reply.mutable_start_reply();
-  to_wire(ok_status(), r->mutable_status());
-  for (int id : participants_) {
-    Member& p = members_.at(id);
-    p.state = "transferring";
-    auto* w = r->add_ranks();
-    w->set_member_id(id);
-    if (start_caches_[trainer_].specs_sent.insert(id).second) to_wire(p.spec, w->mutable_spec());  // kept there
-    for (const auto& e : p.endpoints) *w->add_endpoints() = e;
-    w->set_storage_device(p.storage_device);
-  }
-  send_to_trainer(reply);
+  for (int id : participants_) members_.at(id).state = "transferring";
+  send_start_replies();
 }
 
 void UpdateMachine::on_finish(Member& trainer, const wire::FinishUpdate& f) {
-  if (phase_ != Phase::kTransferring || trainer.id != trainer_ || f.version() != version_) {
+  if (phase_ != Phase::kTransferring || !is_trainer(trainer.id) || f.version() != version_ ||
+      finished_.count(trainer.id)) {
     Status st = Status::failed_precondition(fmt::format("finish of v{} without a matching start", f.version()));
-    if (phase_ == Phase::kIdle && f.version() == aborted_version_ && !pending_failure_.ok()) {
-      st = pending_failure_;
-      pending_failure_ = Status();
-    }
+    if (f.version() == aborted_version_ && owed_failure_.erase(trainer.id)) st = pending_failure_;
     wire::Envelope reply;
     to_wire(st, reply.mutable_finish_reply()->mutable_status());
     trainer.channel->send(reply);
     return;
   }
   if (static_cast<size_t>(f.buckets_size()) != participants_.size()) {
-    return fail(Status::invalid_argument(
-        fmt::format("finish lists {} ranks; the update has {}", f.buckets_size(), participants_.size())));
+    return fail(Status::invalid_argument(fmt::format("the finish of {} lists {} ranks; the update has {}",
+                                                     trainer_name(trainer.id), f.buckets_size(), participants_.size())));
   }
+  for (size_t i = 0; i < bucket_sums_.size(); ++i) bucket_sums_[i] += f.buckets(static_cast<int>(i));
+  finished_.insert(trainer.id);
+  if (finished_.size() < trainers_.size()) return;  // trainer ranks still sending
   phase_ = Phase::kFinalizing;
   phase_start_ = Clock::now();
   acked_.clear();
-  int i = 0;
+  size_t i = 0;
   for (int id : participants_) {
     wire::Envelope env;
     env.mutable_finalize()->set_version(version_);
-    env.mutable_finalize()->set_buckets(f.buckets(i++));
+    env.mutable_finalize()->set_buckets(bucket_sums_[i++]);
     members_.at(id).state = "finalizing";
     members_.at(id).channel->send(env);
   }
@@ -298,7 +190,7 @@ void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
   }
   wire::Envelope env;
   *env.mutable_finish_reply() = report_;
-  send_to_trainer(env);
+  send_to_trainers(env);
   phase_ = Phase::kIdle;
 }
 
@@ -306,15 +198,15 @@ void UpdateMachine::on_abort_request(Member& trainer, const wire::AbortUpdate& a
   wire::Envelope reply;
   auto* r = reply.mutable_finish_reply();
   r->set_version(a.version());
-  if (phase_ == Phase::kTransferring && trainer.id == trainer_ && a.version() == version_) {
-    const Status why = Status::aborted(fmt::format("the trainer aborted update v{}{}{}", version_,
-                                                   a.reason().empty() ? "" : ": ", a.reason()));
+  if (phase_ == Phase::kTransferring && is_trainer(trainer.id) && !finished_.count(trainer.id) &&
+      a.version() == version_) {
+    const Status why = Status::aborted(fmt::format("{} aborted update v{}{}{}", trainers_.size() > 1 ? trainer_name(trainer.id) : "the trainer",
+                                                   version_, a.reason().empty() ? "" : ": ", a.reason()));
     fail(why);
-    pending_failure_ = Status();
+    owed_failure_.erase(trainer.id);
     to_wire(why, r->mutable_status());
-  } else if (phase_ == Phase::kIdle && a.version() == aborted_version_ && !pending_failure_.ok()) {
+  } else if (a.version() == aborted_version_ && owed_failure_.erase(trainer.id)) {
     to_wire(pending_failure_, r->mutable_status());  // it had failed already: that is its end
-    pending_failure_ = Status();
   } else {
     to_wire(Status::failed_precondition(fmt::format("no open update v{} of this trainer to abort", a.version())),
             r->mutable_status());
@@ -351,13 +243,19 @@ void UpdateMachine::on_abort_ack(Member& m, const wire::AbortAck& a) {
 
 void UpdateMachine::on_member_lost(const Member& m, const Status& why) {
   start_caches_.erase(m.id);  // a trainer's manifest and specs go with it
-  if (phase_ == Phase::kIdle || (m.id != trainer_ && !participants_.count(m.id))) return;
-  fail(Status(why.code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
-              fmt::format("{} was lost during {}: {}", m.describe(), phase(), why.message())));
+  if (phase_ == Phase::kIdle || (!is_trainer(m.id) && !participants_.count(m.id))) return;
+  const std::string who = is_trainer(m.id) ? trainer_name(m.id) : m.describe();
+  const StatusCode code = why.code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable;
+  if (phase_ == Phase::kStarting) {
+    return refuse_start(Status(code, fmt::format("{} was lost before every trainer rank started update v{}: {}; nothing "
+                                                 "was paused", who, version_, why.message())));
+  }
+  fail(Status(code, fmt::format("{} was lost during {}: {}", who, phase(), why.message())));
 }
 
 void UpdateMachine::fail(const Status& why) {
   if (phase_ == Phase::kIdle) return;
+  if (phase_ == Phase::kStarting) return refuse_start(why);
   timer_.cancel();
   FERRY_LOG_ERROR("update v{} aborted during {}: {}", version_, phase(), why.message());
   wire::Envelope abort;
@@ -381,15 +279,25 @@ void UpdateMachine::fail(const Status& why) {
   wire::Envelope reply;
   if (phase_ == Phase::kPausing) {
     to_wire(why, reply.mutable_start_reply()->mutable_status());
-    send_to_trainer(reply);
+    send_to_trainers(reply);
   } else if (phase_ == Phase::kTransferring) {
-    // The trainer is sending and waits on no reply; it learns at finish.
+    // Trainer ranks still sending wait on no reply: they learn at their finish (or abort). Those
+    // that finished already wait for this answer.
     pending_failure_ = why;
     aborted_version_ = version_;
+    to_wire(why, reply.mutable_finish_reply()->mutable_status());
+    reply.mutable_finish_reply()->set_version(version_);
+    for (int id : trainers_) {
+      if (!finished_.count(id)) {
+        owed_failure_.insert(id);
+      } else if (auto it = members_.find(id); it != members_.end()) {
+        it->second.channel->send(reply);
+      }
+    }
   } else {
     to_wire(why, reply.mutable_finish_reply()->mutable_status());
     reply.mutable_finish_reply()->set_version(version_);
-    send_to_trainer(reply);
+    send_to_trainers(reply);
   }
   phase_ = Phase::kIdle;
 }

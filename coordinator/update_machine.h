@@ -1,7 +1,15 @@
 // One weight update at a time, as a state machine on the coordinator's I/O thread:
-//   idle -> pausing -> transferring -> finalizing -> resuming -> idle, or -> aborted (then idle).
-// Versions only increase per replica; a second concurrent update is refused (FailedPrecondition);
-// every rank of the updated replicas resumes together, only after all hold the complete version.
+//   idle -> [starting] -> pausing -> transferring -> finalizing -> resuming -> idle, or -> aborted
+// (then idle). Versions only increase per replica; a second concurrent update is refused
+// (FailedPrecondition); every rank of the updated replicas resumes together, only after all hold the
+// complete version.
+//
+// A sharded trainer is several trainer members, one per trainer rank. Its update is collective: it
+// is starting until every trainer rank has sent its start (same version, manifest and options;
+// within FERRY_TIMEOUT_MS of the first), then the holdings of all of them must tile every manifest
+// tensor before any replica pauses; it finalizes once every trainer rank has finished, each rank
+// told the sum of the buckets sent to it; a trainer rank that leaves or aborts fails it for all.
+// The start path is update_start.cc.
 #pragma once
 
 #include <deque>
@@ -12,6 +20,7 @@
 
 #include "core/asio.h"
 #include "coordinator/members.h"
+#include "sharding/planner.h"
 #include "proto/ferry.pb.h"
 
 namespace ferry::coordinator {
@@ -44,12 +53,22 @@ class UpdateMachine {
   uint64_t updates_failed() const { return updates_failed_; }
 
  private:
-  enum class Phase { kIdle, kPausing, kTransferring, kFinalizing, kResuming };
+  enum class Phase { kIdle, kStarting, kPausing, kTransferring, kFinalizing, kResuming };
 
   void arm_timer(const char* what);
   void fail(const Status& why);
   void record(bool ok, const std::string& error);
-  void send_to_trainer(wire::Envelope& env);
+  // To every trainer rank of the update (those that have started, while starting).
+  void send_to_trainers(wire::Envelope& env);
+  bool is_trainer(int id) const;
+  std::string trainer_name(int id) const;  // "trainer rank 2 (trainer member 7)"
+  // The start path (update_start.cc).
+  Status accept_manifest(Member& trainer, const wire::StartUpdate& s);
+  void open_update();
+  void arm_start_timer();
+  // The update cannot open (nothing was paused): every trainer rank that started it is told.
+  void refuse_start(const Status& why);
+  void send_start_replies();
 
   boost::asio::io_context& io_;
   // The participants of an update starting now, or why it cannot: every rank of every replica it
@@ -64,8 +83,17 @@ class UpdateMachine {
   Phase phase_ = Phase::kIdle;
   uint64_t version_ = 0;          // the update in progress (or the last attempted)
   uint64_t aborted_version_ = 0;  // an update aborted during the transfer, reported at its finish
+  // Told to the trainer ranks that learn of a failure at their finish (or abort): those still
+  // sending when it failed.
   Status pending_failure_;
-  int trainer_ = 0;
+  std::set<int> owed_failure_;
+  // The trainer ranks of this update: member ids by trainer rank (0 while a rank has not started).
+  std::vector<int> trainers_;
+  wire::StartUpdate group_start_;              // the update's options (the first start, less its manifest)
+  std::vector<wire::StartUpdate> starts_;      // each trainer rank's start (holdings), by trainer rank
+  std::vector<sharding::SenderInfo> senders_;  // their holdings; empty for a trainer of one rank
+  std::set<int> finished_;                     // trainer members that sent their finish
+  std::vector<uint64_t> bucket_sums_;          // buckets to each participant, over the trainer ranks
   std::set<int> participants_;
   std::set<int> acked_;
   std::vector<std::string> resume_failures_;  // of this update, one line per rank

@@ -124,4 +124,30 @@ Result<sharding::Manifest> manifest_from_wire(const google::protobuf::RepeatedPt
   return out;
 }
 
+void to_wire(const sharding::SenderInfo& s, wire::SenderHoldings* out) {
+  out->Clear();
+  for (const auto& n : s.owns) out->add_owns(n);
+  for (const auto& h : s.holds) {
+    auto* w = out->add_holds();
+    w->set_name(h.name);
+    put(h.region.offset, w->mutable_offset());
+    put(h.region.size, w->mutable_size());
+  }
+}
+
+Result<sharding::SenderInfo> from_wire(const wire::SenderHoldings& s) {
+  sharding::SenderInfo out;
+  out.owns.assign(s.owns().begin(), s.owns().end());
+  for (const auto& h : s.holds()) {
+    FERRY_ASSIGN_OR_RETURN(Shape offset, dims_of(h.offset(), false, h.name(), "held box offset"));
+    FERRY_ASSIGN_OR_RETURN(Shape size, dims_of(h.size(), true, h.name(), "held box size"));
+    if (offset.size() != size.size()) {
+      return Status::invalid_argument(fmt::format("{}: a held box with {} offsets and {} sizes", h.name(),
+                                                  offset.size(), size.size()));
+    }
+    out.holds.push_back(sharding::Holding{h.name(), Region{std::move(offset), std::move(size)}});
+  }
+  return out;
+}
+
 }  // namespace ferry::coordinator

@@ -119,12 +119,9 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
                              const std::vector<sharding::RankSpec>& ranks,
                              const std::vector<std::vector<wire::Endpoint>>& endpoints,
                              const std::vector<std::string>& storage_devices, Identity identity) {
-  // Each piece is read from the whole tensor send() is given: a plan that splits the manifest among
-  // several senders (holdings) needs every trainer rank to send only its own pieces from its own
-  // shard, which this sender does not do yet.
-  if (plan->bytes_per_sender.size() != 1) {
-    return Status::failed_precondition(
-        fmt::format("a plan of {} senders; a trainer sends as the only sender of whole tensors", plan->bytes_per_sender.size()));
+  if (identity.index < 0 || static_cast<size_t>(identity.index) >= plan->bytes_per_sender.size()) {
+    return Status::failed_precondition(fmt::format("sender {} of a plan of {} senders", identity.index,
+                                                   plan->bytes_per_sender.size()));
   }
   plan_ = std::move(plan);
   ranks_ = &ranks;
@@ -397,14 +394,23 @@ Result<bool> BucketSender::send_direct(Destination& d, const sharding::Piece& pi
   return true;
 }
 
-Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor_in) {
+Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor_in,
+                          const Region& held) {
   const std::string& name = meta.name;
   TensorView tensor = tensor_in;
   Buffer host;  // a device tensor's bytes for pieces that travel as bytes
   for (int pi : plan_->by_source[source]) {
-    const sharding::Piece& piece = plan_->pieces[static_cast<size_t>(pi)];
-    const sharding::ParamSpec& param = (*ranks_)[static_cast<size_t>(piece.dst)].params[static_cast<size_t>(piece.param)];
-    const Region dst_full = sharding::piece_dst_region(piece, param);
+    const sharding::Piece& global = plan_->pieces[static_cast<size_t>(pi)];
+    if (global.sender != identity_.index) continue;
+    const sharding::ParamSpec& param = (*ranks_)[static_cast<size_t>(global.dst)].params[static_cast<size_t>(global.param)];
+    const Region dst_full = sharding::piece_dst_region(global, param);
+    // The piece as it lies in the local tensor: its box of the global tensor, less the held box's origin.
+    sharding::Piece piece = global;
+    for (size_t k = 0; k < piece.src.offset.size(); ++k) piece.src.offset[k] -= held.offset[k];
+    if (!piece.src.inside(tensor_in.shape())) {
+      return Status::internal(fmt::format("{}: the plan gives sender {} box {}, outside its held box {}", name,
+                                          identity_.index, global.src.to_string(), held.to_string()));
+    }
     Destination& d = dests_[static_cast<size_t>(piece.dst)];
     if (tensor_in.device().is_cuda() && d.direct) {
       auto sent = send_direct(d, piece, dst_full, tensor_in);

@@ -70,6 +70,7 @@ class BucketSender {
     int sender = 0;
     std::string key;
     std::vector<int> receivers;
+    int index = 0;  // this sender's index in the plan (its trainer rank): it sends only the pieces given it
   };
   // Connects to every rank of `plan` (keeping connections of the last update that are still good)
   // and sizes the bucket pools; then starts counting for update `version`. `ranks` must outlive the
@@ -77,10 +78,10 @@ class BucketSender {
   Status prepare(uint64_t version, std::shared_ptr<const sharding::Plan> plan, const std::vector<sharding::RankSpec>& ranks,
                  const std::vector<std::vector<wire::Endpoint>>& endpoints,
                  const std::vector<std::string>& storage_devices, Identity identity);
-  // Sends every piece of manifest tensor `source` (`meta`), read from `tensor`, into buckets cut
-  // by the plan's bucket rule (sharding/buckets.h): tensors sent in plan order make the plan's
-  // buckets.
-  Status send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor);
+  // Sends the pieces of manifest tensor `source` (`meta`) the plan gives this sender, read from
+  // `tensor`, the local tensor backing box `held` of the global one, into buckets cut by the plan's
+  // bucket rule (sharding/buckets.h): tensors sent in plan order make the plan's buckets.
+  Status send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor, const Region& held);
   // Posts the open buckets (none once `failure` is set) and waits for every bucket in flight; a
   // destination whose bucket failed reconnects next update. Returns `failure`, else the first error.
   Status finish(Status failure);

@@ -87,6 +87,14 @@ class Cluster {
     return trainer_->wait_for_ranks(tp_, 10'000);
   }
 
+  // The replica's ranks alone, joining the coordinator at `address` (a standalone one, or the
+  // trainer ranks' own): the test's trainers run elsewhere.
+  Status start_ranks(const std::string& address) {
+    address_ = address;
+    for (int r = 0; r < tp_; ++r) FERRY_RETURN_IF_ERROR(add_rank(r));
+    return ok_status();
+  }
+
   Status add_rank(int r) {
     auto rank = std::make_unique<Rank>();
     FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(scheme_));
@@ -94,7 +102,7 @@ class Cluster {
     FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
     rank->storage = std::make_unique<reload::ModelStorage>(std::move(storage));
     coordinator::RolloutOptions o;
-    o.coordinator = trainer_->coordinator_address();
+    o.coordinator = trainer_ ? trainer_->coordinator_address() : address_;
     o.spec = spec;
     o.storage = rank->storage.get();
     Rank* raw = rank.get();
@@ -131,6 +139,7 @@ class Cluster {
   int tp_;
   std::string scheme_;
   std::unique_ptr<coordinator::Trainer> trainer_;
+  std::string address_;  // the coordinator, without a trainer of the cluster's own
   std::vector<std::unique_ptr<Rank>> ranks_;
 };
 

@@ -10,10 +10,9 @@
 namespace ferry::dataplane {
 namespace {
 
-// A plan that splits the manifest between two senders (holdings) needs each trainer rank to send
-// only its own pieces from its own shard; the sender reads every piece from the whole tensor, so it
-// must refuse such a plan rather than send every piece from every rank.
-TEST(BucketSender, RefusesAPlanOfSeveralSenders) {
+// Each trainer rank sends the pieces the plan gives its index: an index the plan does not have would
+// send nothing and leave the ranks waiting, so it is refused before any connection.
+TEST(BucketSender, RefusesASenderIndexOutsideThePlan) {
   sharding::LlamaConfig c;
   c.hidden_size = 64;
   c.num_heads = 4;
@@ -27,9 +26,9 @@ TEST(BucketSender, RefusesAPlanOfSeveralSenders) {
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   BucketSender sender(BucketSenderSettings{}, [] {});
   const Status st = sender.prepare(1, std::make_shared<const sharding::Plan>(std::move(*plan)), ranks, {{}}, {"cpu"},
-                                   BucketSender::Identity{});
+                                   BucketSender::Identity{0, "", {}, 2});
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
-  EXPECT_THAT(st.message(), ::testing::HasSubstr("2 senders"));
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("sender 2 of a plan of 2 senders"));
 }
 
 }  // namespace

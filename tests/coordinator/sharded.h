@@ -1,0 +1,81 @@
+// Sharded trainers for the tests: which box of each checkpoint tensor each trainer rank holds, as
+// FSDP2, HSDP and pipeline stages lay them out, and that rank's local tensors cut from a checkpoint.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sharding/planner.h"
+#include "tests/coordinator/scheme_bytes.h"
+
+namespace ferry::testutil {
+
+// TP 2 with a vocabulary of 301 rows: four FSDP2 shards of the embedding and lm_head are uneven
+// (76, 76, 76, 73 rows).
+inline Config sharded_config(int tp) {
+  Config c = config(fmt::format("Tp{}Vocab301", tp), tp, 128, 4, 32, 256);
+  c.llama.vocab_size = 301;
+  return c;
+}
+
+// The rows FSDP2's Shard(0) gives rank `rank` of `ranks` of a dimension of `n` (torch.chunk: chunks
+// of ceil(n / ranks) rows, the last shorter and any after it empty).
+inline std::pair<int64_t, int64_t> fsdp_rows(int64_t n, int rank, int ranks) {
+  const int64_t chunk = (n + ranks - 1) / ranks;
+  return {std::min(n, chunk * rank), std::min(n, chunk * (rank + 1))};
+}
+
+inline sharding::Holding row_box(const sharding::SourceTensor& t, int64_t from, int64_t to) {
+  Region r = Region::whole(t.shape);
+  r.offset[0] = from;
+  r.size[0] = to - from;
+  return {t.name, r};
+}
+
+// A trainer rank's holdings of `m` under `layout`:
+//   fsdp      Shard(0) over all ranks;
+//   hsdp      Shard(0) over pairs, replicated across them (rank r holds shard r % 2 of 2);
+//   pipeline  stage r owns its layers whole (stage 0 also the embedding, the last the norm and head);
+//   gap       fsdp, but the last rank does not hold the last row of lm_head;
+//   overlap   fsdp, but rank 1's box of the embedding starts one row into rank 0's.
+inline sharding::SenderInfo holdings_for(const std::string& layout, const sharding::Manifest& m, int rank, int ranks) {
+  sharding::SenderInfo out;
+  for (const auto& t : m) {
+    if (layout == "pipeline") {
+      const bool first = t.name.find("embed_tokens") != std::string::npos;
+      const bool last = t.name.find("lm_head") != std::string::npos || t.name == "model.norm.weight";
+      const bool layer = t.name.find(fmt::format("layers.{}.", rank)) != std::string::npos;
+      if (layer || (first && rank == 0) || (last && rank == ranks - 1)) out.owns.push_back(t.name);
+      continue;
+    }
+    const bool hsdp = layout == "hsdp";
+    auto [from, to] = fsdp_rows(t.shape[0], hsdp ? rank % 2 : rank, hsdp ? 2 : ranks);
+    if (layout == "gap" && rank == ranks - 1 && t.name == "lm_head.weight") to -= 1;
+    if (layout == "overlap" && rank == 1 && t.name == "model.embed_tokens.weight") from -= 1;
+    out.holds.push_back(row_box(t, from, to));
+  }
+  return out;
+}
+
+// The local tensors of a trainer rank: each held box's rows copied out of the checkpoint.
+struct LocalShards {
+  std::map<std::string, std::vector<uint16_t>> data;
+  std::map<std::string, TensorView> views;
+
+  LocalShards(const sharding::Manifest& m, const Checkpoint& ck, const sharding::SenderInfo& h) {
+    for (const auto& name : h.owns) views.emplace(name, ck.views.at(name));
+    for (const auto& box : h.holds) {
+      const auto& src = ck.data.at(box.name);
+      const auto& t = *std::find_if(m.begin(), m.end(), [&](const auto& x) { return x.name == box.name; });
+      const int64_t row = shape_numel(t.shape) / std::max<int64_t>(t.shape[0], 1);
+      auto& v = data[box.name];
+      v.assign(src.begin() + box.region.offset[0] * row, src.begin() + (box.region.offset[0] + box.region.size[0]) * row);
+      views.emplace(box.name, TensorView(v.data(), DType::kBF16, box.region.size));
+    }
+  }
+};
+
+}  // namespace ferry::testutil

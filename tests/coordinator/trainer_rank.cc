@@ -1,0 +1,79 @@
+// One trainer rank of a sharded trainer, as its own process, for the sharded-trainer tests:
+//   ferry-trainer-rank OUT COORDINATOR RANK RANKS LAYOUT TP FIRST LAST [DIE_VERSION DIE_AFTER]
+// joins COORDINATOR as trainer rank RANK of RANKS, holds its LAYOUT box of every tensor of
+// sharded_config(TP)'s checkpoint (sharded.h), and sends versions FIRST..LAST, each from the
+// checkpoint seeded 100 + version, appending "v<N> ok" or "v<N> error: <status>" to OUT. With
+// DIE_VERSION, it exits abruptly after sending DIE_AFTER tensors of that version.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "coordinator/trainer.h"
+#include "tests/coordinator/sharded.h"
+
+int main(int argc, char** argv) {
+  using namespace ferry;
+  if (argc != 9 && argc != 11) {
+    std::fprintf(stderr, "usage: %s OUT COORDINATOR RANK RANKS LAYOUT TP FIRST LAST [DIE_VERSION DIE_AFTER]\n", argv[0]);
+    return 2;
+  }
+  const std::string out_path = argv[1];
+  const int rank = std::atoi(argv[3]), ranks = std::atoi(argv[4]), tp = std::atoi(argv[6]);
+  const std::string layout = argv[5];
+  const uint64_t first = std::strtoull(argv[7], nullptr, 10), last = std::strtoull(argv[8], nullptr, 10);
+  const uint64_t die_version = argc == 11 ? std::strtoull(argv[9], nullptr, 10) : 0;
+  const int die_after = argc == 11 ? std::atoi(argv[10]) : 0;
+  auto say = [&](const std::string& line) {
+    FILE* f = std::fopen(out_path.c_str(), "a");
+    if (f == nullptr) std::exit(3);
+    std::fprintf(f, "%s\n", line.c_str());
+    std::fclose(f);
+  };
+
+  const testutil::Config cfg = testutil::sharded_config(tp);
+  const sharding::Manifest manifest = sharding::llama_manifest(cfg.llama);
+  coordinator::TrainerOptions o;
+  o.coordinator = argv[2];
+  o.trainer_rank = rank;
+  o.trainer_ranks = ranks;
+  auto trainer = coordinator::Trainer::create(o);
+  if (!trainer.ok()) {
+    say("join error: " + trainer.status().to_string());
+    return 1;
+  }
+  coordinator::UpdateOptions u;
+  u.holdings = testutil::holdings_for(layout, manifest, rank, ranks);
+  int failures = 0;
+  for (uint64_t v = first; v <= last; ++v) {
+    const testutil::Checkpoint ck = testutil::make_checkpoint(manifest, 100 + v);
+    const testutil::LocalShards local(manifest, ck, u.holdings);
+    auto report = [&]() -> Result<coordinator::UpdateReport> {
+      FERRY_RETURN_IF_ERROR((*trainer)->start_weight_update(v, manifest, u));
+      Status sent;
+      if (v == die_version) {
+        int n = 0;
+        for (const auto& [name, view] : local.views) {
+          if (n++ == die_after) _exit(9);
+          if (sent = (*trainer)->send(name, view); !sent.ok()) break;
+        }
+      } else {
+        coordinator::MapSource source(local.views);
+        sent = (*trainer)->update_weights(source);
+      }
+      auto finished = (*trainer)->finish_weight_update();
+      if (!sent.ok()) return sent;
+      return finished;
+    }();
+    if (report.ok()) {
+      say(fmt::format("v{} ok bytes={} direct={}", v, report->bytes, report->direct_bytes));
+    } else {
+      say(fmt::format("v{} error: {}", v, report.status().to_string()));
+      ++failures;
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
