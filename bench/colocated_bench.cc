@@ -231,8 +231,8 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   const bool spread = std::any_of(rank_gpus.begin(), rank_gpus.end(), [&](int g) { return g != rank_gpus[0]; });
   std::string rank_list;
   for (int g : rank_gpus) rank_list += fmt::format("{}cuda:{}", rank_list.empty() ? "" : ",", g);
-  auto transport_or = ferry::setting_string("FERRY_TRANSPORT");
-  const std::string transport = transport_or.ok() ? *transport_or : "auto";
+  const ferry::Settings settings = ferry::load_settings().value();  // checked in main()
+  const std::string transport = settings.transport;
   if (apart && transport != "nccl" && transport != "cuda_ipc") {
     return std::cerr << "--rank-device on another GPU: set FERRY_TRANSPORT=nccl or cuda_ipc\n", 2;
   }
@@ -254,8 +254,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   }
   auto bw = copy_bandwidth(device);
   if (!bw.ok()) return std::cerr << bw.status().to_string() << "\n", 1;
-  auto bucket_or = ferry::bucket_bytes_setting();
-  const uint64_t bucket = bucket_or.ok() ? *bucket_or : uint64_t{64} << 20;
+  const uint64_t bucket = settings.bucket_bytes;
   Measured link;
   if (apart) {
     auto m = measure_link(transport, device, rank_gpus, bucket);
@@ -283,7 +282,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
     }
     pids.push_back(pid);
   }
-  const int64_t timeout = ferry::setting_int("FERRY_TIMEOUT_MS").value();
+  const int64_t timeout = ferry::load_settings().value().timeout_ms;
   Status st = (*trainer)->wait_for_ranks(tp, timeout);
   std::vector<ferry::coordinator::UpdateReport> reports, warm;
   const int warmup = 2;
@@ -396,7 +395,7 @@ int main(int argc, char** argv) {
   app.add_option("--tp-rank", tp_rank, "rollout role: this rank");
   app.add_flag("--json", json, "one JSON line");
   CLI11_PARSE(app, argc, argv);
-  if (auto st = ferry::validate_settings(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
+  if (auto st = ferry::load_settings().status(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
   if (!device.ok() || !device->is_cuda()) return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;
   if (role == "rollout") return run_rank(coordinator, scheme, layers, tp_rank, tp, device->index);

@@ -159,7 +159,7 @@ void print(const E2eOptions& o, const std::string& transport, const sharding::Pl
 
 Status run_case(const E2eOptions& o, const std::string& transport) {
   setenv("FERRY_TRANSPORT", transport.c_str(), 1);  // the trainer and the ranks (inherited) use only it
-  FERRY_RETURN_IF_ERROR(validate_settings());
+  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
   const demo::Model model;
   const sharding::LlamaConfig cfg = demo::llama_config(model);
   const sharding::Manifest manifest = sharding::llama_manifest(cfg);
@@ -170,10 +170,10 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
     specs.push_back(std::move(spec));
   }
   FERRY_RETURN_IF_ERROR(sharding::check_manifest(manifest, specs));  // a scheme the demo model cannot take fails here
-  FERRY_ASSIGN_OR_RETURN(const transport::TransportOptions topts, transport::transport_options_from_settings());
+  const transport::TransportOptions topts = transport::transport_options(settings);
   const uint64_t bucket_bytes = topts.bucket_bytes;
   const int64_t in_flight = topts.buckets_in_flight;
-  FERRY_ASSIGN_OR_RETURN(int64_t timeout_ms, setting_int("FERRY_TIMEOUT_MS"));
+  const int64_t timeout_ms = settings.timeout_ms;
   // The plan the trainer makes: the same manifest, ranks, one sender holding everything, bucket size.
   FERRY_ASSIGN_OR_RETURN(sharding::Plan plan,
                          sharding::make_plan(manifest, specs, {sharding::SenderInfo{}}, sharding::PlanOptions{bucket_bytes}));

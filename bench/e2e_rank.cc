@@ -71,7 +71,8 @@ class ControlEcho {
 // median seconds of `runs` whole updates (begin, every piece, finalize). The pieces are borrowed
 // for a bucket's worth of FERRY_BUCKET_BYTES at a time, as a rank borrows a host bucket's.
 Result<std::pair<uint64_t, double>> process_probe(const sharding::RankSpec& spec, int runs) {
-  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, bucket_bytes_setting());
+  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
+  const uint64_t bucket_bytes = settings.bucket_bytes;
   FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
   FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, storage));
   struct Piece {

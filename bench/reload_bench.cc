@@ -128,7 +128,8 @@ Status bench_scheme(bool json, Scheme linear) {
   // Borrowed: the buckets are the transport's, valid during their callback: pieces are borrowed
   // and released at the end of every FERRY_BUCKET_BYTES of them.
   enum class Mode { kLent, kCopied, kBorrowed };
-  FERRY_ASSIGN_OR_RETURN(const uint64_t bucket_bytes, bucket_bytes_setting());
+  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
+  const uint64_t bucket_bytes = settings.bucket_bytes;
   auto update = [&](Mode mode) -> Status {
     FERRY_RETURN_IF_ERROR(engine->begin(++version));
     sharding::BucketCutter bucket(bucket_bytes);

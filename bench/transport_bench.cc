@@ -189,9 +189,10 @@ double memcpy_seconds(size_t bytes, int iters) {
 using bench::Placement;
 
 Result<double> transport_seconds(const std::string& name, size_t bytes, int iters, const Placement& at) {
-  FERRY_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::transport_options_from_settings());
+  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
+  transport::TransportOptions options = transport::transport_options(settings);
   // Buckets of this size must fit the receiver's bound and the shm slots: size them for the run.
-  if (std::getenv("FERRY_BUCKET_BYTES") == nullptr) options.bucket_bytes = bytes;
+  if (settings.source("FERRY_BUCKET_BYTES") == SettingSource::kDefault) options.bucket_bytes = bytes;
   if (at.device) FERRY_RETURN_IF_ERROR(bench::set_device(at.rx));
   FERRY_ASSIGN_OR_RETURN(auto rx, transport::create_transport(name, options));
   if (at.device) FERRY_RETURN_IF_ERROR(bench::set_device(at.tx));

@@ -1,4 +1,3 @@
-#include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -23,17 +22,21 @@ void add_info_command(CLI::App& app) {
 #else
     std::cout << "cuda: not built\n";
 #endif
+    // Every setting, its value and where it came from (a command line has no keywords: the
+    // environment or the default).
     std::cout << "settings:\n";
+    auto values = resolve_settings();
+    if (!values.ok()) throw CLI::RuntimeError(2);
     bool bad = false;
-    for (const SettingInfo& s : all_settings()) {
-      const char* env = std::getenv(std::string(s.name).c_str());
-      auto value = setting_string(s.name);
-      std::string shown = value.ok() ? *value : std::string(env ? env : "");
+    for (const SettingValue& v : *values) {
+      const SettingInfo& s = *v.info;
+      std::string shown = v.text;
       if (s.name == "FERRY_TOKEN" && !shown.empty()) shown = "(set)";
-      std::cout << fmt::format("  {:<26} = {:<12} default {:<10} {}{}\n", s.name, shown.empty() ? "\"\"" : shown,
+      std::cout << fmt::format("  {:<26} = {:<12} {:<14} default {:<10} {}{}\n", s.name,
+                               shown.empty() ? "\"\"" : shown, fmt::format("({})", source_name(v.source)),
                                s.default_value.empty() ? "\"\"" : s.default_value, s.help,
-                               value.ok() ? "" : "  <-- " + value.status().message());
-      bad = bad || !value.ok();
+                               v.status.ok() ? "" : "  <-- " + v.status.message());
+      bad = bad || !v.status.ok();
     }
     if (bad) throw CLI::RuntimeError(2);
   });

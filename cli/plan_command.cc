@@ -81,12 +81,10 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
     FERRY_ASSIGN_OR_RETURN(model, sharding::model_from_file(a.config));
   }
   sharding::PlanOptions opts;
-  if (!a.bucket_bytes.empty()) {
-    FERRY_ASSIGN_OR_RETURN(opts.bucket_bytes, parse_bytes(a.bucket_bytes));
-  } else {
-    FERRY_ASSIGN_OR_RETURN(opts.bucket_bytes, bucket_bytes_setting());
-  }
-  if (opts.bucket_bytes == 0) return Status::invalid_argument("bucket bytes must be positive");
+  SettingOverrides flags;
+  if (!a.bucket_bytes.empty()) flags["bucket_bytes"] = a.bucket_bytes;  // --bucket-bytes beats FERRY_BUCKET_BYTES
+  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings(flags));
+  opts.bucket_bytes = settings.bucket_bytes;
   if (a.trainers <= 0) return Status::invalid_argument("--trainers must be positive");
   FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(a.scheme));
   FERRY_ASSIGN_OR_RETURN(auto ranks, sharding::model_rank_specs(model, a.replicas, a.tp, a.ep, scheme));

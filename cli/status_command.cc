@@ -14,7 +14,9 @@ void add_status_command(CLI::App& app) {
   cmd->add_option("address", address, "coordinator host:port")->required();
   cmd->add_option("--timeout-ms", timeout_ms, "deadline for the answer");
   cmd->callback([] {
-    auto r = coordinator::query_status(address, timeout_ms);
+    auto settings = load_settings();
+    auto r = settings.ok() ? coordinator::query_status(address, timeout_ms, *settings)
+                           : Result<wire::StatusReply>(settings.status());
     if (!r.ok()) {
       std::cerr << "ferry status: " << r.status().to_string() << "\n";
       throw CLI::RuntimeError(1);

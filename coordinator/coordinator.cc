@@ -31,20 +31,19 @@ class CoordinatorImpl final : public Coordinator {
   ~CoordinatorImpl() override { stop(); }
 
   Status listen(const CoordinatorOptions& o) {
+    FERRY_ASSIGN_OR_RETURN(const Settings settings, settings_or_environment(o.settings));
+    apply_process_settings(settings);
     CoreOptions co;
-    FERRY_ASSIGN_OR_RETURN(co.max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
-    FERRY_ASSIGN_OR_RETURN(co.timeout_ms, setting_int("FERRY_TIMEOUT_MS"));
-    FERRY_ASSIGN_OR_RETURN(co.token, setting_string("FERRY_TOKEN"));
-    if (co.timeout_ms < 10) return Status::invalid_argument("FERRY_TIMEOUT_MS must be at least 10");
+    co.max_frame = settings.max_frame_bytes;
+    co.timeout_ms = settings.timeout_ms;
+    co.token = settings.token;
+    if (co.timeout_ms < 10) return Status::invalid_argument("FERRY_TIMEOUT_MS (timeout_ms) must be at least 10");
     co.nonce = make_nonce;
     timeout_ms_ = co.timeout_ms;
     const bool token = !co.token.empty();
     core_ = std::make_unique<CoordinatorCore>(io_, std::move(co));
     core_->set_on_members_changed([this] { count_rollout(); });
-    std::string host = o.host;
-    if (host.empty()) {
-      FERRY_ASSIGN_OR_RETURN(host, setting_string("FERRY_LISTEN_HOST"));
-    }
+    const std::string host = o.host.empty() ? settings.listen_host : o.host;
     boost::system::error_code ec;
     auto addr = asio::ip::make_address(host, ec);
     if (ec) return Status::invalid_argument("coordinator listen address '" + host + "' is not an IP address");
@@ -59,11 +58,7 @@ class CoordinatorImpl final : public Coordinator {
     accept_forever(acceptor_, [this](tcp::socket s) { on_accept(std::move(s)); }, "coordinator " + address_);
     arm_reaper();
     std::optional<uint16_t> mport = o.metrics_port;
-    if (!mport) {
-      FERRY_ASSIGN_OR_RETURN(int64_t p, setting_int("FERRY_METRICS_PORT"));
-      if (p < 0 || p > 65535) return Status::invalid_argument("FERRY_METRICS_PORT must be a port number");
-      if (p > 0) mport = static_cast<uint16_t>(p);
-    }
+    if (!mport && settings.metrics_port > 0) mport = static_cast<uint16_t>(settings.metrics_port);
     if (mport) {
       FERRY_ASSIGN_OR_RETURN(metrics_, MetricsServer::start(io_, host, *mport, [this] { return core_->metrics(); }));
     }

@@ -9,16 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "core/status.h"
 
 namespace ferry::coordinator {
 
 struct CoordinatorOptions {
-  std::string host;   // empty: FERRY_LISTEN_HOST
+  std::string host;   // empty: settings' listen_host (FERRY_LISTEN_HOST)
   uint16_t port = 0;  // 0: any free port
-  // Prometheus text on http://host:PORT/metrics. Unset: FERRY_METRICS_PORT (0 there: off);
-  // set: on that port (0: any free port).
+  // Prometheus text on http://host:PORT/metrics. Unset: settings' metrics_port (FERRY_METRICS_PORT;
+  // 0 there: off); set: on that port (0: any free port).
   std::optional<uint16_t> metrics_port;
+  // Frame limit, timeout, token, listen host, metrics port. Unset: load_settings() (the environment).
+  std::optional<Settings> settings;
 };
 
 struct MemberInfo {

@@ -1,12 +1,10 @@
 #include "coordinator/listen_transports.h"
 
-#include "core/settings.h"
-
 namespace ferry::coordinator {
 
-Result<std::vector<std::unique_ptr<transport::Transport>>> create_listen_transports() {
-  FERRY_ASSIGN_OR_RETURN(std::string forced, setting_string("FERRY_TRANSPORT"));
-  FERRY_ASSIGN_OR_RETURN(const transport::TransportOptions options, transport::transport_options_from_settings());
+Result<std::vector<std::unique_ptr<transport::Transport>>> create_listen_transports(const Settings& settings) {
+  const std::string& forced = settings.transport;
+  const transport::TransportOptions options = transport::transport_options(settings);
   std::vector<std::unique_ptr<transport::Transport>> out;
   if (forced != "auto") {
     FERRY_ASSIGN_OR_RETURN(auto t, transport::create_transport(forced, options));

@@ -8,8 +8,8 @@
 
 namespace ferry::coordinator {
 
-// With FERRY_TRANSPORT=auto every automatic transport that can be created here, in priority order (a
-// sender picks the first that reaches the rank); otherwise the one FERRY_TRANSPORT names.
-Result<std::vector<std::unique_ptr<transport::Transport>>> create_listen_transports();
+// With settings.transport (FERRY_TRANSPORT) auto every automatic transport that can be created here,
+// in priority order (a sender picks the first that reaches the rank); otherwise the one it names.
+Result<std::vector<std::unique_ptr<transport::Transport>>> create_listen_transports(const Settings& settings);
 
 }  // namespace ferry::coordinator

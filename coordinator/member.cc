@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "core/settings.h"
 #include "core/version.h"
 #include "coordinator/auth.h"
 #include "coordinator/wire.h"
@@ -12,7 +11,7 @@
 namespace ferry::coordinator {
 
 Result<wire::Welcome> join(Channel& channel, Mailbox& mailbox, wire::Envelope hello,
-                           std::chrono::steady_clock::time_point deadline,
+                           std::chrono::steady_clock::time_point deadline, const std::string& token,
                            const std::optional<wire::Envelope>& registration) {
   FERRY_ASSIGN_OR_RETURN(auto env, mailbox.wait(wire::Envelope::kChallenge, deadline, "challenge"));
   const wire::Challenge& c = env.challenge();
@@ -20,7 +19,6 @@ Result<wire::Welcome> join(Channel& channel, Mailbox& mailbox, wire::Envelope he
     return Status::failed_precondition(fmt::format("coordinator speaks protocol {}; this member speaks {}",
                                                    c.protocol_version(), kProtocolVersion));
   }
-  FERRY_ASSIGN_OR_RETURN(std::string token, setting_string("FERRY_TOKEN"));
   wire::Hello* h = hello.mutable_hello();
   h->set_protocol_version(kProtocolVersion);
   if (c.token_required()) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "core/asio.h"
 #include "core/status.h"
@@ -14,11 +15,12 @@
 
 namespace ferry::coordinator {
 
-// Waits for the Challenge in `mailbox`, fills hello's protocol version and auth (FERRY_TOKEN), sends
-// it (and right behind it a rank's `registration`, which the coordinator reads once the hello
-// passed), and waits for the Welcome. Errors: a protocol mismatch, a refused token, the deadline.
+// Waits for the Challenge in `mailbox`, fills hello's protocol version and auth (from `token`,
+// FERRY_TOKEN), sends it (and right behind it a rank's `registration`, which the coordinator reads
+// once the hello passed), and waits for the Welcome. Errors: a protocol mismatch, a refused token,
+// the deadline.
 Result<wire::Welcome> join(Channel& channel, Mailbox& mailbox, wire::Envelope hello,
-                           std::chrono::steady_clock::time_point deadline,
+                           std::chrono::steady_clock::time_point deadline, const std::string& token,
                            const std::optional<wire::Envelope>& registration = std::nullopt);
 
 // Sends a Heartbeat every `period` on the channel's executor until the channel closes.

@@ -45,24 +45,23 @@ class RolloutWorkerImpl final : public RolloutWorker {
   }
 
   Status init() {
-    FERRY_RETURN_IF_ERROR(validate_settings());
+    FERRY_ASSIGN_OR_RETURN(const Settings settings, settings_or_environment(options_.settings));
+    apply_process_settings(settings);
     if (options_.storage == nullptr) return Status::invalid_argument("RolloutOptions.storage is required");
-    FERRY_ASSIGN_OR_RETURN(timeout_ms_, setting_int("FERRY_TIMEOUT_MS"));
-    FERRY_ASSIGN_OR_RETURN(verify_, setting_bool("FERRY_VERIFY"));
-    FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
-    std::string address = options_.coordinator;
-    if (address.empty()) {
-      FERRY_ASSIGN_OR_RETURN(address, setting_string("FERRY_COORDINATOR"));
-    }
+    timeout_ms_ = settings.timeout_ms;
+    verify_ = settings.verify;
+    const std::string address = options_.coordinator.empty() ? settings.coordinator : options_.coordinator;
     if (address.empty()) return Status::invalid_argument("no coordinator address: set FERRY_COORDINATOR=host:port");
     reload::EngineOptions eo;
     eo.none_dtype = options_.storage->none_dtype();  // f32 or f16 storage is written as such
+    eo.rollback = settings.rollback == "host" ? reload::RollbackMode::kHost : reload::RollbackMode::kOff;
+    eo.max_staging_bytes = settings.max_staging_bytes;
     FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage, std::move(eo)));
     device_ = options_.storage->device();
     receiver_ = std::make_unique<dataplane::BucketReceiver>(*engine_, device_, verify_);
     // Listen on every transport that may reach a sender (FERRY_TRANSPORT narrows it to one); the
     // sender connects with the first, in priority order, that reaches this rank.
-    FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports());
+    FERRY_ASSIGN_OR_RETURN(auto transports, create_listen_transports(settings));
     for (auto& t : transports) {
       // nccl and cuda_ipc hand the callback buckets in device memory of their device.
       const Device where = transport::bucket_device(t->capabilities());
@@ -85,7 +84,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     if (transports_.empty()) return Status::unavailable("no data transport could listen on this rank");
     thread_ = std::thread([this] { run_io(io_); });
     FERRY_ASSIGN_OR_RETURN(auto socket, connect_control(io_, address, timeout_ms_));
-    channel_ = std::make_shared<Channel>(std::move(socket), max_frame);
+    channel_ = std::make_shared<Channel>(std::move(socket), settings.max_frame_bytes);
     channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { on_message(e); },
                     [this](const std::shared_ptr<Channel>&, const Status& why) { on_closed(why); });
     wire::Envelope hello;
@@ -99,7 +98,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     FERRY_ASSIGN_OR_RETURN(
         wire::Welcome welcome,
         join(*channel_, welcome_, std::move(hello), std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_),
-             registration));
+             settings.token, registration));
     receiver_->set_receiver(welcome.member_id());
     heartbeat_ = std::make_unique<Heartbeat>(channel_, std::chrono::milliseconds(std::max<int64_t>(timeout_ms_ / 4, 1)));
     return ok_status();

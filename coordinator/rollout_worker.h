@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "core/status.h"
 #include "reload/model_storage.h"
 #include "sharding/model_spec.h"
@@ -29,13 +31,17 @@ struct PauseRequest {
 };
 
 struct RolloutOptions {
-  std::string coordinator;  // host:port; empty: FERRY_COORDINATOR
+  std::string coordinator;  // host:port; empty: settings' coordinator (FERRY_COORDINATOR)
   sharding::RankSpec spec;
   reload::ModelStorage* storage = nullptr;
   // Runs before any byte of the update is written; generation must not read weights until resume.
   std::function<Status(const PauseRequest&)> pause;
   // Runs once every rank of the replica holds `version` complete.
   std::function<Status(uint64_t version)> resume;
+  // Every FERRY_* value this rank uses (timeout, verify, transports, staging bound, rollback, ...).
+  // Unset: load_settings(), the environment; Python's ferry.RolloutWorker(**settings) passes
+  // keywords over it.
+  std::optional<Settings> settings;
 };
 
 // A data transport a rank listens on, and the blob a sender connects with.

@@ -3,15 +3,13 @@
 #include <thread>
 
 #include "core/asio.h"
-#include "core/settings.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
 #include "coordinator/member.h"
 
 namespace ferry::coordinator {
 
-Result<wire::StatusReply> query_status(const std::string& address, int64_t timeout_ms) {
-  FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
+Result<wire::StatusReply> query_status(const std::string& address, int64_t timeout_ms, const Settings& settings) {
   boost::asio::io_context io;
   auto work = boost::asio::make_work_guard(io);
   std::thread t([&] { io.run(); });
@@ -27,13 +25,13 @@ Result<wire::StatusReply> query_status(const std::string& address, int64_t timeo
     return socket.status();
   }
   Mailbox mailbox;
-  auto channel = std::make_shared<Channel>(std::move(*socket), max_frame);
+  auto channel = std::make_shared<Channel>(std::move(*socket), settings.max_frame_bytes);
   channel->start([&](const std::shared_ptr<Channel>&, wire::Envelope& e) { mailbox.push(std::move(e)); },
                  [&](const std::shared_ptr<Channel>&, const Status& why) { mailbox.close(why); });
   wire::Envelope hello;
   hello.mutable_hello()->set_role("observer");
   Result<wire::StatusReply> out = Status::internal("no reply");
-  auto joined = join(*channel, mailbox, std::move(hello), deadline);
+  auto joined = join(*channel, mailbox, std::move(hello), deadline, settings.token);
   if (!joined.ok()) {
     out = joined.status();
   } else {

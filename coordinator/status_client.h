@@ -3,11 +3,13 @@
 
 #include <string>
 
+#include "core/settings.h"
 #include "core/status.h"
 #include "proto/ferry.pb.h"
 
 namespace ferry::coordinator {
 
-Result<wire::StatusReply> query_status(const std::string& address, int64_t timeout_ms);
+// Joins as an observer with `settings`' token and frame limit.
+Result<wire::StatusReply> query_status(const std::string& address, int64_t timeout_ms, const Settings& settings);
 
 }  // namespace ferry::coordinator

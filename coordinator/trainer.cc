@@ -62,14 +62,13 @@ class TrainerImpl final : public Trainer {
   }
 
   Status init() {
-    FERRY_RETURN_IF_ERROR(validate_settings());
+    FERRY_ASSIGN_OR_RETURN(const Settings settings, settings_or_environment(options_.settings));
+    apply_process_settings(settings);
     dataplane::BucketSenderSettings ss;
-    FERRY_ASSIGN_OR_RETURN(ss.verify, setting_bool("FERRY_VERIFY"));
-    FERRY_ASSIGN_OR_RETURN(uint64_t max_frame, setting_bytes("FERRY_MAX_FRAME_BYTES"));
-    FERRY_ASSIGN_OR_RETURN(std::string direct, setting_string("FERRY_DIRECT"));
-    ss.direct = direct == "auto" && transport::ipc_share_available();
-    FERRY_ASSIGN_OR_RETURN(ss.transport, setting_string("FERRY_TRANSPORT"));
-    FERRY_ASSIGN_OR_RETURN(ss.transport_options, transport::transport_options_from_settings());
+    ss.verify = settings.verify;
+    ss.direct = settings.direct == "auto" && transport::ipc_share_available();
+    ss.transport = settings.transport;
+    ss.transport_options = transport::transport_options(settings);
     timeout_ms_ = ss.transport_options.timeout.count();
     // This trainer's bucket size: every plan it makes cuts its buckets so, and the ranks take them
     // whatever their own setting (each connection announces its largest bucket).
@@ -80,19 +79,20 @@ class TrainerImpl final : public Trainer {
       CoordinatorOptions co;
       co.host = options_.listen_host;
       co.port = options_.port;
+      co.settings = settings;
       FERRY_ASSIGN_OR_RETURN(embedded_, Coordinator::start(co));
       address = embedded_->address();
     }
     address_ = address;
     thread_ = std::thread([this] { run_io(io_); });
     FERRY_ASSIGN_OR_RETURN(auto socket, connect_control(io_, address, timeout_ms_));
-    channel_ = std::make_shared<Channel>(std::move(socket), max_frame);
+    channel_ = std::make_shared<Channel>(std::move(socket), settings.max_frame_bytes);
     channel_->start([this](const std::shared_ptr<Channel>&, wire::Envelope& e) { mailbox_.push(std::move(e)); },
                     [this](const std::shared_ptr<Channel>&, const Status& why) { mailbox_.close(why); });
     wire::Envelope hello;
     hello.mutable_hello()->set_role("trainer");
     hello.mutable_hello()->set_pid(static_cast<int32_t>(getpid()));
-    FERRY_ASSIGN_OR_RETURN(wire::Welcome welcome, join(*channel_, mailbox_, std::move(hello), deadline()));
+    FERRY_ASSIGN_OR_RETURN(wire::Welcome welcome, join(*channel_, mailbox_, std::move(hello), deadline(), settings.token));
     member_id_ = welcome.member_id();
     data_key_ = welcome.data_key();
     heartbeat_ = std::make_unique<Heartbeat>(channel_, std::chrono::milliseconds(std::max<int64_t>(timeout_ms_ / 4, 1)));

@@ -20,9 +20,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "core/tensor.h"
 #include "sharding/model_spec.h"
 
@@ -30,10 +32,13 @@ namespace ferry::coordinator {
 
 struct TrainerOptions {
   std::string coordinator;  // host:port to join; empty: embed a coordinator in this process
-  std::string listen_host;  // embedded coordinator's address; empty: FERRY_LISTEN_HOST
+  std::string listen_host;  // embedded coordinator's address; empty: settings' listen_host
   uint16_t port = 0;        // embedded coordinator's port; 0: any
   std::string pause_mode = "abort";  // abort, wait or keep
   bool clear_cache = true;           // told to the pause hook
+  // Every FERRY_* value this trainer uses (and its embedded coordinator). Unset: load_settings(),
+  // the environment; Python's ferry.Trainer(**settings) passes keywords over it.
+  std::optional<Settings> settings;
 };
 
 // Per-update choices. `replicas` limits the update to some replicas (rolling updates: update one

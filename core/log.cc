@@ -4,8 +4,6 @@
 
 #include <spdlog/sinks/stdout_sinks.h>
 
-#include "core/settings.h"
-
 namespace ferry {
 namespace {
 
@@ -13,13 +11,7 @@ std::shared_ptr<spdlog::logger> make_logger() {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   auto lg = std::make_shared<spdlog::logger>("ferry", sink);
   lg->set_pattern("[ferry] [%l] %v");
-  auto level = setting_string("FERRY_LOG_LEVEL");
-  lg->set_level(spdlog::level::warn);
-  if (level.ok()) {
-    lg->set_level(spdlog::level::from_str(*level));
-  } else {
-    lg->warn("{}", level.status().message());
-  }
+  lg->set_level(spdlog::level::warn);  // FERRY_LOG_LEVEL's default
   return lg;
 }
 
@@ -33,5 +25,7 @@ spdlog::logger& logger() {
 void set_log_identity(const std::string& identity) {
   logger().set_pattern("[ferry " + identity + "] [%l] %v");
 }
+
+void set_log_level(std::string_view level) { logger().set_level(spdlog::level::from_str(std::string(level))); }
 
 }  // namespace ferry

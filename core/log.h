@@ -1,5 +1,9 @@
-// Logging through spdlog. The level comes from FERRY_LOG_LEVEL (trace, debug, info, warn, error, off).
+// Logging through spdlog. The level is warn until a snapshot of the settings that sets FERRY_LOG_LEVEL
+// (trace, debug, info, warn, error, off) is applied (apply_process_settings(), core/settings.h).
 #pragma once
+
+#include <string>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -9,6 +13,8 @@ namespace ferry {
 spdlog::logger& logger();
 // Sets a prefix that identifies this process in every line, e.g. "rank 1".
 void set_log_identity(const std::string& identity);
+// Sets the level by its name (trace, debug, info, warn, error, off).
+void set_log_level(std::string_view level);
 
 }  // namespace ferry
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "python/external_storage.h"
 #include "python/interop.h"
 #include "reload/model_storage.h"
@@ -29,5 +30,12 @@ sharding::Manifest manifest_from_python(py::handle obj);
 void init_model(py::module_& m);    // specs, configs, presets, manifests
 void init_storage(py::module_& m);  // ModelStorage, storage_tensors
 void init_update(py::module_& m);   // Trainer, RolloutWorker, UpdateReport, PauseRequest
+void init_settings(py::module_& m); // ferry.settings(**keywords)
+
+// The settings snapshot of keyword arguments (TypeError naming an unknown keyword; ferry.Error for a
+// malformed value) over the environment, for `who` ("Trainer").
+Settings settings_from_keywords(const py::kwargs& keywords, std::string_view who);
+// {keyword: (value, source)} for every setting (the token shown as "(set)").
+py::dict settings_to_python(const Settings& s);
 
 }  // namespace ferry::python

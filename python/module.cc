@@ -10,4 +10,5 @@ PYBIND11_MODULE(_ferry, m) {
   ferry::python::init_model(m);
   ferry::python::init_storage(m);
   ferry::python::init_update(m);
+  ferry::python::init_settings(m);
 }

@@ -37,6 +37,7 @@ auto nogil(F&& f) {
 
 struct PyTrainer {
   std::unique_ptr<Trainer> trainer;
+  Settings settings;  // what it was made with
   // Tensors of the update in flight: in-place transports read them until finish returns.
   std::vector<Imported> held;
 
@@ -102,6 +103,7 @@ std::set<PyWorker*>& live_workers() {
 struct PyWorker {
   std::shared_ptr<PyStorage> storage;
   std::unique_ptr<RolloutWorker> worker;
+  Settings settings;  // what it was made with
 
   PyWorker() { live_workers().insert(this); }
   ~PyWorker() {
@@ -120,11 +122,12 @@ struct PyWorker {
 };
 
 std::unique_ptr<PyWorker> make_worker(const sharding::RankSpec& spec, std::shared_ptr<PyStorage> storage,
-                                      py::object pause, py::object resume, const std::string& coordinator) {
+                                      py::object pause, py::object resume, const py::kwargs& settings) {
   auto out = std::make_unique<PyWorker>();
   out->storage = std::move(storage);
+  out->settings = settings_from_keywords(settings, "RolloutWorker");
   coordinator::RolloutOptions o;
-  o.coordinator = coordinator;
+  o.settings = out->settings;  // its coordinator= is FERRY_COORDINATOR's keyword
   o.spec = spec;
   o.storage = out->storage->storage.get();
   if (!pause.is_none()) {
@@ -195,17 +198,28 @@ void init_update(py::module_& m) {
       });
 
   py::class_<PyTrainer>(m, "Trainer", "The trainer side: start_weight_update, send, finish_weight_update.")
-      .def(py::init([](const std::string& coordinator, const std::string& listen_host, uint16_t port,
-                       const std::string& pause_mode, bool clear_cache) {
-             coordinator::TrainerOptions o{coordinator, listen_host, port, pause_mode, clear_cache};
+      .def(py::init([](const std::string& coordinator, uint16_t port, const std::string& pause_mode, bool clear_cache,
+                       const py::kwargs& settings) {
              auto t = std::make_unique<PyTrainer>();
+             t->settings = settings_from_keywords(settings, "Trainer");
+             coordinator::TrainerOptions o;
+             o.coordinator = coordinator;
+             o.port = port;
+             o.pause_mode = pause_mode;
+             o.clear_cache = clear_cache;
+             o.settings = t->settings;
              t->trainer = nogil([&] { return Trainer::create(o); });
              return t;
            }),
-           py::arg("coordinator") = "", py::arg("listen_host") = "", py::arg("port") = 0,
-           py::arg("pause_mode") = "abort", py::arg("clear_cache") = true,
-           "Joins `coordinator` (host:port), or embeds one when it is empty.")
+           py::arg("coordinator") = "", py::arg("port") = 0, py::arg("pause_mode") = "abort",
+           py::arg("clear_cache") = true,
+           "Joins `coordinator` (host:port), or embeds one when it is empty (on listen_host and `port`). Every "
+           "other keyword is a setting, FERRY_* lower-cased without FERRY_ (bucket_bytes='64M', timeout_ms=5000, "
+           "transport='tcp', ...), and beats the environment; .settings shows each value and its source.")
       .def_property_readonly("coordinator_address", [](PyTrainer& t) { return t.get().coordinator_address(); })
+      .def_property_readonly(
+          "settings", [](PyTrainer& t) { return settings_to_python(t.settings); },
+          "{keyword: (value, source)}: the settings this trainer took, source 'keyword', 'environment' or 'default'.")
       .def(
           "wait_for_ranks", [](PyTrainer& t, int n, int64_t timeout_ms) {
             Trainer& tr = t.get();
@@ -287,10 +301,15 @@ void init_update(py::module_& m) {
 
   py::class_<PyWorker>(m, "RolloutWorker", "A rollout rank: registers its storage and serves updates.")
       .def(py::init(&make_worker), py::arg("spec"), py::arg("storage"), py::arg("pause") = py::none(),
-           py::arg("resume") = py::none(), py::arg("coordinator") = "",
-           "Joins `coordinator` (empty: FERRY_COORDINATOR) and serves updates on background threads. "
-           "pause(request) runs before any byte of an update is written; resume(version) once every rank "
-           "of the replica holds it. Both run on ferry's threads; an exception fails the update.")
+           py::arg("resume") = py::none(),
+           "Joins the coordinator (keyword coordinator='host:port', else FERRY_COORDINATOR) and serves updates on "
+           "background threads. pause(request) runs before any byte of an update is written; resume(version) "
+           "once every rank of the replica holds it. Both run on ferry's threads; an exception fails the update. "
+           "Every other keyword is a setting too (timeout_ms=5000, verify=True, rollback='host', ...) and beats "
+           "the environment; .settings shows each value and its source.")
+      .def_property_readonly(
+          "settings", [](PyWorker& w) { return settings_to_python(w.settings); },
+          "{keyword: (value, source)}: the settings this rank took, source 'keyword', 'environment' or 'default'.")
       .def_property_readonly("weight_version", [](PyWorker& w) { return w.get().weight_version(); })
       .def_property_readonly("consistent", [](PyWorker& w) { return w.get().consistent(); })
       .def_property_readonly("paused", [](PyWorker& w) { return w.get().paused(); })

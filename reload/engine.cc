@@ -8,19 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "core/settings.h"
-
 namespace ferry::reload {
-
-Result<RollbackMode> rollback_mode(const EngineOptions& options) {
-  if (options.rollback) return *options.rollback;
-  // The coordinator declares FERRY_ROLLBACK; until it does, rollback is off.
-  if (!find_setting("FERRY_ROLLBACK").ok()) return RollbackMode::kOff;
-  FERRY_ASSIGN_OR_RETURN(std::string v, setting_string("FERRY_ROLLBACK"));
-  if (v == "host") return RollbackMode::kHost;
-  if (v == "off" || v.empty()) return RollbackMode::kOff;
-  return Status::invalid_argument(fmt::format("FERRY_ROLLBACK={}: expected off or host", v));
-}
 
 namespace {
 
@@ -66,8 +54,8 @@ Result<std::unique_ptr<ReloadEngine>> ReloadEngine::create(sharding::RankSpec sp
 
 Status ReloadEngine::init() {
   FERRY_RETURN_IF_ERROR(sharding::validate_rank_spec(spec_, spec_.expects));
-  FERRY_ASSIGN_OR_RETURN(max_staging_, setting_bytes("FERRY_MAX_STAGING_BYTES"));
-  FERRY_ASSIGN_OR_RETURN(rollback_, ::ferry::reload::rollback_mode(options_));
+  max_staging_ = options_.max_staging_bytes;
+  rollback_ = options_.rollback;
   // Resolved once: the CPU kernels ask the system for its core count on every call otherwise, a
   // file read per call, and the engine calls them once per piece.
   if (options_.exec.threads <= 0) options_.exec.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

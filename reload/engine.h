@@ -54,12 +54,11 @@ struct EngineOptions {
   // CUDA storage and no `exec.stream`: complete layers are processed on this many streams of the
   // engine's own, one layer to each in turn (1: the legacy default stream, as before).
   int process_streams = 4;
-  // Unset: FERRY_ROLLBACK (off|host) where that setting is declared, else off.
-  std::optional<RollbackMode> rollback;
+  // A rank's RolloutWorker sets it from FERRY_ROLLBACK (off|host).
+  RollbackMode rollback = RollbackMode::kOff;
+  // Bound on out-of-order staging (FERRY_MAX_STAGING_BYTES at a rank); 0: none beyond one layer.
+  uint64_t max_staging_bytes = 0;
 };
-
-// The rollback mode in effect for `options` (reads FERRY_ROLLBACK when unset and declared).
-Result<RollbackMode> rollback_mode(const EngineOptions& options);
 
 struct EngineReport {
   uint64_t version = 0;

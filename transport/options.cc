@@ -1,19 +1,21 @@
-// The edge where transports' settings are read: callers build TransportOptions here once and pass
-// them to create_transport(); backends never read FERRY_* variables themselves.
+// TransportOptions from a snapshot of the settings; backends never read FERRY_* variables.
 #include "core/settings.h"
 #include "transport/transport.h"
 
 namespace ferry::transport {
 
-Result<TransportOptions> transport_options_from_settings() {
+TransportOptions transport_options(const Settings& settings) {
   TransportOptions o;
-  FERRY_ASSIGN_OR_RETURN(o.listen_host, setting_string("FERRY_LISTEN_HOST"));
-  FERRY_ASSIGN_OR_RETURN(o.bucket_bytes, bucket_bytes_setting());
-  FERRY_ASSIGN_OR_RETURN(o.buckets_in_flight, setting_int("FERRY_BUCKETS_IN_FLIGHT"));
-  FERRY_ASSIGN_OR_RETURN(int64_t ms, setting_int("FERRY_TIMEOUT_MS"));
-  o.timeout = std::chrono::milliseconds(ms);
-  if (o.buckets_in_flight < 1) return Status::invalid_argument("FERRY_BUCKETS_IN_FLIGHT must be at least 1");
+  o.listen_host = settings.listen_host;
+  o.bucket_bytes = settings.bucket_bytes;
+  o.buckets_in_flight = settings.buckets_in_flight;
+  o.timeout = std::chrono::milliseconds(settings.timeout_ms);
   return o;
+}
+
+Result<TransportOptions> transport_options_from_settings() {
+  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
+  return transport_options(settings);
 }
 
 Result<std::unique_ptr<Transport>> create_transport(std::string_view name) {

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/settings.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -34,8 +35,8 @@ struct Capabilities {
   bool same_host_shared_memory = false;
 };
 
-// What a transport acts on, fixed when it is created. The caller reads it once at the edge
-// (transport_options_from_settings()) and passes it down: no backend reads FERRY_* variables.
+// What a transport acts on, fixed when it is created. The caller makes it from its snapshot of the
+// settings (transport_options(settings)) and passes it down: no backend reads FERRY_* variables.
 struct TransportOptions {
   // Every listener binds this address only (FERRY_LISTEN_HOST); ucx and nccl also limit their
   // libraries to the network interface that holds it.
@@ -56,8 +57,11 @@ struct TransportOptions {
   uint64_t max_received_bucket() const { return bucket_bytes * 4 + (uint64_t{64} << 20); }
 };
 
-// TransportOptions from FERRY_LISTEN_HOST, FERRY_BUCKET_BYTES, FERRY_BUCKETS_IN_FLIGHT and
-// FERRY_TIMEOUT_MS: the one place transports' settings are read.
+// TransportOptions from a snapshot of the settings: listen_host, bucket_bytes, buckets_in_flight and
+// timeout_ms.
+TransportOptions transport_options(const Settings& settings);
+// The same from load_settings() (the environment): for processes' edges only (tools, tests, benches);
+// no library calls it.
 Result<TransportOptions> transport_options_from_settings();
 
 // Where buckets of a transport with `caps` are: host memory, or the one device it moves (nccl,
@@ -201,8 +205,8 @@ const std::vector<TransportFactory>& transport_factories();
 // Creates the transport `name` names, or for "auto" the first in priority order that can be created
 // on this machine.
 Result<std::unique_ptr<Transport>> create_transport(std::string_view name, const TransportOptions& options);
-// The same with transport_options_from_settings(): for callers at the edge (a trainer's sender,
-// tools, tests) that take their options from the environment.
+// The same with transport_options_from_settings(): for tools and tests that take their options from
+// the environment.
 Result<std::unique_ptr<Transport>> create_transport(std::string_view name);
 
 }  // namespace ferry::transport

@@ -157,7 +157,7 @@ int run_trainer(int updates, int tp, std::string dir, ferry::Device device, cons
     if (!c.ok()) return std::cerr << c.status().to_string() << "\n", 1;
     children.push_back(*c);
   }
-  const int64_t timeout = ferry::setting_int("FERRY_TIMEOUT_MS").value();
+  const int64_t timeout = ferry::load_settings().value().timeout_ms;
   int rc = 0;
   Status st = (*trainer)->wait_for_ranks(tp, timeout);
   const demo::Model m;
@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
                  "where the ranks' storage lives, when not on --device: cuda:N for every rank, or one per rank "
                  "(cuda:1,cuda:2: a GPU each), reached over FERRY_TRANSPORT=nccl or cuda_ipc");
   CLI11_PARSE(app, argc, argv);
-  if (auto st = ferry::validate_settings(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
+  if (auto st = ferry::load_settings().status(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
   if (!device.ok()) return std::cerr << "--device: " << device.status().message() << "\n", 2;
   if (role == "rollout") return run_rollout(coordinator, tp_rank, tp, dump_dir, *device);

@@ -16,6 +16,10 @@ Rollout side::
     worker = ferry.RolloutWorker(spec, storage, pause=engine.pause, resume=engine.resume,
                                  coordinator=address)
 
+Every FERRY_* setting is also a keyword of Trainer and RolloutWorker, lower-cased without FERRY_
+(``ferry.Trainer(timeout_ms=5000, bucket_bytes="64M", transport="tcp")``); a keyword beats the
+environment, and ``trainer.settings`` / ``ferry.settings(**keywords)`` show each value and its source.
+
 Tensors cross by DLPack (torch, numpy, ...), never copied. Errors are ferry.Error with .code.
 """
 
@@ -48,6 +52,7 @@ from ._ferry import (  # noqa: F401
     preset_model,
     preset_names,
     schemes,
+    settings,
     storage_tensors,
     to_llama_config,
 )

@@ -49,7 +49,7 @@ class FailClosed : public ::testing::Test {
   // Polls `address` until `n` rollout ranks are members.
   static bool wait_members(const std::string& address, int n) {
     for (auto until = Clock::now() + std::chrono::seconds(20); Clock::now() < until;) {
-      auto s = coordinator::query_status(address, 5000);
+      auto s = coordinator::query_status(address, 5000, load_settings().value());
       int k = 0;
       for (const auto& m : s.ok() ? s->members() : decltype(s->members()){}) k += m.role() == "rollout";
       if (k >= n) return true;

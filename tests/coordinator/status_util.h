@@ -12,7 +12,7 @@
 namespace ferry::testutil {
 
 inline wire::StatusReply status(const std::string& address) {
-  auto r = coordinator::query_status(address, 5000);
+  auto r = coordinator::query_status(address, 5000, load_settings().value());
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return r.ok() ? *r : wire::StatusReply{};
 }

@@ -106,9 +106,9 @@ TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   const tiny::Config cfg;
   auto probe = make_rank(cfg, Scheme::kFp8PerTensor);
   const uint64_t limit = largest_layer(probe->spec) + 1024;
-  ASSERT_EQ(setenv("FERRY_MAX_STAGING_BYTES", std::to_string(limit).c_str(), 1), 0);
-  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
-  ASSERT_EQ(unsetenv("FERRY_MAX_STAGING_BYTES"), 0);
+  EngineOptions limited;
+  limited.max_staging_bytes = limit;
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor, limited);
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
   // In plan order the limit is enough. Pieces are parts of shards, staged in full precision.
@@ -165,9 +165,9 @@ TEST(Staging, BorrowedBucketsStageOnlyLayersTheyLeaveIncomplete) {
 // and keeps its weights, and no borrow outlives the call.
 TEST(Staging, BorrowedPiecesCopiedOverTheLimitRefuseTheirLayer) {
   const tiny::Config cfg;
-  ASSERT_EQ(setenv("FERRY_MAX_STAGING_BYTES", "4096", 1), 0);
-  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
-  ASSERT_EQ(unsetenv("FERRY_MAX_STAGING_BYTES"), 0);
+  EngineOptions limited;
+  limited.max_staging_bytes = 4096;
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor, limited);
   auto a = tiny::Weights::random(cfg, rank->spec, 1);
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
   LoadOptions whole;
