@@ -1,5 +1,6 @@
 #include "coordinator/rollout_worker.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -174,7 +175,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     paused_ = true;
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      st = engine_->begin(p.version());
+      st = engine_->begin(p.version(), std::max(p.senders_size(), 1));
       // From here storage is being rewritten: the rank serves nothing until a complete version lands.
       consistent_ = false;
       update_version_ = p.version();

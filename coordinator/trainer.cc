@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "core/asio.h"
@@ -131,7 +132,7 @@ class TrainerImpl final : public Trainer {
   }
 
   Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) override {
-    return start_weight_update(version, manifest, UpdateOptions{options_.pause_mode, options_.clear_cache, {}});
+    return start_weight_update(version, manifest, UpdateOptions{options_.pause_mode, options_.clear_cache, {}, {}});
   }
 
   Status start_weight_update(uint64_t version, const sharding::Manifest& manifest, const UpdateOptions& o) override {
@@ -151,6 +152,9 @@ class TrainerImpl final : public Trainer {
     if (!omit) {
       for (const auto& t : manifest) to_wire(t, s->add_manifest());
     }
+    s->set_trainer_rank(options_.trainer_rank);
+    s->set_trainer_ranks(options_.trainer_ranks);
+    to_wire(o.holdings, s->mutable_holdings());
     channel_->send(env);
     FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kStartReply, deadline(2), "start reply"));
     const auto& r = reply.start_reply();
@@ -178,20 +182,33 @@ class TrainerImpl final : public Trainer {
       endpoints.emplace_back(m.endpoints().begin(), m.endpoints().end());
       storage_devices.push_back(m.storage_device());
     }
-    if (!plan_ || members != plan_members_ || digest != plan_digest_) {
+    // Every trainer rank makes the same plan from every rank's holdings (one sender: the only one).
+    std::vector<sharding::SenderInfo> senders;
+    for (const auto& w : r.senders()) {
+      auto info = from_wire(w);
+      if (!info.ok()) return end_open_update(info.status());
+      senders.push_back(std::move(*info));
+    }
+    if (senders.empty()) senders.emplace_back();
+    std::string held_by;
+    for (const auto& w : r.senders()) held_by += w.SerializeAsString();
+    const uint64_t senders_digest = XXH3_64bits(held_by.data(), held_by.size());
+    if (!plan_ || members != plan_members_ || digest != plan_digest_ || senders_digest != plan_senders_) {
       ranks_.clear();
       for (int id : members) ranks_.push_back(specs_.at(id));
       manifest_ = manifest;
       index_.clear();
       for (size_t i = 0; i < manifest_.size(); ++i) index_[manifest_[i].name] = i;
-      auto plan = plans_.get(manifest_, ranks_, {sharding::SenderInfo{}}, plan_options_);
+      auto plan = plans_.get(manifest_, ranks_, senders, plan_options_);
       if (!plan.ok()) return end_open_update(plan.status());
       plan_ = *plan;
       plan_members_ = members;
       plan_digest_ = digest;
+      plan_senders_ = senders_digest;
     }
+    if (Status st = hold(o.holdings); !st.ok()) return end_open_update(st);
     plan_seconds_ = since(t_plan);
-    dataplane::BucketSender::Identity identity{member_id_, data_key_, members};
+    dataplane::BucketSender::Identity identity{member_id_, data_key_, members, options_.trainer_rank};
     if (Status st = sender_->prepare(version, plan_, ranks_, endpoints, storage_devices, std::move(identity)); !st.ok()) {
       return end_open_update(st);
     }
@@ -213,7 +230,7 @@ class TrainerImpl final : public Trainer {
     if (!in_update_) return Status::failed_precondition("update_weights outside an update");
     for (int i : plan_->source_order) {
       const std::string& name = manifest_[static_cast<size_t>(i)].name;
-      if (sent_[static_cast<size_t>(i)]) continue;
+      if (sent_[static_cast<size_t>(i)] || !held_[static_cast<size_t>(i)]) continue;
       auto t = source.get(name);
       if (!t.ok()) {
         if (failure_.ok()) failure_ = t.status();
@@ -322,10 +339,38 @@ class TrainerImpl final : public Trainer {
     auto it = index_.find(name);
     if (it == index_.end()) return Status::invalid_argument("send(" + name + "): not in this update's manifest");
     const sharding::SourceTensor& meta = manifest_[it->second];
-    FERRY_RETURN_IF_ERROR(expect_tensor(tensor, "send(" + name + ")", meta.dtype, meta.shape));
+    const auto& held = held_[it->second];
+    if (!held) {
+      return Status::invalid_argument(fmt::format(
+          "send({}): trainer rank {} of {} declared no part of it in its UpdateOptions.holdings", name,
+          options_.trainer_rank, options_.trainer_ranks));
+    }
+    FERRY_RETURN_IF_ERROR(expect_tensor(tensor, "send(" + name + ")", meta.dtype, held->size));
     if (sent_[it->second]) return Status::invalid_argument("send(" + name + "): already sent in this update");
     sent_[it->second] = true;
-    return sender_->send(it->second, meta, tensor);
+    return sender_->send(it->second, meta, tensor, *held);
+  }
+
+  // What this trainer rank holds of each manifest tensor: the box its local tensor backs.
+  Status hold(const sharding::SenderInfo& h) {
+    held_.assign(manifest_.size(), std::nullopt);
+    const bool all = h.owns.empty() && h.holds.empty();
+    for (size_t i = 0; i < manifest_.size(); ++i) {
+      if (all) held_[i] = Region::whole(manifest_[i].shape);
+    }
+    auto put = [&](const std::string& name, const Region* box) -> Status {  // null: whole
+      auto it = index_.find(name);
+      if (it == index_.end()) return Status::invalid_argument(fmt::format("holdings name {}, which is not in the manifest", name));
+      if (held_[it->second]) {
+        return Status::invalid_argument(fmt::format(
+            "holdings name {} twice; a trainer rank holds one box of each tensor (the local tensor send() takes)", name));
+      }
+      held_[it->second] = box ? *box : Region::whole(manifest_[it->second].shape);
+      return ok_status();
+    };
+    for (const auto& name : h.owns) FERRY_RETURN_IF_ERROR(put(name, nullptr));
+    for (const auto& box : h.holds) FERRY_RETURN_IF_ERROR(put(box.name, &box.region));
+    return ok_status();
   }
 
   TrainerOptions options_;
@@ -349,10 +394,12 @@ class TrainerImpl final : public Trainer {
   std::map<std::string, size_t> index_;
   std::vector<sharding::RankSpec> ranks_;
   std::vector<bool> sent_;
+  std::vector<std::optional<Region>> held_;    // per manifest tensor: the box this trainer rank sends from
   std::map<int, sharding::RankSpec> specs_;    // by member id, as the coordinator sent them once
   uint64_t accepted_digest_ = 0;              // of the manifest the coordinator holds from us
   std::vector<int> plan_members_;             // the members and manifest plan_ was made for
   uint64_t plan_digest_ = 0;
+  uint64_t plan_senders_ = 0;                 // digest of the trainer ranks' holdings plan_ was made for
   bool in_update_ = false;
   uint64_t version_ = 0;
   Status failure_;

@@ -27,6 +27,7 @@
 #include "core/settings.h"
 #include "core/tensor.h"
 #include "sharding/model_spec.h"
+#include "sharding/planner.h"
 
 namespace ferry::coordinator {
 
@@ -39,14 +40,29 @@ struct TrainerOptions {
   // Every FERRY_* value this trainer uses (and its embedded coordinator). Unset: load_settings(),
   // the environment; Python's ferry.Trainer(**settings) passes keywords over it.
   std::optional<Settings> settings;
+  // A sharded trainer: this process is trainer rank `trainer_rank` of `trainer_ranks`, each joining
+  // one coordinator (embedded in one of them, or `ferry coordinator`). Updates are collective over
+  // the trainer ranks: start_weight_update returns once all of them have started it and their
+  // holdings cover the manifest; finish_weight_update once every one has finished and every rollout
+  // rank holds the complete version.
+  int trainer_rank = 0;
+  int trainer_ranks = 1;
 };
 
 // Per-update choices. `replicas` limits the update to some replicas (rolling updates: update one
 // group while the others keep serving, then the next group at the same version); empty: all.
+//
+// `holdings`: what this trainer rank holds of the manifest (sharding/holdings.h): `owns` names
+// tensors held whole, `holds` boxes of the global tensors (FSDP2's Shard(0) rows, a Megatron TP
+// column block, a pipeline stage's layers); both empty means every tensor whole. send(name, t) and
+// update_weights() then take, for a held box, the local tensor of the box's shape that backs it; the
+// plan gives each trainer rank only pieces from its own memory, and no trainer rank ever needs a
+// whole tensor it does not hold.
 struct UpdateOptions {
   std::string pause_mode = "abort";
   bool clear_cache = true;
   std::vector<int> replicas;
+  sharding::SenderInfo holdings;
 };
 
 struct UpdateReport {
@@ -99,9 +115,9 @@ class Trainer {
   virtual Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) = 0;
   virtual Status start_weight_update(uint64_t version, const sharding::Manifest& manifest,
                                      const UpdateOptions& options) = 0;
-  // Sends one tensor of the manifest; any order.
+  // Sends one tensor of the manifest (for a held box, the local tensor backing it); any order.
   virtual Status send(const std::string& name, const TensorView& tensor) = 0;
-  // Sends every tensor of the manifest, pulled from `source` in plan order.
+  // Sends every tensor of the manifest this trainer rank holds, pulled from `source` in plan order.
   virtual Status update_weights(WeightSource& source) = 0;
   // Waits until every rank holds the complete version, resumes them together, and reports.
   virtual Result<UpdateReport> finish_weight_update() = 0;

@@ -139,9 +139,10 @@ std::vector<kernels::StorageTensor> ReloadEngine::input_layout(uint32_t param) c
 
 bool ReloadEngine::lends_host_pieces() const { return storage_.device().is_cpu() && max_staging_ == 0; }
 
-Status ReloadEngine::begin(uint64_t version) {
+Status ReloadEngine::begin(uint64_t version, int senders) {
   abort();
   version_ = version;
+  senders_ = senders;
   in_update_ = true;
   warned_out_of_order_ = false;
   unknown_.clear();

@@ -95,8 +95,10 @@ class ReloadEngine {
   static Result<std::unique_ptr<ReloadEngine>> create(sharding::RankSpec spec, ModelStorage& storage,
                                                       EngineOptions options = {});
 
-  // Starts update `version`: clears coverage and staging.
-  Status begin(uint64_t version);
+  // Starts update `version` from `senders` trainer ranks: clears coverage and staging. Input from
+  // one sender in plan order holds one layer at a time; several senders (a sharded trainer) each
+  // send in plan order but side by side, so layers overlap: counted, not warned about.
+  Status begin(uint64_t version, int senders = 1);
   // Writes one piece (`bytes` packed elements of `dtype`) at `dst` inside input `input` of parameter
   // `param`: 0 for the full-precision input of an online scheme; a parameter whose kernel takes
   // several checkpoint tensors has one input each (gptq_int4: 0 qweight, 1 scales, 2 g_idx; see
@@ -252,6 +254,7 @@ class ReloadEngine {
   uint64_t staging_bytes_ = 0;
   size_t staged_layers_ = 0;  // layers with staged = true
   bool warned_out_of_order_ = false;
+  int senders_ = 1;  // of the update in progress
   EngineReport report_;
 };
 

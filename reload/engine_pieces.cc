@@ -32,7 +32,7 @@ Status ReloadEngine::account(Layer& layer, uint32_t param, uint32_t input, Held 
   if (!layer.staged && staged_layers_ > 0) {
     // In plan order one layer is held at a time; anything else is out-of-order input.
     ++report_.out_of_order_layers;
-    if (!warned_out_of_order_) {
+    if (!warned_out_of_order_ && senders_ == 1) {
       warned_out_of_order_ = true;
       std::string open;
       for (const Layer& l : layers_) {
