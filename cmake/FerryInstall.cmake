@@ -14,9 +14,12 @@ if(SKBUILD)
   return()
 endif()
 
-# The libraries in link order (each before those it uses), as ferry.pc lists them.
-set(FERRY_INSTALL_LIBRARIES ferry_coordinator ferry_control ferry_dataplane ferry_bucket_format ferry_reload
-    ferry_transport ferry_sharding ferry_kernels ferry_core ferry_proto)
+# The libraries in link order (each before those it uses), as ferry.pc lists them. The trainer's
+# side (ferry_trainer, ferry_dataplane_send) links no reload code.
+set(FERRY_INSTALL_LIBRARIES ferry_trainer ferry_rollout ferry_control ferry_dataplane_send ferry_dataplane_receive
+    ferry_bucket_format ferry_reload ferry_transport ferry_sharding ferry_kernels ferry_core ferry_proto)
+# Umbrellas without code of their own: ferry::coordinator (both faces) and ferry::dataplane (both ends).
+set(FERRY_INSTALL_UMBRELLAS ferry_coordinator ferry_dataplane)
 set(FERRY_INCLUDE_FOLDERS core kernels transport sharding reload dataplane coordinator)
 
 # ferry::ferry: everything a program needs to use the Trainer and the RolloutWorker. The libraries
@@ -33,11 +36,11 @@ elseif(FERRY_TSAN)
 endif()
 target_link_options(ferry_package INTERFACE ${FERRY_SANITIZER_FLAGS})
 
-foreach(lib ${FERRY_INSTALL_LIBRARIES} ferry_xxhash)
+foreach(lib ${FERRY_INSTALL_LIBRARIES} ${FERRY_INSTALL_UMBRELLAS} ferry_xxhash)
   string(REGEX REPLACE "^ferry_" "" short ${lib})
   set_target_properties(${lib} PROPERTIES EXPORT_NAME ${short})
 endforeach()
-install(TARGETS ${FERRY_INSTALL_LIBRARIES} ferry_xxhash ferry_package EXPORT ferryTargets
+install(TARGETS ${FERRY_INSTALL_LIBRARIES} ${FERRY_INSTALL_UMBRELLAS} ferry_xxhash ferry_package EXPORT ferryTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ferry)
 install(TARGETS ferry RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
