@@ -58,6 +58,8 @@ for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
 [ -x "$bin/transport_conformance_test" ] && run "$bin/transport_conformance_test" --gtest_filter='*cuda_ipc*:*nccl*'
+# The cost model's buckets are the buckets sent, over the device transports (nccl skips itself below two GPUs).
+[ -x "$bin/coordinator_bucket_plan_test" ] && run "$bin/coordinator_bucket_plan_test" --gtest_filter='*OnDevice*'
 run "$bin/ferry-demo"
 # Colocated on one GPU: the ranks read the trainer's device tensors in place, verified bit-exact.
 run "$bin/ferry-demo" --device cuda:0 --tp 1

@@ -1,13 +1,22 @@
 // The plan owns the buckets: an update over each transport posts exactly the buckets the planner
-// cut for the cost model, and a trainer and a rank whose FERRY_BUCKET_BYTES differ (two processes)
+// cut for the cost model (the host transports here; cuda_ipc and nccl where GPUs are, run by
+// bench/gpu/run.sh), and a trainer and a rank whose FERRY_BUCKET_BYTES differ (two processes)
 // complete an update, the rank taking buckets far larger than its own setting would size.
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
+#include "core/buffer.h"
+#include "core/device_copy.h"
 #include "sharding/planner.h"
 #include "tests/common/scoped_env.h"
 #include "tests/coordinator/cluster.h"
@@ -74,6 +83,145 @@ TEST(BucketPlan, EveryTransportSendsThePlansBuckets) {
     EXPECT_EQ(c.rank(1).fingerprint(), reference) << "small buckets changed what landed";
   }
 }
+
+// The device transports: the trainer's tensors on its GPU, the ranks' storage on theirs, every piece
+// sent as bytes (FERRY_DIRECT=off: a colocated rank would otherwise read them in place, and direct
+// pieces are never cut). Each posts the plan's buckets, and what lands is what the same update in
+// 64 MiB buckets leaves. nccl needs two GPUs (the two ends of a communicator cannot share one) and
+// one rank (one process drives one communicator per end; see the nccl note of
+// tests/transport/conformance_test.cc).
+struct DeviceCase {
+  std::string transport;
+  int tp;
+  int trainer_gpu;
+  int rank_gpu;
+};
+
+std::ostream& operator<<(std::ostream& os, const DeviceCase& c) { return os << c.transport; }
+
+int cuda_devices() {
+#if FERRY_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+#else
+  return 0;
+#endif
+}
+
+// One replica whose storage is on `rank_gpu`, updated by a trainer sending from `trainer_gpu`.
+class DeviceReplica {
+ public:
+  explicit DeviceReplica(const DeviceCase& c) : c_(c) {}
+
+  Status start() {
+    FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(c_.trainer_gpu)));
+    FERRY_ASSIGN_OR_RETURN(trainer_, coordinator::Trainer::create({}));
+    // Device transports move memory of the device current when they are made: the storage's.
+    FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(c_.rank_gpu)));
+    for (int r = 0; r < c_.tp; ++r) {
+      FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(tiny_llama(), r, c_.tp, Scheme::kFp8PerTensor));
+      FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cuda(c_.rank_gpu)));
+      storage_.push_back(std::make_unique<reload::ModelStorage>(std::move(storage)));
+      coordinator::RolloutOptions o;
+      o.coordinator = trainer_->coordinator_address();
+      o.spec = spec;
+      o.storage = storage_.back().get();
+      o.pause = [](const coordinator::PauseRequest&) { return ok_status(); };
+      o.resume = [](uint64_t) { return ok_status(); };
+      FERRY_ASSIGN_OR_RETURN(auto w, coordinator::RolloutWorker::create(std::move(o)));
+      workers_.push_back(std::move(w));
+    }
+    FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(c_.trainer_gpu)));
+    return trainer_->wait_for_ranks(c_.tp, 10'000);
+  }
+
+  // The checkpoint's tensors copied to the trainer's GPU; the update posts them all.
+  Result<coordinator::UpdateReport> update(uint64_t version, const Checkpoint& ck) {
+    std::map<std::string, TensorView> views;
+    std::vector<Buffer> held;
+    const Device gpu = Device::cuda(c_.trainer_gpu);
+    for (const auto& [name, v] : ck.views) {
+      FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(std::max<size_t>(v.nbytes(), 1), gpu));
+      FERRY_RETURN_IF_ERROR(copy_bytes(b.data(), gpu, v.data(), Device::cpu(), v.nbytes()));
+      views.emplace(name, TensorView(b.data(), v.dtype(), v.shape(), gpu));
+      held.push_back(std::move(b));
+    }
+    FERRY_RETURN_IF_ERROR(trainer_->start_weight_update(version, sharding::llama_manifest(tiny_llama())));
+    coordinator::MapSource src(views);
+    FERRY_RETURN_IF_ERROR(trainer_->update_weights(src));
+    return trainer_->finish_weight_update();
+  }
+
+  // XXH3 over every rank's storage, read back to the host.
+  Result<uint64_t> fingerprint() const {
+    uint64_t h = 0;
+    for (const auto& s : storage_) {
+      for (const auto& [name, v] : s->tensors()) {
+        std::vector<uint8_t> host(v.nbytes());
+        FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), v.data(), v.device(), v.nbytes()));
+        h = XXH3_64bits_withSeed(host.data(), host.size(), h);
+      }
+    }
+    return h;
+  }
+
+ private:
+  DeviceCase c_;
+  std::unique_ptr<coordinator::Trainer> trainer_;
+  std::vector<std::unique_ptr<reload::ModelStorage>> storage_;
+  std::vector<std::unique_ptr<coordinator::RolloutWorker>> workers_;
+};
+
+class BucketPlanOnDevice : public ::testing::TestWithParam<DeviceCase> {};
+
+TEST_P(BucketPlanOnDevice, SendsThePlansBuckets) {
+  const DeviceCase& c = GetParam();
+  bool built = false;
+  for (const auto& f : transport::transport_factories()) built = built || f.name == c.transport;
+  if (!built) GTEST_SKIP() << c.transport << " is not built here (needs CUDA" << (c.transport == "nccl" ? " and NCCL)" : ")");
+  const int need = std::max(c.trainer_gpu, c.rank_gpu) + 1;
+  const int have = cuda_devices();
+  if (have < need) {
+    GTEST_SKIP() << c.transport << ": the plan-against-sent check needs " << need << " CUDA device(s), this machine has "
+                 << have << " (bench/gpu/run.sh runs it on a GPU machine)";
+  }
+  ScopedEnv transport("FERRY_TRANSPORT", c.transport);
+  ScopedEnv direct("FERRY_DIRECT", "off");
+  Checkpoint ck(sharding::llama_manifest(tiny_llama()), 11);
+  uint64_t reference = 0;
+  {
+    DeviceReplica whole(c);
+    Status st = whole.start();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    auto r = whole.update(1, ck);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    auto f = whole.fingerprint();
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    reference = *f;
+  }
+  constexpr uint64_t kBucket = 8 << 10;
+  ScopedEnv bytes("FERRY_BUCKET_BYTES", "8K");
+  uint64_t largest = 0;
+  std::vector<uint64_t> planned = planned_buckets(tiny_llama(), c.tp, Scheme::kFp8PerTensor, kBucket, &largest);
+  std::sort(planned.begin(), planned.end());
+  ASSERT_GT(planned.front(), 4u);
+  DeviceReplica small(c);
+  Status st = small.start();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto r = small.update(1, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::vector<uint64_t> sent = r->buckets;
+  std::sort(sent.begin(), sent.end());
+  EXPECT_EQ(sent, planned) << "the buckets sent are not the plan's";
+  auto f = small.fingerprint();
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(*f, reference) << "small buckets changed what landed";
+}
+
+INSTANTIATE_TEST_SUITE_P(DeviceTransports, BucketPlanOnDevice,
+                         ::testing::Values(DeviceCase{"cuda_ipc", 2, 0, 0}, DeviceCase{"nccl", 1, 0, 1}),
+                         [](const ::testing::TestParamInfo<DeviceCase>& i) { return i.param.transport; });
 
 // The rank's transports are made with FERRY_BUCKET_BYTES=4K, which alone would let them take
 // buckets of 64 MiB and a little; the trainer cuts 96 MiB ones from a model whose embedding alone
