@@ -1,7 +1,10 @@
-// ferry under mpirun: the first --trainers ranks are trainers, the rest replicas of --tp ranks.
+// ferry under mpirun: the first --trainers ranks are trainer ranks, the rest replicas of --tp ranks.
 // MPI bootstraps the job (it hands every rank the coordinator's address); ferry moves the weights.
+// Several trainer ranks form one sharded trainer: each holds FSDP2-style Shard(0) rows of every
+// tensor (chunks of ceil(rows / trainers)) and sends only those, straight to the rollout ranks.
 //
 //   mpirun -np 3 ferry-mpi-example --tp 2 --updates 3
+//   mpirun -np 6 ferry-mpi-example --trainers 4 --tp 2 --updates 3           # 4 sharded trainer ranks
 //   mpirun -np 3 -x FERRY_TRANSPORT=nccl ferry-mpi-example --tp 2 --gpus 2   # trainer on GPU 0, ranks on GPU 1
 #define OMPI_SKIP_MPICXX 1  // the C API only
 #include <mpi.h>
@@ -22,7 +25,6 @@
 #include "examples/demo/llama_config.h"
 #include "examples/demo/reference.h"
 #include "reload/model_storage.h"
-#include "reload/processing.h"
 #include "sharding/llama.h"
 
 namespace {
@@ -37,18 +39,47 @@ ferry::Device rank_device(int gpus, int tp_rank) {
   return ferry::Device::cuda(gpus == 1 ? 0 : 1 + tp_rank % (gpus - 1));
 }
 
-// Trainer rank 0: embeds the coordinator, runs the updates. Returns the number of failures.
-int run_trainer(int ranks, int updates, ferry::Device device) {
+// The rows FSDP2's Shard(0) gives trainer rank r of n of a dimension of `rows`.
+std::pair<int64_t, int64_t> shard_rows(int64_t rows, int r, int n) {
+  const int64_t chunk = (rows + n - 1) / n;
+  return {std::min(rows, chunk * r), std::min(rows, chunk * (r + 1))};
+}
+
+// Trainer rank `me` of `trainers` (the first embeds the coordinator): runs the updates, sending its
+// Shard(0) rows of every tensor. Returns the number of failures.
+int run_trainer(int me, int trainers, MPI_Comm trainer_comm, int ranks, int updates, ferry::Device device) {
   const demo::Model m;
+  ferry::set_log_identity(fmt::format("trainer {}", me));
   ferry::Status placed = ferry::set_current_device(device);
-  auto trainer = placed.ok() ? ferry::coordinator::Trainer::create({})
-                             : ferry::Result<std::unique_ptr<ferry::coordinator::Trainer>>(placed);
   char address[kAddressBytes] = {};
-  if (trainer.ok()) std::snprintf(address, sizeof address, "%s", (*trainer)->coordinator_address().c_str());
+  ferry::Result<std::unique_ptr<ferry::coordinator::Trainer>> trainer = placed;
+  ferry::coordinator::TrainerOptions o;
+  o.trainer_rank = me;
+  o.trainer_ranks = trainers;
+  if (me == 0 && placed.ok()) {
+    trainer = ferry::coordinator::Trainer::create(o);
+    if (trainer.ok()) std::snprintf(address, sizeof address, "%s", (*trainer)->coordinator_address().c_str());
+  }
   MPI_Bcast(address, kAddressBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (me > 0 && placed.ok() && address[0] != '\0') {
+    o.coordinator = address;
+    trainer = ferry::coordinator::Trainer::create(o);
+  }
   if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 1;
-  if (auto st = (*trainer)->wait_for_ranks(ranks, 30'000); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
+  if (me == 0) {
+    if (auto st = (*trainer)->wait_for_ranks(ranks, 30'000); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
+  }
+  MPI_Barrier(trainer_comm);  // every trainer rank starts once the replica is there
   const auto manifest = ferry::sharding::llama_manifest(demo::llama_config(m));
+  ferry::coordinator::UpdateOptions options;
+  for (const auto& t : manifest) {
+    if (trainers == 1) break;  // the only trainer rank holds every tensor whole
+    const auto [from, to] = shard_rows(t.shape[0], me, trainers);
+    ferry::Region box = ferry::Region::whole(t.shape);
+    box.offset[0] = from;
+    box.size[0] = to - from;
+    options.holdings.holds.push_back({t.name, box});
+  }
   int failures = 0;
   std::map<std::string, ferry::Buffer> on_device;  // a GPU trainer's weights, rewritten each step
   for (int v = 1; v <= updates; ++v) {
@@ -56,7 +87,14 @@ int run_trainer(int ranks, int updates, ferry::Device device) {
     std::map<std::string, ferry::TensorView> views;
     ferry::Status st;
     for (const auto& [name, t] : ck) {
-      ferry::TensorView host(const_cast<uint16_t*>(t.bf16.data()), ferry::DType::kBF16, t.shape);
+      // This trainer rank's rows of the tensor (all of them for a trainer of one rank).
+      const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+      const auto [from, to] = trainers == 1 ? std::pair<int64_t, int64_t>{0, rows} : shard_rows(rows, me, trainers);
+      const size_t row = t.bf16.size() / static_cast<size_t>(std::max<int64_t>(rows, 1));
+      ferry::Shape local = t.shape;
+      if (!local.empty()) local[0] = to - from;
+      ferry::TensorView host(const_cast<uint16_t*>(t.bf16.data()) + static_cast<size_t>(from) * row,
+                             ferry::DType::kBF16, local);
       if (device.is_cpu() || !st.ok()) {
         views.emplace(name, host);
         continue;
@@ -67,11 +105,11 @@ int run_trainer(int ranks, int updates, ferry::Device device) {
         if (!nb.ok()) return std::cerr << nb.status().to_string() << "\n", failures + 1;
         b = std::move(*nb);
       }
-      st = ferry::reload::copy_bytes(b.data(), device, host.data(), ferry::Device::cpu(), host.nbytes());
-      views.emplace(name, ferry::TensorView(b.data(), ferry::DType::kBF16, t.shape, device));
+      st = ferry::copy_bytes(b.data(), device, host.data(), ferry::Device::cpu(), host.nbytes());
+      views.emplace(name, ferry::TensorView(b.data(), ferry::DType::kBF16, local, device));
     }
     ferry::coordinator::MapSource source(views);
-    if (st.ok()) st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest);
+    if (st.ok()) st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest, options);
     if (st.ok()) st = (*trainer)->update_weights(source);
     auto report = st.ok() ? (*trainer)->finish_weight_update() : ferry::Result<ferry::coordinator::UpdateReport>(st);
     if (!report.ok()) {
@@ -79,9 +117,11 @@ int run_trainer(int ranks, int updates, ferry::Device device) {
       ++failures;
       continue;
     }
-    std::cout << fmt::format("update v{}: ok ranks={} bytes={} seconds={:.4f} transfer={:.4f} gbps={:.2f} moved={}/{}", v,
-                             report->ranks, report->bytes, report->seconds, report->transfer_seconds, report->gbps(),
-                             report->moved, report->registered)
+    if (me != 0) continue;  // one line per update
+    std::cout << fmt::format("update v{}: ok trainer_ranks={} ranks={} bytes={} seconds={:.4f} transfer={:.4f} gbps={:.2f} "
+                             "moved={}/{}",
+                             v, trainers, report->ranks, report->bytes, report->seconds, report->transfer_seconds,
+                             report->gbps(), report->moved, report->registered)
               << std::endl;
   }
   return failures;
@@ -119,7 +159,7 @@ int run_rollout(int tp_rank, int tp, ferry::Device device, int* mismatches) {
       std::vector<uint8_t> held;  // the storage's bytes, read back from the device
       if (t.ok() && t->nbytes() == bytes.size()) {
         held.resize(bytes.size());
-        FERRY_RETURN_IF_ERROR(ferry::reload::copy_bytes(held.data(), ferry::Device::cpu(), t->data(), t->device(), held.size()));
+        FERRY_RETURN_IF_ERROR(ferry::copy_bytes(held.data(), ferry::Device::cpu(), t->data(), t->device(), held.size()));
       }
       if (!t.ok() || t->nbytes() != bytes.size() || std::memcmp(held.data(), bytes.data(), bytes.size()) != 0) {
         ++*mismatches;
@@ -146,7 +186,9 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   CLI::App app{"ferry-mpi-example: a trainer and TP replicas launched by mpirun"};
   int trainers = 1, tp = 2, updates = 3, gpus = 0;
-  app.add_option("--trainers", trainers, "ranks that train (the first one embeds the coordinator)")->check(CLI::IsMember({1}));
+  app.add_option("--trainers", trainers,
+                 "ranks that train, each holding Shard(0) rows of every tensor (the first embeds the coordinator)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--tp", tp, "tensor-parallel size of each replica")->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--updates", updates, "number of updates")->check(CLI::Range(1, 100));
   app.add_option("--gpus", gpus,
@@ -172,8 +214,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   int failures = 0, mismatches = 0;
-  if (rank == 0) {
-    failures = run_trainer(rollout_ranks, updates, trainer_device(gpus));
+  MPI_Comm trainer_comm;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < trainers ? 0 : 1, rank, &trainer_comm);
+  if (rank < trainers) {
+    failures = run_trainer(rank, trainers, trainer_comm, rollout_ranks, updates, trainer_device(gpus));
     MPI_Barrier(MPI_COMM_WORLD);
   } else {
     failures = run_rollout(rank - trainers, tp, rank_device(gpus, rank - trainers), &mismatches);
@@ -181,6 +225,7 @@ int main(int argc, char** argv) {
   int bad = failures + mismatches, total = 0;
   MPI_Reduce(&bad, &total, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
   if (rank == 0) std::cout << (total == 0 ? fmt::format("all {} updates verified on every rank", updates) : "FAILED") << std::endl;
+  MPI_Comm_free(&trainer_comm);
   MPI_Finalize();
   return total == 0 ? 0 : 1;
 }
