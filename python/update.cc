@@ -35,6 +35,57 @@ auto nogil(F&& f) {
   }
 }
 
+// A torch DTensor (FSDP2's sharded parameters) crosses as its local tensor: the box of the global
+// tensor this rank holds (holdings), never gathered. Anything else crosses as it is.
+py::object local_of(py::handle t) {
+  if (py::hasattr(t, "to_local") && py::hasattr(t, "placements") && py::hasattr(t, "device_mesh")) {
+    return t.attr("to_local")();
+  }
+  return py::reinterpret_borrow<py::object>(t);
+}
+
+// holdings: {name: None (held whole) | (offset, size) | Region}, the box of each global tensor this
+// trainer rank holds; names left out are not held. None: every tensor whole.
+sharding::SenderInfo holdings_from_python(py::handle obj) {
+  sharding::SenderInfo out;
+  if (obj.is_none()) return out;
+  if (!py::isinstance<py::dict>(obj) && !(py::hasattr(obj, "items") && py::hasattr(obj, "keys"))) {
+    throw py::type_error("holdings: a mapping {name: None | (offset, size) | Region}");
+  }
+  for (py::handle item : obj.attr("items")()) {
+    auto pair = item.cast<py::tuple>();
+    const auto name = pair[0].cast<std::string>();
+    py::handle box = pair[1];
+    if (box.is_none()) {
+      out.owns.push_back(name);
+      continue;
+    }
+    Region r;
+    try {
+      if (py::hasattr(box, "offset") && py::hasattr(box, "size") && !py::isinstance<py::sequence>(box)) {
+        r.offset = box.attr("offset").cast<Shape>();
+        r.size = box.attr("size").cast<Shape>();
+      } else {
+        auto seq = box.cast<py::sequence>();
+        if (seq.size() != 2) throw py::cast_error();
+        r.offset = seq[0].cast<Shape>();
+        r.size = seq[1].cast<Shape>();
+      }
+    } catch (const py::cast_error&) {
+      throw py::value_error("holdings[" + name + "]: None (whole), (offset, size) or a Region");
+    }
+    if (r.offset.size() != r.size.size()) {
+      throw py::value_error(fmt::format("holdings[{}]: {} offsets for {} sizes", name, r.offset.size(), r.size.size()));
+    }
+    out.holds.push_back(sharding::Holding{name, std::move(r)});
+  }
+  // Empty would mean "every tensor whole", the opposite of a mapping that names nothing.
+  if (out.owns.empty() && out.holds.empty()) {
+    throw py::value_error("holdings name no tensor; pass None when this trainer rank holds every tensor whole");
+  }
+  return out;
+}
+
 struct PyTrainer {
   std::unique_ptr<Trainer> trainer;
   Settings settings;  // what it was made with
@@ -59,7 +110,7 @@ class MappingSource final : public coordinator::WeightSource {
   Result<TensorView> get(const std::string& name) override {
     py::gil_scoped_acquire gil;
     try {
-      py::object t = mapping_[py::str(name)];
+      py::object t = local_of(mapping_[py::str(name)]);
       FERRY_ASSIGN_OR_RETURN(Imported imp, import_tensor(t, name));
       held_.push_back(imp);
       return imp->view;
@@ -199,7 +250,7 @@ void init_update(py::module_& m) {
 
   py::class_<PyTrainer>(m, "Trainer", "The trainer side: start_weight_update, send, finish_weight_update.")
       .def(py::init([](const std::string& coordinator, uint16_t port, const std::string& pause_mode, bool clear_cache,
-                       const py::kwargs& settings) {
+                       int trainer_rank, int trainer_ranks, const py::kwargs& settings) {
              auto t = std::make_unique<PyTrainer>();
              t->settings = settings_from_keywords(settings, "Trainer");
              coordinator::TrainerOptions o;
@@ -208,12 +259,17 @@ void init_update(py::module_& m) {
              o.pause_mode = pause_mode;
              o.clear_cache = clear_cache;
              o.settings = t->settings;
+             o.trainer_rank = trainer_rank;
+             o.trainer_ranks = trainer_ranks;
              t->trainer = nogil([&] { return Trainer::create(o); });
              return t;
            }),
            py::arg("coordinator") = "", py::arg("port") = 0, py::arg("pause_mode") = "abort",
-           py::arg("clear_cache") = true,
-           "Joins `coordinator` (host:port), or embeds one when it is empty (on listen_host and `port`). Every "
+           py::arg("clear_cache") = true, py::arg("trainer_rank") = 0, py::arg("trainer_ranks") = 1,
+           "Joins `coordinator` (host:port), or embeds one when it is empty (on listen_host and `port`). A "
+           "sharded trainer is trainer_rank of trainer_ranks processes joining one coordinator (one of them may "
+           "embed it; ferry.distributed_trainer() does that for a torch.distributed job); updates are then "
+           "collective over them. Every "
            "other keyword is a setting, FERRY_* lower-cased without FERRY_ (bucket_bytes='64M', timeout_ms=5000, "
            "transport='tcp', ...), and beats the environment; .settings shows each value and its source.")
       .def_property_readonly("coordinator_address", [](PyTrainer& t) { return t.get().coordinator_address(); })
@@ -229,30 +285,41 @@ void init_update(py::module_& m) {
       .def(
           "start_weight_update",
           [](PyTrainer& t, uint64_t version, py::handle manifest, std::optional<std::string> pause_mode,
-             std::optional<bool> clear_cache, std::optional<std::vector<int>> replicas) {
+             std::optional<bool> clear_cache, std::optional<std::vector<int>> replicas, py::object holdings) {
             Trainer& tr = t.get();
             const sharding::Manifest mf = manifest_from_python(manifest);
+            // A manifest from manifest_from_state_dict() of DTensors carries this rank's holdings.
+            if (holdings.is_none()) holdings = py::getattr(manifest, "holdings", py::none());
+            sharding::SenderInfo held = holdings_from_python(holdings);
             t.held.clear();
-            if (!pause_mode && !clear_cache && !replicas) return nogil([&] { return tr.start_weight_update(version, mf); });
+            if (!pause_mode && !clear_cache && !replicas && holdings.is_none()) {
+              return nogil([&] { return tr.start_weight_update(version, mf); });
+            }
             coordinator::UpdateOptions o;
             if (pause_mode) o.pause_mode = *pause_mode;
             if (clear_cache) o.clear_cache = *clear_cache;
             if (replicas) o.replicas = *replicas;
+            o.holdings = std::move(held);
             nogil([&] { return tr.start_weight_update(version, mf, o); });
           },
           py::arg("version"), py::arg("manifest"), py::arg("pause_mode") = py::none(),
-          py::arg("clear_cache") = py::none(), py::arg("replicas") = py::none(),
+          py::arg("clear_cache") = py::none(), py::arg("replicas") = py::none(), py::arg("holdings") = py::none(),
           "Checks the manifest against every replica, pauses them and plans. Manifest: SourceTensor objects "
-          "or (name, dtype, shape) tuples.")
+          "or (name, dtype, shape) tuples, global shapes. holdings: what this trainer rank holds, {name: None "
+          "(whole) | (offset, size) box of the global tensor}, names left out not held (see "
+          "ferry.holdings_from_state_dict); None: the manifest's .holdings if it has them, else every tensor "
+          "whole. With several trainer ranks, every one starts the update (collective).")
       .def(
           "send",
           [](PyTrainer& t, const std::string& name, py::handle tensor) {
             Trainer& tr = t.get();
-            Imported imp = take(import_tensor(tensor, name));
+            Imported imp = take(import_tensor(local_of(tensor), name));
             t.held.push_back(imp);
             nogil([&] { return tr.send(name, imp->view); });
           },
-          py::arg("name"), py::arg("tensor"), "Sends one tensor of the manifest (torch, numpy, any DLPack tensor).")
+          py::arg("name"), py::arg("tensor"),
+          "Sends one tensor of the manifest (torch, numpy, any DLPack tensor): the held box of it, a DTensor's "
+          "to_local().")
       .def(
           "update_weights",
           [](PyTrainer& t, py::object weights) {
@@ -265,14 +332,15 @@ void init_update(py::module_& m) {
               auto pair = item.cast<py::sequence>();
               if (pair.size() != 2) throw py::value_error("weights are (name, tensor) pairs");
               const auto name = pair[0].cast<std::string>();
-              Imported imp = take(import_tensor(pair[1], name));
+              Imported imp = take(import_tensor(local_of(pair[1]), name));
               t.held.push_back(imp);
               nogil([&] { return tr.send(name, imp->view); });
             }
           },
           py::arg("weights"),
-          "Sends every tensor: a mapping is read in plan order; an iterable of (name, tensor) pairs (e.g. "
-          "model.state_dict().items() or a generator) is sent as it comes.")
+          "Sends every tensor this trainer rank holds: a mapping is read in plan order, and asked only for "
+          "held tensors; an iterable of (name, tensor) pairs (e.g. model.state_dict().items() or a generator) "
+          "is sent as it comes. DTensor values send their to_local(), never a gathered full_tensor().")
       .def(
           "finish_weight_update",
           [](PyTrainer& t) {

@@ -20,6 +20,15 @@ Every FERRY_* setting is also a keyword of Trainer and RolloutWorker, lower-case
 (``ferry.Trainer(timeout_ms=5000, bucket_bytes="64M", transport="tcp")``); a keyword beats the
 environment, and ``trainer.settings`` / ``ferry.settings(**keywords)`` show each value and its source.
 
+Sharded trainer (FSDP2, one process per rank of a torch.distributed job)::
+
+    trainer = ferry.distributed_trainer()           # rank 0 embeds the coordinator
+    sd = model.state_dict()                         # DTensor values
+    manifest = ferry.manifest_from_state_dict(sd)   # global shapes; .holdings: this rank's boxes
+    trainer.start_weight_update(step, manifest)     # collective over the trainer ranks
+    trainer.update_weights(sd)                      # each DTensor's to_local(), never gathered
+    trainer.finish_weight_update()
+
 Tensors cross by DLPack (torch, numpy, ...), never copied. Errors are ferry.Error with .code.
 """
 
@@ -58,25 +67,127 @@ from ._ferry import (  # noqa: F401
 )
 
 
+class Manifest(list):
+    """A manifest (a list of SourceTensor, global shapes) with `holdings`: the boxes this trainer
+    rank holds when the state dict it came from has DTensor values (else None: every tensor whole).
+    start_weight_update(version, manifest) uses them unless given holdings= itself."""
+
+    holdings = None
+
+
+def _is_dtensor(value):
+    return hasattr(value, "to_local") and hasattr(value, "placements") and hasattr(value, "device_mesh")
+
+
+def _named_error(name, e):
+    err = Error(f"{e.code}: {name}: {e.message}")
+    err.code, err.message = e.code, f"{name}: {e.message}"
+    return err
+
+
 def manifest_from_state_dict(state_dict):
     """The manifest of a state dict: a SourceTensor (name, dtype, shape) per entry, in its order.
 
-    Values are torch tensors (parameters too), numpy arrays or anything with .dtype and .shape
-    (bf16 numpy arrays through ml_dtypes). Nothing is read or copied. A dtype ferry does not take
-    raises ferry.Error naming the tensor; a value without dtype and shape raises TypeError.
+    Values are torch tensors (parameters too), DTensors (their global shape), numpy arrays or
+    anything with .dtype and .shape (bf16 numpy arrays through ml_dtypes). Nothing is read, copied
+    or gathered. A dtype ferry does not take raises ferry.Error naming the tensor; a value without
+    dtype and shape raises TypeError. When some values are DTensors, the result's .holdings are
+    holdings_from_state_dict(state_dict).
     """
-    out = []
+    out = Manifest()
+    sharded = False
     for name, tensor in state_dict.items():
         dtype, shape = getattr(tensor, "dtype", None), getattr(tensor, "shape", None)
         if dtype is None or shape is None:
             raise TypeError(f"{name}: a {type(tensor).__name__} has no dtype and shape")
+        sharded = sharded or _is_dtensor(tensor)
         try:
-            out.append(SourceTensor(name, dtype, [int(d) for d in shape]))
+            out.append(SourceTensor(name, dtype, [int(d) for d in shape]))  # a DTensor's shape is global
         except Error as e:
-            err = Error(f"{e.code}: {name}: {e.message}")
-            err.code, err.message = e.code, f"{name}: {e.message}"
-            raise err from e
+            raise _named_error(name, e) from e
+    if sharded:
+        out.holdings = holdings_from_state_dict(state_dict)
     return out
+
+
+def dtensor_box(tensor, name="tensor"):
+    """(offset, size): the box of a DTensor's global tensor that this rank's to_local() holds.
+
+    From its placements and device_mesh: Shard(d) on a mesh dimension of k ranks cuts dimension d
+    as torch.chunk does (chunks of ceil(n / k), the last shorter, later ones empty); Shard on several
+    mesh dimensions cuts in mesh-dimension order; Replicate() keeps the whole extent. Partial
+    (unreduced) values, strided shards and ranks outside the mesh raise ValueError naming the tensor.
+    A tensor that is not a DTensor is held whole.
+    """
+    shape = [int(d) for d in tensor.shape]
+    offset, size = [0] * len(shape), list(shape)
+    if not _is_dtensor(tensor):
+        return offset, size
+    mesh = tensor.device_mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError(f"{name}: this rank is not in the DTensor's device mesh, so it holds no part of it")
+    mesh_shape = [int(k) for k in mesh.mesh.shape]
+    for mesh_dim, placement in enumerate(tensor.placements):
+        kind = type(placement).__name__
+        if placement.is_replicate():
+            continue
+        if placement.is_partial():
+            raise ValueError(f"{name}: placement {placement!r} on mesh dimension {mesh_dim} is a partial (unreduced) "
+                             "value; reduce it (redistribute to Shard or Replicate) before sending")
+        if not placement.is_shard() or kind != "Shard":
+            raise ValueError(f"{name}: placement {placement!r} on mesh dimension {mesh_dim} is not Shard(d) or "
+                             "Replicate(); ferry cannot say which box of the tensor this rank holds")
+        d = placement.dim if placement.dim >= 0 else placement.dim + len(shape)
+        k, c = mesh_shape[mesh_dim], int(coordinate[mesh_dim])
+        chunk = -(-size[d] // k)  # torch.chunk: ceil(n / k) each, the last shorter, later ones empty
+        start = min(c * chunk, size[d])
+        end = min(start + chunk, size[d])
+        offset[d] += start
+        size[d] = end - start
+    return offset, size
+
+
+def holdings_from_state_dict(state_dict):
+    """This trainer rank's holdings for start_weight_update(holdings=...): {name: (offset, size)}
+    for each DTensor value (dtensor_box), {name: None} (held whole) for every other value."""
+    out = {}
+    for name, tensor in state_dict.items():
+        out[name] = list(dtensor_box(tensor, name)) if _is_dtensor(tensor) else None
+    return out
+
+
+def distributed_trainer(group=None, **keywords):
+    """The Trainer of this rank of a torch.distributed job (call it on every rank of `group`, the
+    default group when None): trainer_rank is the rank in `group`, trainer_ranks its size. Rank 0
+    embeds the coordinator and broadcasts its address (dist.broadcast_object_list); with
+    coordinator='host:port' (a `ferry coordinator`), every rank joins that instead. Other keywords
+    go to Trainer (port, pause_mode, settings such as timeout_ms)."""
+    import torch.distributed as dist
+
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    keywords.update(trainer_rank=rank, trainer_ranks=ranks)
+    if keywords.get("coordinator"):
+        return Trainer(**keywords)
+    trainer, message = None, [None]
+    if rank == 0:
+        try:
+            trainer = Trainer(**keywords)
+            message = [("address", trainer.coordinator_address)]
+        except Exception as e:  # the other ranks must not wait for an address that never comes
+            message = [("error", f"{type(e).__name__}: {e}")]
+            failure = e
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.broadcast_object_list(message, src=src, group=group)
+    kind, value = message[0]
+    if rank == 0:
+        if trainer is None:
+            raise failure
+        return trainer
+    if kind == "error":
+        raise RuntimeError(f"trainer rank 0 could not start the coordinator: {value}")
+    keywords.pop("port", None)
+    return Trainer(value, **keywords)
 
 
 def wrap_module(spec, module, none_dtype="bf16"):

@@ -153,6 +153,24 @@ def test_errors_carry_the_code():
     assert e.value.code == "FailedPrecondition"
 
 
+def test_holdings_are_checked_before_an_update_starts():
+    manifest = ferry.llama_manifest(ferry.LlamaConfig(**CFG))
+    with ferry.Trainer(trainer_rank=0, trainer_ranks=1) as trainer:
+        with pytest.raises(ValueError, match="pass None"):
+            trainer.start_weight_update(1, manifest, holdings={})
+        with pytest.raises(ValueError, match="model.norm.weight"):
+            trainer.start_weight_update(1, manifest, holdings={"model.norm.weight": ([0], [1], [2])})
+        with pytest.raises(ValueError, match="1 offsets for 2 sizes"):
+            trainer.start_weight_update(1, manifest, holdings={"model.norm.weight": ([0], [1, 2])})
+        with pytest.raises(TypeError, match="holdings"):
+            trainer.start_weight_update(1, manifest, holdings=[("model.norm.weight", None)])
+        # A manifest's own holdings (manifest_from_state_dict of DTensors) count as given.
+        carried = ferry.Manifest(manifest)
+        carried.holdings = {}
+        with pytest.raises(ValueError, match="pass None"):
+            trainer.start_weight_update(1, carried)
+
+
 def test_view_as_relabels_without_a_copy():
     bits = np.arange(6, dtype=np.uint16).reshape(2, 3)
     t = ferry.view_as(bits, "bf16")
