@@ -1,11 +1,5 @@
 #include "bench/e2e_bench.h"
 
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +13,7 @@
 
 #include "bench/e2e_links.h"
 #include "bench/e2e_probe.h"
+#include "bench/e2e_trainers.h"
 #include "core/settings.h"
 #include "coordinator/trainer.h"
 #include "examples/demo/llama_config.h"
@@ -27,53 +22,12 @@
 #include "sharding/planner.h"
 #include "transport/transport.h"
 
-extern char** environ;
-
 namespace ferry {
 namespace {
 
 using e2e::Clock;
+using e2e::Child;
 using namespace std::chrono_literals;
-
-// A rank process; killed if it has not exited by the time this goes away.
-class Child {
- public:
-  Status spawn(const std::vector<std::string>& args) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
-      pid_ = -1;
-      return Status::unavailable(std::string("posix_spawn: ") + std::strerror(errno));
-    }
-    pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
-    return ok_status();
-  }
-  // Exit status (128 + signal when killed); kills the process past `ms`.
-  int reap(int ms) {
-    if (pid_ <= 0) return 0;
-    if (pidfd_ >= 0) {
-      pollfd p{pidfd_, POLLIN, 0};
-      if (poll(&p, 1, ms) == 0) kill(pid_, SIGKILL);
-    }
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  pid_t pid() const { return pid_; }
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      reap(10'000);
-    }
-    if (pidfd_ >= 0) close(pidfd_);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int pidfd_ = -1;
-};
 
 struct Measured {
   double seconds = 0, pause = 0, plan = 0, transfer = 0, process = 0, resume = 0, other = 0;
@@ -266,7 +220,11 @@ int run_e2e_bench(const E2eOptions& o) {
     names.push_back(o.transport);
   }
   for (const auto& t : names) {
-    Status st = run_case(o, t);
+    Status st;
+    for (int n : o.trainers) {
+      if (st.ok()) st = run_trainers_case(o, t, n);
+    }
+    if (o.trainers.empty()) st = run_case(o, t);
     if (!st.ok()) {
       fmt::print(stderr, "bench e2e {}: {}\n", t, st.to_string());
       return 1;

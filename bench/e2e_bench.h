@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ferry {
 
@@ -15,6 +16,9 @@ struct E2eOptions {
   int tp = 2;
   std::string bucket_bytes;       // empty: FERRY_BUCKET_BYTES
   bool json = false;
+  // Non-empty: a sharded trainer of each of these sizes beside gather-then-send (e2e_trainers.h)
+  // instead of the one-trainer update.
+  std::vector<int> trainers;
 };
 
 // The trainer (with the embedded coordinator) runs in this process; the TP ranks are this binary

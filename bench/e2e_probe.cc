@@ -4,6 +4,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +16,8 @@
 #include <cstring>
 
 #include <fmt/format.h>
+
+extern char** environ;
 
 namespace ferry::e2e {
 namespace {
@@ -134,6 +140,39 @@ std::string_view command_of(std::string_view frame, std::string_view* rest) {
   const size_t sp = frame.find(' ');
   if (rest) *rest = sp == std::string_view::npos ? std::string_view() : frame.substr(sp + 1);
   return frame.substr(0, sp);
+}
+
+Status Child::spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+    return Status::unavailable(std::string("posix_spawn: ") + std::strerror(errno));
+  }
+  pid_ = pid;
+  pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+  return ok_status();
+}
+
+int Child::reap(int ms) {
+  if (pid_ <= 0) return 0;
+  if (pidfd_ >= 0) {
+    pollfd p{pidfd_, POLLIN, 0};
+    if (poll(&p, 1, ms) == 0) kill(pid_, SIGKILL);
+  }
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Child::~Child() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    reap(10'000);
+  }
+  if (pidfd_ >= 0) close(pidfd_);
 }
 
 }  // namespace ferry::e2e

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -54,6 +55,25 @@ class ProbeListener {
  private:
   int fd_ = -1;
   uint16_t port_ = 0;
+};
+
+// A bench process: this binary re-run with `args` (args[0] is its name); killed if it has not
+// exited by the time this goes away.
+class Child {
+ public:
+  Child() = default;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  Child(Child&& o) noexcept : pid_(o.pid_), pidfd_(o.pidfd_) { o.pid_ = o.pidfd_ = -1; }
+  ~Child();
+  Status spawn(const std::vector<std::string>& args);
+  // Exit status (128 + signal when killed); kills the process past `ms`.
+  int reap(int ms);
+  int pid() const { return pid_; }
+
+ private:
+  int pid_ = -1;
+  int pidfd_ = -1;
 };
 
 // "word rest" -> word; rest into `*rest` when given.

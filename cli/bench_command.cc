@@ -16,6 +16,7 @@
 #endif
 #ifdef FERRY_HAVE_E2E_BENCH
 #include "bench/e2e_bench.h"
+#include "bench/e2e_trainers.h"
 #endif
 
 namespace ferry::cli {
@@ -93,8 +94,29 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   e2e->add_option("--tp", e2e_options.tp, "rank processes of the replica")->capture_default_str();
   e2e->add_option("--bucket-bytes", e2e_options.bucket_bytes, "bytes per bucket (default FERRY_BUCKET_BYTES)");
+  e2e->add_option("--trainers", e2e_options.trainers,
+                  "sharded trainers of these sizes (e.g. 1,2,4), each beside gather-then-send from as many processes")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   e2e->callback([] {
     const int rc = run_e2e_bench(e2e_options);
+    if (rc) throw CLI::RuntimeError(rc);
+  });
+  // The bench's trainer processes for --trainers: this binary, re-run.
+  auto* e2e_trainer = bench->add_subcommand("e2e-trainer", "")->group("");
+  static int trainer_port = 0, trainer_rank = 0, trainer_count = 1, trainer_updates = 1;
+  static std::string trainer_coordinator, trainer_mode;
+  static uint64_t trainer_first = 1;
+  e2e_trainer->add_option("--probe-port", trainer_port)->required();
+  e2e_trainer->add_option("--coordinator", trainer_coordinator)->required();
+  e2e_trainer->add_option("--trainer-rank", trainer_rank)->required();
+  e2e_trainer->add_option("--trainers", trainer_count)->required();
+  e2e_trainer->add_option("--mode", trainer_mode)->required()->check(CLI::IsMember({"sharded", "gather"}));
+  e2e_trainer->add_option("--updates", trainer_updates)->required();
+  e2e_trainer->add_option("--first-version", trainer_first)->required();
+  e2e_trainer->callback([] {
+    const int rc = run_e2e_trainer(static_cast<uint16_t>(trainer_port), trainer_coordinator, trainer_rank,
+                                   trainer_count, trainer_mode, trainer_updates, trainer_first);
     if (rc) throw CLI::RuntimeError(rc);
   });
   // The bench's rank processes: this binary, re-run by `ferry bench e2e`.

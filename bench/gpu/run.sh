@@ -8,7 +8,9 @@
 #   kernels.png    kernel throughput beside the device-copy baseline
 #   colocated.png  the colocated update per scheme beside its floor and the PyTorch baselines
 # usage: bench/gpu/run.sh OUT_DIR [STEPS]
-#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi (default: all)
+#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi,trainers (default: all)
+#   trainers: ferry bench e2e --trainers 1,2,4 over the host transports (CPU processes; the GPU
+#   machine has the cores): a sharded trainer beside gather-then-send and the cost model
 #   probe: copy_probe.cu (streaming kernels beside cudaMemcpy) and quant_probe.cu (quantize kernel shapes)
 #   multi (two or more GPUs): nccl and cross-GPU cuda_ipc conformance, TP-2 updates from cuda:0 into a
 #   replica on cuda:1,cuda:2 (both on cuda:1 with two GPUs; TP 4 with five or more) over nccl and
@@ -17,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
-steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi}
+steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers}
 want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off
@@ -124,6 +126,12 @@ if want sanitizer && command -v compute-sanitizer > /dev/null; then
     timeout 600 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/$@" >> "$out/sanitizer.log" 2>&1
     echo "=== rc=$?" >> "$out/sanitizer.log"
   done
+fi
+
+if want trainers; then
+  echo "=== bench e2e --trainers" >> "$out/tests.log"
+  FERRY_LOG_LEVEL=error timeout 600 "$bin/ferry" bench e2e --transport all --trainers 1,2,4 --updates 10 --json \
+    >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "bench e2e --trainers failed" >> "$out/tests.log"; status=1; }
 fi
 
 if want bench; then

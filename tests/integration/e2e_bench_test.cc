@@ -68,6 +68,25 @@ TEST_P(E2eBench, PrintsOneWellFormedLine) {
   for (const char* k : {"trainer_rss_bytes", "rank_rss_bytes"}) EXPECT_GT(j.at("memory").at(k).get<uint64_t>(), 1u << 20) << k;
 }
 
+// --trainers: one line per size, the sharded trainer beside gather-then-send, both predicted.
+TEST(E2eBenchTrainers, PrintsShardedBesideGatherPerSize) {
+  BenchRun r = run("bench e2e --transport tcp --trainers 1,2 --updates 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.all;
+  ASSERT_EQ(r.lines.size(), 2u) << r.all;
+  for (size_t i = 0; i < 2; ++i) {
+    const auto j = nlohmann::json::parse(r.lines[i], nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << r.lines[i];
+    EXPECT_EQ(j.at("bench"), "e2e-trainers");
+    EXPECT_EQ(j.at("trainers"), static_cast<int>(i + 1));
+    for (const char* k : {"sharded_seconds", "sharded_predicted_seconds", "gather_seconds", "gather_predicted_seconds",
+                          "speedup"}) {
+      EXPECT_GT(j.at(k).get<double>(), 0.0) << k;
+    }
+    EXPECT_NEAR(j.at("speedup").get<double>(), j.at("gather_seconds").get<double>() / j.at("sharded_seconds").get<double>(),
+                1e-3 * j.at("speedup").get<double>() + 1e-3);
+  }
+}
+
 std::vector<std::string> transports() {
   std::vector<std::string> t = {"tcp", "shm"};
 #if FERRY_E2E_UCX

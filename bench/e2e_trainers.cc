@@ -1,0 +1,314 @@
+// `ferry bench e2e --trainers N`: a sharded trainer beside "gather to one rank, then send".
+#include "bench/e2e_trainers.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench/e2e_links.h"
+#include "bench/e2e_probe.h"
+#include "core/log.h"
+#include "core/settings.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/trainer.h"
+#include "examples/demo/llama_config.h"
+#include "sharding/cost_model.h"
+#include "sharding/llama.h"
+#include "sharding/planner.h"
+#include "transport/transport.h"
+
+namespace ferry {
+namespace {
+
+using e2e::Child;
+using e2e::Clock;
+using namespace std::chrono_literals;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// FSDP2's Shard(0): rows [from, to) of a dimension of `n` for rank r of `ranks`.
+std::pair<int64_t, int64_t> shard_rows(int64_t n, int r, int ranks) {
+  const int64_t chunk = (n + ranks - 1) / ranks;
+  return {std::min(n, chunk * r), std::min(n, chunk * (r + 1))};
+}
+
+sharding::SenderInfo fsdp_holdings(const sharding::Manifest& m, int r, int ranks) {
+  sharding::SenderInfo out;
+  for (const auto& t : m) {
+    const auto [from, to] = shard_rows(t.shape[0], r, ranks);
+    Region box = Region::whole(t.shape);
+    box.offset[0] = from;
+    box.size[0] = to - from;
+    out.holds.push_back({t.name, box});
+  }
+  return out;
+}
+
+// Trainer rank r's rows of every tensor of `w`, as views into it.
+std::map<std::string, TensorView> local_rows(const sharding::Manifest& m, const e2e::Weights& w, int r, int ranks) {
+  std::map<std::string, TensorView> out;
+  for (size_t i = 0; i < m.size(); ++i) {
+    const auto [from, to] = shard_rows(m[i].shape[0], r, ranks);
+    const int64_t row = shape_numel(m[i].shape) / std::max<int64_t>(m[i].shape[0], 1);
+    Shape local = m[i].shape;
+    local[0] = to - from;
+    out.emplace(m[i].name, TensorView(const_cast<uint16_t*>(w.data[i].data()) + from * row, DType::kBF16, local));
+  }
+  return out;
+}
+
+Status expect(e2e::ProbeSocket& s, std::string_view want, std::string* rest = nullptr) {
+  FERRY_ASSIGN_OR_RETURN(std::string frame, s.recv(Clock::now() + 600s));
+  std::string_view r;
+  if (e2e::command_of(frame, &r) != want) {
+    return Status::internal(fmt::format("bench trainer said '{}' where '{}' was expected", frame.substr(0, 80), want));
+  }
+  if (rest) *rest = std::string(r);
+  return ok_status();
+}
+
+// The updates of one trainer process: `sharded` sends its own rows as trainer rank r of n;
+// otherwise rank 0 gathers every rank's rows over loopback TCP and sends whole tensors alone.
+Status trainer_process(uint16_t probe_port, const std::string& address, int r, int n, bool sharded, int updates,
+                       uint64_t first) {
+  set_log_identity(fmt::format("bench trainer {}", r));
+  const sharding::Manifest m = sharding::llama_manifest(demo::llama_config(demo::Model{}));
+  FERRY_ASSIGN_OR_RETURN(auto probe, e2e::ProbeSocket::connect(probe_port));
+  std::unique_ptr<coordinator::Trainer> trainer;
+  if (sharded || r == 0) {
+    coordinator::TrainerOptions o;
+    o.coordinator = address;
+    o.trainer_rank = sharded ? r : 0;
+    o.trainer_ranks = sharded ? n : 1;
+    FERRY_ASSIGN_OR_RETURN(trainer, coordinator::Trainer::create(o));
+  }
+  coordinator::UpdateOptions u;
+  if (sharded) u.holdings = fsdp_holdings(m, r, n);
+  // Gather mode: rank 0 listens for the others' rows; they connect where the bench tells them.
+  e2e::ProbeListener gather;
+  std::vector<e2e::ProbeSocket> peers;
+  if (!sharded && r == 0) {
+    FERRY_RETURN_IF_ERROR(gather.open());
+    FERRY_RETURN_IF_ERROR(probe.send(fmt::format("port {}", gather.port())));
+    for (int i = 1; i < n; ++i) {
+      FERRY_ASSIGN_OR_RETURN(auto s, gather.accept(Clock::now() + 60s));
+      peers.push_back(std::move(s));
+    }
+  } else if (!sharded) {
+    FERRY_RETURN_IF_ERROR(probe.send("ready"));
+    std::string port;
+    FERRY_RETURN_IF_ERROR(expect(probe, "gather", &port));
+    FERRY_ASSIGN_OR_RETURN(auto s, e2e::ProbeSocket::connect(static_cast<uint16_t>(std::stoi(port))));
+    peers.push_back(std::move(s));
+  } else {
+    FERRY_RETURN_IF_ERROR(probe.send("ready"));
+  }
+  FERRY_RETURN_IF_ERROR(expect(probe, "go"));
+  std::vector<std::vector<uint16_t>> whole(m.size());  // rank 0 gathering: the whole tensors
+  std::vector<double> seconds;
+  for (int i = 0; i <= updates; ++i) {
+    const uint64_t v = first + static_cast<uint64_t>(i);
+    const e2e::Weights w(m, v);
+    if (!sharded && r > 0) {
+      // Wait for rank 0's call, then send this rank's rows of every tensor, in manifest order.
+      FERRY_RETURN_IF_ERROR(expect(peers[0], "send"));
+      std::string rows;
+      for (const auto& [name, view] : local_rows(m, w, r, n)) {
+        rows.append(static_cast<const char*>(view.data()), view.nbytes());
+      }
+      FERRY_RETURN_IF_ERROR(peers[0].send(rows));
+      continue;
+    }
+    const auto t0 = Clock::now();
+    std::map<std::string, TensorView> source;
+    if (sharded) {
+      source = local_rows(m, w, r, n);
+    } else {
+      for (auto& p : peers) FERRY_RETURN_IF_ERROR(p.send("send"));
+      for (size_t i = 0; i < m.size(); ++i) {
+        whole[i].resize(w.data[i].size());
+        const auto [from, to] = shard_rows(m[i].shape[0], 0, n);
+        const size_t row = w.data[i].size() / static_cast<size_t>(m[i].shape[0]);
+        std::memcpy(whole[i].data(), w.data[i].data() + from * row, (to - from) * row * 2);
+      }
+      for (int k = 1; k < n; ++k) {
+        FERRY_ASSIGN_OR_RETURN(std::string rows, peers[static_cast<size_t>(k - 1)].recv(Clock::now() + 600s));
+        // Rows arrive in name order (local_rows is a map), placed by name.
+        size_t at = 0;
+        for (const auto& [name, view] : local_rows(m, w, k, n)) {
+          const size_t i = static_cast<size_t>(std::find_if(m.begin(), m.end(), [&](const auto& t) { return t.name == name; }) - m.begin());
+          const auto [from, to] = shard_rows(m[i].shape[0], k, n);
+          const size_t row = w.data[i].size() / static_cast<size_t>(m[i].shape[0]);
+          if (at + view.nbytes() > rows.size()) return Status::internal("a gathered shard is short");
+          std::memcpy(whole[i].data() + from * row, rows.data() + at, (to - from) * row * 2);
+          at += view.nbytes();
+        }
+      }
+      for (size_t i = 0; i < m.size(); ++i) source.emplace(m[i].name, TensorView(whole[i].data(), DType::kBF16, m[i].shape));
+    }
+    coordinator::MapSource src(source);
+    FERRY_RETURN_IF_ERROR(trainer->start_weight_update(v, m, u));
+    FERRY_RETURN_IF_ERROR(trainer->update_weights(src));
+    FERRY_RETURN_IF_ERROR(trainer->finish_weight_update().status());
+    if (i > 0) seconds.push_back(since(t0));  // the first warms up
+  }
+  if (r == 0) FERRY_RETURN_IF_ERROR(probe.send(fmt::format("result {:.9f}", e2e::median(seconds))));
+  return ok_status();
+}
+
+// One mode at one N: the trainer processes' median update time, from trainer rank 0.
+// Versions first .. first + updates.
+Result<double> run_mode(const std::string& address, int n, bool sharded, int updates, uint64_t first, int64_t timeout_ms) {
+  e2e::ProbeListener listener;
+  FERRY_RETURN_IF_ERROR(listener.open());
+  std::vector<Child> children(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    FERRY_RETURN_IF_ERROR(children[static_cast<size_t>(r)].spawn(
+        {"ferry", "bench", "e2e-trainer", "--probe-port", std::to_string(listener.port()), "--coordinator", address,
+         "--trainer-rank", std::to_string(r), "--trainers", std::to_string(n), "--mode", sharded ? "sharded" : "gather",
+         "--updates", std::to_string(updates), "--first-version", std::to_string(first)}));
+  }
+  std::vector<e2e::ProbeSocket> trainers;
+  std::vector<bool> gathered;  // a rank that sends its rows to rank 0 (said "ready" in gather mode)
+  std::string gather_port;
+  for (int i = 0; i < n; ++i) {
+    FERRY_ASSIGN_OR_RETURN(auto s, listener.accept(Clock::now() + std::chrono::milliseconds(timeout_ms)));
+    FERRY_ASSIGN_OR_RETURN(std::string hello, s.recv(Clock::now() + std::chrono::milliseconds(timeout_ms)));
+    std::string_view rest;
+    const std::string_view word = e2e::command_of(hello, &rest);
+    if (word == "port") gather_port = std::string(rest);
+    gathered.push_back(!sharded && word == "ready");
+    trainers.push_back(std::move(s));
+  }
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (gathered[i]) FERRY_RETURN_IF_ERROR(trainers[i].send("gather " + gather_port));
+    FERRY_RETURN_IF_ERROR(trainers[i].send("go"));
+  }
+  double seconds = -1;
+  for (auto& s : trainers) {
+    auto frame = s.recv(Clock::now() + 600s);
+    std::string_view rest;
+    if (frame.ok() && e2e::command_of(*frame, &rest) == "result") seconds = std::stod(std::string(rest));
+  }
+  for (auto& c : children) {
+    if (const int rc = c.reap(static_cast<int>(timeout_ms)); rc != 0) {
+      return Status::internal(fmt::format("a bench trainer process exited with {}", rc));
+    }
+  }
+  if (seconds < 0) return Status::internal("trainer rank 0 reported no result");
+  return seconds;
+}
+
+}  // namespace
+
+Status run_trainers_case(const E2eOptions& o, const std::string& transport, int n) {
+  setenv("FERRY_TRANSPORT", transport.c_str(), 1);  // every process here and below uses only it
+  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
+  const sharding::LlamaConfig cfg = demo::llama_config(demo::Model{});
+  const sharding::Manifest manifest = sharding::llama_manifest(cfg);
+  FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(o.scheme));
+  std::vector<sharding::RankSpec> specs;
+  for (int r = 0; r < o.tp; ++r) {
+    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg, r, o.tp, scheme));
+    specs.push_back(std::move(spec));
+  }
+  const transport::TransportOptions topts = transport::transport_options(settings);
+  const sharding::PlanOptions popts{topts.bucket_bytes};
+  FERRY_ASSIGN_OR_RETURN(sharding::Plan one, sharding::make_plan(manifest, specs, {sharding::SenderInfo{}}, popts));
+  std::vector<sharding::SenderInfo> senders;
+  for (int r = 0; r < n; ++r) senders.push_back(fsdp_holdings(manifest, r, n));
+  FERRY_ASSIGN_OR_RETURN(sharding::Plan many, sharding::make_plan(manifest, specs, senders, popts));
+
+  coordinator::CoordinatorOptions co;
+  co.settings = settings;
+  FERRY_ASSIGN_OR_RETURN(auto coord, coordinator::Coordinator::start(co));
+  e2e::ProbeListener listener;
+  FERRY_RETURN_IF_ERROR(listener.open());
+  std::vector<Child> ranks_proc(static_cast<size_t>(o.tp));
+  for (int r = 0; r < o.tp; ++r) {
+    FERRY_RETURN_IF_ERROR(ranks_proc[static_cast<size_t>(r)].spawn(
+        {"ferry", "bench", "e2e-rank", "--probe-port", std::to_string(listener.port()), "--coordinator",
+         coord->address(), "--tp-rank", std::to_string(r), "--tp", std::to_string(o.tp), "--scheme", o.scheme,
+         "--transport", transport}));
+  }
+  std::vector<e2e::ProbeSocket> ranks(static_cast<size_t>(o.tp));
+  for (int i = 0; i < o.tp; ++i) {
+    FERRY_ASSIGN_OR_RETURN(auto s, listener.accept(Clock::now() + std::chrono::milliseconds(settings.timeout_ms)));
+    FERRY_ASSIGN_OR_RETURN(std::string hello, s.recv(Clock::now() + std::chrono::milliseconds(settings.timeout_ms)));
+    std::string_view rest;
+    const int r = e2e::command_of(hello, &rest) == "hello" ? std::atoi(std::string(rest).c_str()) : -1;
+    if (r < 0 || r >= o.tp || ranks[static_cast<size_t>(r)].ok()) return Status::internal("bench rank with a bad hello");
+    ranks[static_cast<size_t>(r)] = std::move(s);
+  }
+  FERRY_RETURN_IF_ERROR(coord->wait_for_ranks(o.tp, settings.timeout_ms));
+  // The links from this process, as for one trainer: the cost model's inputs for both modes.
+  FERRY_ASSIGN_OR_RETURN(auto probe, e2e::LinkProbe::open(ranks, transport, one, specs, manifest,
+                                                          static_cast<int>(topts.buckets_in_flight)));
+  for (int round = 0; round < 4; ++round) FERRY_RETURN_IF_ERROR(probe->round(round > 0));
+  const e2e::Links links = probe->links();
+  probe.reset();
+  for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r.send("done"));
+
+  const uint64_t next = static_cast<uint64_t>(o.updates) + 2;
+  FERRY_ASSIGN_OR_RETURN(const double sharded, run_mode(coord->address(), n, true, o.updates, 1, settings.timeout_ms));
+  FERRY_ASSIGN_OR_RETURN(const double gathered,
+                         run_mode(coord->address(), n, false, o.updates, next, settings.timeout_ms));
+
+  sharding::Topology topo;
+  topo.placement = sharding::Placement::kOneHost;
+  topo.host_gbps = links.host_bytes_per_second * 8 / 1e9;
+  topo.seconds_per_bucket = links.seconds_per_bucket;
+  sharding::CostOptions cost;
+  cost.stages.pack_bytes_per_second = links.pack_bytes_per_second;
+  cost.stages.process_bytes_per_second = links.process_bytes_per_second;
+  cost.stages.round_trip_seconds = links.round_trip_seconds;
+  FERRY_ASSIGN_OR_RETURN(auto p_many, sharding::estimate_cost(many, specs, n, topo, cost));
+  FERRY_ASSIGN_OR_RETURN(auto p_one, sharding::estimate_cost(one, specs, 1, topo, cost));
+  // Gathering: every byte rank 0 does not hold crosses loopback TCP into rank 0, one rank after another.
+  uint64_t total = 0, own = 0;
+  for (const auto& t : manifest) {
+    const uint64_t bytes = dtype_bytes(t.dtype, shape_numel(t.shape));
+    const auto [from, to] = shard_rows(t.shape[0], 0, n);
+    total += bytes;
+    own += bytes / static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(to - from);
+  }
+  const double gather_predicted = p_one.predicted_seconds + static_cast<double>(total - own) / links.host_bytes_per_second;
+  const std::string name = transport + "/" + o.scheme;
+  if (o.json) {
+    fmt::print("{{\"bench\":\"e2e-trainers\",\"case\":\"{}\",\"trainers\":{},\"tp\":{},\"updates\":{},\"bytes\":{},"
+               "\"sharded_seconds\":{:.9f},\"sharded_predicted_seconds\":{:.9f},\"gather_seconds\":{:.9f},"
+               "\"gather_predicted_seconds\":{:.9f},\"speedup\":{:.3f}}}\n",
+               name, n, o.tp, o.updates, total, sharded, p_many.predicted_seconds, gathered, gather_predicted,
+               sharded > 0 ? gathered / sharded : 0);
+  } else {
+    fmt::print("e2e {:<22} trainers {} tp {}  sharded {:.6f} s (predicted {:.6f}, ratio {:.2f})  gather-then-send "
+               "{:.6f} s (predicted {:.6f}, ratio {:.2f})  gather/sharded {:.2f}x\n",
+               name, n, o.tp, sharded, p_many.predicted_seconds, sharded > 0 ? p_many.predicted_seconds / sharded : 0,
+               gathered, gather_predicted, gathered > 0 ? gather_predicted / gathered : 0,
+               sharded > 0 ? gathered / sharded : 0);
+  }
+  std::fflush(stdout);
+  coord->stop();  // the ranks see the job end and exit
+  for (auto& c : ranks_proc) {
+    if (const int rc = c.reap(static_cast<int>(settings.timeout_ms)); rc != 0) {
+      return Status::internal(fmt::format("a bench rank exited with {}", rc));
+    }
+  }
+  return ok_status();
+}
+
+int run_e2e_trainer(uint16_t probe_port, const std::string& coordinator, int rank, int trainers, const std::string& mode,
+                    int updates, uint64_t first_version) {
+  Status st = trainer_process(probe_port, coordinator, rank, trainers, mode == "sharded", updates, first_version);
+  if (!st.ok()) {
+    fmt::print(stderr, "bench e2e trainer {}: {}\n", rank, st.to_string());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace ferry
