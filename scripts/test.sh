@@ -6,8 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 build_dir=${FERRY_TEST_BUILD_DIR:-build-test}
+# The Python tests run in a venv over the system python that adds PyTorch (PyPI, ~100 s and 5 GB
+# the first time; kept in the build directory), so the FSDP2 test runs; FERRY_TORCH=0 leaves torch
+# out (the torch tests then skip).
+pytest_python=()
+if [ "${FERRY_TORCH:-1}" != 0 ]; then
+  mkdir -p "$build_dir"
+  torch_python=$(scripts/torch-venv.sh "$(cd "$build_dir" && pwd)/torch-venv")
+  pytest_python=(-DFERRY_PYTEST_PYTHON="$torch_python")
+fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_WERROR=ON -DFERRY_SANITIZE=ON \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" "${pytest_python[@]}"
 cmake --build "$build_dir"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:protect_shadow_gap=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
