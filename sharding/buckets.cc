@@ -1,7 +1,8 @@
 #include "sharding/buckets.h"
 
 #include <algorithm>
-#include <map>
+#include <numeric>
+#include <unordered_map>
 #include <utility>
 
 #include "sharding/planner.h"
@@ -48,20 +49,40 @@ std::vector<Bucket> cut_buckets(const Plan& plan, uint64_t bucket_bytes) {
     Bucket open;
   };
   std::vector<Bucket> buckets;
-  std::map<std::pair<int, int>, Stream> streams;  // (sender, dst)
+  std::vector<Stream> streams;
+  // Each (sender, destination) pair's stream: a table over the pairs when they are few enough,
+  // else a hash map.
+  int64_t senders = 0, dsts = 0;
+  bool negative = false;
+  for (const Piece& pc : plan.pieces) {
+    senders = std::max<int64_t>(senders, int64_t{pc.sender} + 1);
+    dsts = std::max<int64_t>(dsts, int64_t{pc.dst} + 1);
+    negative |= pc.sender < 0 || pc.dst < 0;
+  }
+  const bool table = !negative && senders * dsts <= (int64_t{1} << 22);
+  std::vector<int> table_index(table ? static_cast<size_t>(senders * dsts) : 0, -1);
+  std::unordered_map<uint64_t, int> map_index;
+  auto stream_of = [&](int sender, int dst) -> Stream& {
+    int& slot = table ? table_index[static_cast<size_t>(int64_t{sender} * dsts + dst)]
+                      : map_index.try_emplace(uint64_t{static_cast<uint32_t>(sender)} << 32 | static_cast<uint32_t>(dst), -1)
+                            .first->second;
+    if (slot < 0) {
+      slot = static_cast<int>(streams.size());
+      streams.push_back(Stream{BucketCutter(bucket_bytes), Bucket{sender, dst, 0, {}}});
+    }
+    return streams[static_cast<size_t>(slot)];
+  };
+  // A stream gathers its open bucket's parts in storage it keeps, and a sent bucket takes a copy
+  // of exactly its size: no growing vector per bucket.
   auto send = [&buckets](Stream& s) {
-    buckets.push_back(std::move(s.open));
-    s.open = Bucket{buckets.back().sender, buckets.back().dst, 0, {}};
+    buckets.push_back(Bucket{s.open.sender, s.open.dst, s.open.bytes, {s.open.parts.begin(), s.open.parts.end()}});
+    s.open.bytes = 0;
+    s.open.parts.clear();
     s.cutter.sent();
   };
   for (size_t i = 0; i < plan.pieces.size(); ++i) {
     const Piece& pc = plan.pieces[i];
-    const auto key = std::make_pair(pc.sender, pc.dst);
-    auto it = streams.find(key);
-    if (it == streams.end()) {
-      it = streams.emplace(key, Stream{BucketCutter(bucket_bytes), Bucket{pc.sender, pc.dst, 0, {}}}).first;
-    }
-    Stream& s = it->second;
+    Stream& s = stream_of(pc.sender, pc.dst);
     const PieceRows pr = piece_rows(pc.src.size, pc.bytes);
     int64_t row = 0;
     while (row < pr.rows) {
@@ -77,8 +98,14 @@ std::vector<Bucket> cut_buckets(const Plan& plan, uint64_t bucket_bytes) {
       if (s.cutter.place(n, pr.row_bytes)) send(s);
     }
   }
-  for (auto& [key, s] : streams) {
-    if (!s.cutter.empty()) buckets.push_back(std::move(s.open));
+  // The open buckets last, by (sender, destination).
+  std::vector<size_t> order(streams.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return std::make_pair(streams[a].open.sender, streams[a].open.dst) < std::make_pair(streams[b].open.sender, streams[b].open.dst);
+  });
+  for (size_t k : order) {
+    if (!streams[k].cutter.empty()) send(streams[k]);
   }
   return buckets;
 }

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -181,17 +181,17 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     // Where the sender is (wire bytes packed) when it starts a part.
     auto start_of = [&](const BucketPart& part) {
       const Piece& pc = plan.pieces[static_cast<size_t>(part.piece)];
-      if (pc.bytes == 0) return before[static_cast<size_t>(part.piece)];
+      if (pc.bytes == 0 || part.first_row == 0) return before[static_cast<size_t>(part.piece)];
       const uint64_t offset = static_cast<uint64_t>(part.first_row) * piece_rows(pc.src.size, pc.bytes).row_bytes;
       return before[static_cast<size_t>(part.piece)] +
              static_cast<double>(wire_bytes(pc)) * static_cast<double>(offset) / static_cast<double>(pc.bytes);
     };
     // A bucket leaves when it is full (BucketCutter): as its last part is packed, or when the next
     // piece of its stream does not fit, or when the sender is done (its stream's last bucket).
-    std::map<std::pair<int, int>, int> next_of_pair;  // pair -> the later bucket seen so far
+    std::unordered_map<uint64_t, int> next_of_pair;  // pair -> the later bucket seen so far
     for (size_t k = plan.buckets.size(); k-- > 0;) {
       const Bucket& b = plan.buckets[k];
-      const auto key = std::make_pair(b.sender, b.dst);
+      const uint64_t key = uint64_t{static_cast<uint32_t>(b.sender)} << 32 | static_cast<uint32_t>(b.dst);
       auto it = next_of_pair.find(key);
       double at = static_cast<double>(packed[static_cast<size_t>(b.sender)]);
       const bool full = b.bytes >= plan.bucket_bytes || b.parts.size() >= kMaxPiecesPerBucket;
@@ -212,7 +212,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
   // before it), across its links, processed.
   std::vector<double> packer_chain(static_cast<size_t>(num_senders), 0.0);
   std::vector<Chain> processors(ranks.size());
-  std::map<std::pair<int64_t, int>, Chain> link_chains;  // (GPU or process, link)
+  std::vector<Chain> link_chains(static_cast<size_t>(gpus) * kLinks);  // GPU (or process) * kLinks + link
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     const double bytes = static_cast<double>(bucket_bytes[bi]);
@@ -228,7 +228,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     for (size_t k = 0; k < paths[bi].size(); ++k) {
       // A link's own time counts every byte at its own bandwidth, as the busiest-link bound does.
       const double own = bytes * 8.0 / (gbps(paths[bi][k]) * 1e9) + topo.seconds_per_bucket;
-      link_chains[{path_ends[bi][k], paths[bi][k]}].add(ready[bi], own, proc);
+      link_chains[static_cast<size_t>(path_ends[bi][k]) * kLinks + paths[bi][k]].add(ready[bi], own, proc);
     }
     processors[static_cast<size_t>(b.dst)].add(ready[bi] + wire, proc, 0.0);
   }
@@ -241,15 +241,18 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     rep.drain_seconds = c.drain;
   };
   // Links first: with the stages left out, the pipeline is exactly the busiest link.
-  for (auto& [key, c] : link_chains) {
-    const int64_t g = key.first;
+  for (size_t i = 0; i < link_chains.size(); ++i) {
+    Chain& c = link_chains[i];
+    if (c.first < 0) continue;  // no bucket crosses this link
+    const auto g = static_cast<int64_t>(i / kLinks);
+    const auto l = static_cast<size_t>(i % kLinks);
     // The same sum as the link's load above, so that without stages the two agree to the bit.
-    const Use& u = use[static_cast<size_t>(g)][key.second];
-    c.busy = static_cast<double>(u.bytes) * 8.0 / (gbps(key.second) * 1e9) +
+    const Use& u = use[static_cast<size_t>(g)][l];
+    c.busy = static_cast<double>(u.bytes) * 8.0 / (gbps(static_cast<int>(l)) * 1e9) +
              static_cast<double>(u.buckets) * topo.seconds_per_bucket;
+    if (c.seconds() <= rep.pipeline_seconds) continue;  // consider() keeps the earlier one; no name needed
     const std::string role = role_of(g);
-    consider(c, one_host ? fmt::format("{} ({})", kLinkNames[static_cast<size_t>(key.second)], role)
-                         : fmt::format("{} gpu {} ({})", kLinkNames[static_cast<size_t>(key.second)], g, role));
+    consider(c, one_host ? fmt::format("{} ({})", kLinkNames[l], role) : fmt::format("{} gpu {} ({})", kLinkNames[l], g, role));
   }
   if (rep.critical.empty()) rep.critical = busiest_link;
   for (size_t s = 0; s < packer_chain.size(); ++s) {
@@ -270,7 +273,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
   if (one_host) {
     double host = 0;
     for (uint64_t b : sent) host += pack_rate > 0 ? static_cast<double>(b) / pack_rate : 0.0;
-    for (const auto& [key, c] : link_chains) host += key.second == kHostTx ? c.busy : 0.0;
+    for (size_t i = kHostTx; i < link_chains.size(); i += kLinks) host += link_chains[i].busy;
     for (const auto& c : processors) host += c.busy;
     rep.host_seconds = host;
     if (host > rep.pipeline_seconds) {

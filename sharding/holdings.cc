@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -83,7 +84,8 @@ std::optional<Region> intersect(const Region& a, const Region& b) {
 
 Result<Holdings> resolve_holdings(const Manifest& manifest, const std::vector<SenderInfo>& senders) {
   if (senders.empty()) return Status::invalid_argument("a plan needs at least one sender");
-  std::unordered_map<std::string, size_t> index;
+  std::unordered_map<std::string_view, size_t> index;
+  index.reserve(manifest.size());
   for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = i;
   Holdings out;
   out.boxes.resize(manifest.size());

@@ -1,10 +1,12 @@
 #include "sharding/model_spec.h"
 
-#include <map>
+#include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "sharding/scheme_check.h"
+#include "sharding/spec_check.h"
 
 namespace ferry::sharding {
 
@@ -22,40 +24,18 @@ Region slice_dst_region(const SourceSlice& slice, const ParamSpec& param) {
 }
 
 Status validate_rank_spec(const RankSpec& spec, const Manifest& manifest) {
-  std::map<std::string, const SourceTensor*> by_name;
+  std::unordered_map<std::string_view, const SourceTensor*> by_name;
+  by_name.reserve(manifest.size());
   for (const auto& t : manifest) by_name[t.name] = &t;
+  std::vector<const Shape*> shapes;
   for (const ParamSpec& p : spec.params) {
     FERRY_RETURN_IF_ERROR(check_scheme_shape(p));
-    std::vector<Region> dsts;
-    int64_t covered = 0;
+    shapes.clear();
     for (const SourceSlice& s : p.slices) {
       auto it = by_name.find(s.source);
-      if (it == by_name.end()) {
-        return Status::invalid_argument(fmt::format("{}: source tensor {} is not in the manifest", p.name, s.source));
-      }
-      if (!s.src.inside(it->second->shape)) {
-        return Status::out_of_range(fmt::format("{}: region {} lies outside source {} of shape {}", p.name,
-                                                s.src.to_string(), s.source, shape_to_string(it->second->shape)));
-      }
-      if (s.dst_offset.size() != p.shape.size() || s.src.size.size() > p.shape.size()) {
-        return Status::invalid_argument(fmt::format("{}: slice from {} has rank {} for a destination of rank {}", p.name,
-                                                    s.source, s.src.size.size(), p.shape.size()));
-      }
-      Region d = slice_dst_region(s, p);
-      if (!d.inside(p.shape)) {
-        return Status::out_of_range(fmt::format("{}: slice from {} lands at {} outside {}", p.name, s.source,
-                                                d.to_string(), shape_to_string(p.shape)));
-      }
-      for (const Region& o : dsts) {
-        if (o.overlaps(d)) {
-          return Status::invalid_argument(
-              fmt::format("{}: slices overlap at {} and {}", p.name, o.to_string(), d.to_string()));
-        }
-      }
-      covered += d.numel();
-      dsts.push_back(std::move(d));
+      shapes.push_back(it == by_name.end() ? nullptr : &it->second->shape);
     }
-    if (covered > shape_numel(p.shape)) return Status::internal(p.name + ": slices cover more than the parameter");
+    FERRY_RETURN_IF_ERROR(check_param_slices(p, shapes));
   }
   return ok_status();
 }

@@ -1,28 +1,36 @@
 #include "sharding/planner.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
-#include <set>
 #include <unordered_map>
 
-#include <fmt/format.h>
 #include <xxhash.h>
 
+#include "sharding/spec_check.h"
 
 namespace ferry::sharding {
 namespace {
 
-std::string describe(const SourceTensor& t) { return fmt::format("{}{}", dtype_name(t.dtype), shape_to_string(t.shape)); }
-
+// XXH3 over the inputs, gathered into chunks first: the digest of a stream does not depend on how
+// it is cut, and a plan of millions of slices would otherwise make tens of millions of calls.
 class Hasher {
  public:
-  Hasher() : st_(XXH3_createState()) { XXH3_64bits_reset(st_); }
+  Hasher() : st_(XXH3_createState()), buf_(kChunk) { XXH3_64bits_reset(st_); }
   ~Hasher() { XXH3_freeState(st_); }
   Hasher(const Hasher&) = delete;
   Hasher& operator=(const Hasher&) = delete;
-  void add(const void* p, size_t n) { XXH3_64bits_update(st_, p, n); }
+  void add(const void* p, size_t n) {
+    if (used_ + n > kChunk) flush();
+    if (n > kChunk) {
+      XXH3_64bits_update(st_, p, n);
+      return;
+    }
+    std::memcpy(buf_.data() + used_, p, n);
+    used_ += n;
+  }
   void add(const std::string& s) {
     add_int(static_cast<int64_t>(s.size()));
     add(s.data(), s.size());
@@ -32,42 +40,233 @@ class Hasher {
     add_int(static_cast<int64_t>(s.size()));
     for (int64_t d : s) add_int(d);
   }
-  uint64_t digest() { return XXH3_64bits_digest(st_); }
+  uint64_t digest() {
+    flush();
+    return XXH3_64bits_digest(st_);
+  }
 
  private:
+  static constexpr size_t kChunk = size_t{1} << 16;
+  void flush() {
+    if (used_ > 0) XXH3_64bits_update(st_, buf_.data(), used_);
+    used_ = 0;
+  }
   XXH3_state_t* st_;
+  std::vector<unsigned char> buf_;
+  size_t used_ = 0;
 };
+
+// Each source's place in the transfer order: decoder layers in index order, with the tensors
+// outside the stack placed where an engine meets them (embeddings first, final norm and lm_head
+// last).
+std::vector<int64_t> layer_keys(const Manifest& manifest) {
+  std::vector<int64_t> key(manifest.size());
+  for (size_t i = 0; i < manifest.size(); ++i) {
+    const std::string& n = manifest[i].name;
+    const int li = layer_index_of(n);
+    key[i] = li >= 0                                ? static_cast<int64_t>(li) + 1
+             : n.starts_with("model.embed_tokens") ? int64_t{0}
+                                                   : std::numeric_limits<int64_t>::max();
+  }
+  return key;
+}
+
+// Transfer order: sources by layer key, stable within a layer.
+std::vector<int> transfer_order(const std::vector<int64_t>& keys) {
+  std::vector<int> order(keys.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return keys[static_cast<size_t>(a)] < keys[static_cast<size_t>(b)]; });
+  return order;
+}
+
+// Calls f(dst, param, slice, source, box k) for every piece: one per held box each slice meets
+// (one, for a trainer holding tensors whole); for each source, rank after rank, parameter after
+// parameter. The walk goes layer by layer (`keys`, each source's): every rank's slices of one layer,
+// rank after rank, then the next layer, so that the pieces it builds are written near each other.
+// Where some rank's slices are not in layer order it goes rank after rank instead.
+template <typename F>
+void for_each_piece(const std::vector<RankSpec>& ranks, const Holdings& held, const std::vector<int>& slice_sources,
+                    const std::vector<int64_t>& keys, F&& f) {
+  auto emit = [&](size_t d, size_t p, size_t s, int src) {
+    const auto& boxes = held.boxes[static_cast<size_t>(src)];
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      // A slice meets every box of a source held whole (the one box), else those it overlaps.
+      if (boxes.size() == 1 || ranks[d].params[p].slices[s].src.overlaps(boxes[k].region)) f(d, p, s, src, k);
+    }
+  };
+  struct Cursor {
+    size_t p = 0, s = 0, flat = 0;
+  };
+  std::vector<Cursor> at(ranks.size());
+  bool by_layer = true;
+  size_t flat = 0;
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    at[d].flat = flat;
+    int64_t last = std::numeric_limits<int64_t>::min();
+    for (const ParamSpec& p : ranks[d].params) {
+      for (size_t s = 0; s < p.slices.size(); ++s) {
+        const int64_t k = keys[static_cast<size_t>(slice_sources[flat++])];
+        by_layer = by_layer && k >= last;
+        last = k;
+      }
+    }
+  }
+  std::vector<int64_t> levels{std::numeric_limits<int64_t>::min()};  // one level: rank after rank
+  if (by_layer) {
+    levels = keys;
+    std::sort(levels.begin(), levels.end());
+    levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
+  }
+  for (int64_t level : levels) {
+    for (size_t d = 0; d < ranks.size(); ++d) {
+      Cursor& c = at[d];
+      const auto& params = ranks[d].params;
+      while (c.p < params.size()) {
+        if (c.s == params[c.p].slices.size()) {
+          ++c.p;
+          c.s = 0;
+          continue;
+        }
+        const int src = slice_sources[c.flat];
+        if (by_layer && keys[static_cast<size_t>(src)] != level) break;
+        emit(d, c.p, c.s, src);
+        ++c.s;
+        ++c.flat;
+      }
+    }
+  }
+}
+
+// The pieces, grouped by source in transfer order (in each, rank after rank), with their sums.
+void place_pieces(const Manifest& manifest, const std::vector<RankSpec>& ranks, const Holdings& held,
+                  const std::vector<int>& slice_sources, const std::vector<int64_t>& keys, Plan& plan) {
+  std::vector<size_t> next(manifest.size(), 0);
+  for_each_piece(ranks, held, slice_sources, keys, [&](size_t, size_t, size_t, int src, size_t) { ++next[static_cast<size_t>(src)]; });
+  plan.by_source.resize(manifest.size());
+  size_t total = 0;
+  for (int src : plan.source_order) {
+    auto& mine = plan.by_source[static_cast<size_t>(src)];
+    mine.resize(next[static_cast<size_t>(src)]);
+    std::iota(mine.begin(), mine.end(), static_cast<int>(total));
+    next[static_cast<size_t>(src)] = total;
+    total += mine.size();
+  }
+  plan.pieces.resize(total);
+  plan.bytes_per_dst.assign(ranks.size(), 0);
+  for_each_piece(ranks, held, slice_sources, keys, [&](size_t d, size_t p, size_t s, int src, size_t k) {
+    const auto& boxes = held.boxes[static_cast<size_t>(src)];
+    const Region& whole = ranks[d].params[p].slices[s].src;
+    Piece& pc = plan.pieces[next[static_cast<size_t>(src)]++];
+    pc.dst = static_cast<int>(d);
+    pc.param = static_cast<int>(p);
+    pc.slice = static_cast<int>(s);
+    pc.source = src;
+    pc.box = static_cast<int>(k);
+    pc.src = boxes.size() == 1 ? whole : *intersect(whole, boxes[k].region);
+    pc.bytes = dtype_bytes(manifest[static_cast<size_t>(src)].dtype, pc.src.numel());
+    plan.bytes_per_dst[d] += pc.bytes;
+    plan.total_bytes += pc.bytes;
+    plan.max_row_bytes = std::max(plan.max_row_bytes, piece_rows(pc.src.size, pc.bytes).row_bytes);
+  });
+}
+
+// Piece indices by bytes, largest first, ties in plan order (a stable sort), in time linear in
+// pieces: a counting sort over the distinct sizes, which are few (pieces of one shape repeat).
+std::vector<int> largest_first(const std::vector<Piece>& pieces) {
+  std::unordered_map<uint64_t, uint32_t> group_of;
+  std::vector<uint64_t> sizes;
+  std::vector<uint32_t> group(pieces.size());
+  uint64_t last = 0;
+  uint32_t last_group = std::numeric_limits<uint32_t>::max();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const uint64_t b = pieces[i].bytes;
+    if (last_group == std::numeric_limits<uint32_t>::max() || b != last) {
+      auto [it, added] = group_of.try_emplace(b, static_cast<uint32_t>(sizes.size()));
+      if (added) sizes.push_back(b);
+      last = b;
+      last_group = it->second;
+    }
+    group[i] = last_group;
+  }
+  std::vector<uint32_t> by_size(sizes.size());
+  std::iota(by_size.begin(), by_size.end(), 0u);
+  std::sort(by_size.begin(), by_size.end(), [&](uint32_t a, uint32_t b) { return sizes[a] > sizes[b]; });
+  std::vector<size_t> start(sizes.size() + 1, 0);
+  for (uint32_t g : group) ++start[g + 1];
+  std::vector<size_t> at(sizes.size());
+  size_t total = 0;
+  for (uint32_t g : by_size) {
+    at[g] = total;
+    total += start[g + 1];
+  }
+  std::vector<int> order(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) order[at[group[i]]++] = static_cast<int>(i);
+  return order;
+}
+
+// The least-loaded of a fixed set of senders (ties to the lowest index), kept in a tournament tree
+// as their loads grow: the answer in O(1), an update in O(log senders).
+class LeastLoaded {
+ public:
+  LeastLoaded(const std::vector<int>& members, const std::vector<uint64_t>& load) : load_(load) {
+    while (leaves_ < members.size()) leaves_ *= 2;
+    tree_.assign(2 * leaves_, -1);
+    for (size_t i = 0; i < members.size(); ++i) {
+      tree_[leaves_ + i] = members[i];
+      if (static_cast<size_t>(members[i]) >= leaf_of_.size()) leaf_of_.resize(static_cast<size_t>(members[i]) + 1, 0);
+      leaf_of_[static_cast<size_t>(members[i])] = leaves_ + i;
+    }
+    for (size_t n = leaves_ - 1; n >= 1; --n) tree_[n] = better(tree_[2 * n], tree_[2 * n + 1]);
+  }
+  int best() const { return tree_[1]; }
+  // Sender s's load changed; s need not be a member.
+  void update(int s) {
+    if (static_cast<size_t>(s) >= leaf_of_.size() || leaf_of_[static_cast<size_t>(s)] == 0) return;
+    for (size_t n = leaf_of_[static_cast<size_t>(s)] / 2; n >= 1; n /= 2) tree_[n] = better(tree_[2 * n], tree_[2 * n + 1]);
+  }
+
+ private:
+  int better(int a, int b) const {
+    if (a < 0 || b < 0) return a < 0 ? b : a;
+    const uint64_t la = load_[static_cast<size_t>(a)], lb = load_[static_cast<size_t>(b)];
+    return lb < la || (lb == la && b < a) ? b : a;
+  }
+  const std::vector<uint64_t>& load_;
+  size_t leaves_ = 1;
+  std::vector<int> tree_;        // node n's winner; leaves from leaves_
+  std::vector<size_t> leaf_of_;  // sender -> its leaf (0: not a member)
+};
+
+// Balance senders, largest pieces first (LPT): the heaviest sender ends within one piece of the
+// ideal split, and the copies of a replicated piece go to different senders in turn. Each piece
+// goes to the least-loaded holder of its box, ties to the lowest index.
+void assign_senders(const Holdings& held, size_t num_senders, Plan& plan) {
+  plan.bytes_per_sender.assign(num_senders, 0);
+  auto& load = plan.bytes_per_sender;
+  LeastLoaded everyone(held.everyone, load);
+  for (int i : largest_first(plan.pieces)) {
+    Piece& pc = plan.pieces[static_cast<size_t>(i)];
+    const auto& box = held.boxes[static_cast<size_t>(pc.source)][static_cast<size_t>(pc.box)];
+    int best = 0;
+    if (box.holders.empty()) {
+      best = everyone.best();
+    } else {
+      best = box.holders.front();
+      for (int c : box.holders) {
+        if (load[static_cast<size_t>(c)] < load[static_cast<size_t>(best)]) best = c;
+      }
+    }
+    pc.sender = best;
+    load[static_cast<size_t>(best)] += pc.bytes;
+    everyone.update(best);
+  }
+}
 
 }  // namespace
 
 Status check_manifest(const Manifest& manifest, const std::vector<RankSpec>& ranks) {
-  std::unordered_map<std::string, const SourceTensor*> sent;
-  for (const auto& t : manifest) {
-    if (!sent.emplace(t.name, &t).second) return Status::invalid_argument("trainer sends " + t.name + " twice");
-  }
-  std::set<std::string> expected;
-  for (const RankSpec& r : ranks) {
-    for (const SourceTensor& e : r.expects) {
-      expected.insert(e.name);
-      auto it = sent.find(e.name);
-      if (it == sent.end()) {
-        return Status::invalid_argument(fmt::format("tensor {}: replica {} rank {} expects {}, trainer sends nothing",
-                                                    e.name, r.replica, r.tp_rank, describe(e)));
-      }
-      if (it->second->dtype != e.dtype || it->second->shape != e.shape) {
-        return Status::invalid_argument(fmt::format("tensor {}: replica {} rank {} expects {}, trainer sends {}", e.name,
-                                                    r.replica, r.tp_rank, describe(e), describe(*it->second)));
-      }
-    }
-    FERRY_RETURN_IF_ERROR(validate_rank_spec(r, r.expects));
-  }
-  for (const auto& t : manifest) {
-    if (!expected.count(t.name)) {
-      return Status::invalid_argument(
-          fmt::format("tensor {}: trainer sends {}, but no replica has a tensor of that name", t.name, describe(t)));
-    }
-  }
-  return ok_status();
+  return check_and_resolve(manifest, ranks, NameIndex(manifest), nullptr);
 }
 
 uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, const std::vector<SenderInfo>& senders) {
@@ -120,88 +319,22 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
   if (senders.empty()) return Status::invalid_argument("a plan needs at least one sender");
   const uint64_t bucket_bytes = options.bucket_bytes;
   if (bucket_bytes == 0) return Status::invalid_argument("a plan's bucket size must be positive");
-  FERRY_RETURN_IF_ERROR(check_manifest(manifest, ranks));
-  std::unordered_map<std::string, int> index;
-  for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = static_cast<int>(i);
+  std::vector<int> slice_sources;  // manifest index of every slice, rank after rank
+  FERRY_RETURN_IF_ERROR(check_and_resolve(manifest, ranks, NameIndex(manifest), &slice_sources));
   // Who holds which box of each source; the boxes tile every source exactly.
   FERRY_ASSIGN_OR_RETURN(const auto held, resolve_holdings(manifest, senders));
 
   Plan plan;
   plan.key = plan_key(manifest, ranks, senders);
   plan.bucket_bytes = bucket_bytes;
-  // Transfer order: decoder layers in index order, with the tensors outside the stack placed where
-  // an engine meets them (embeddings first, final norm and lm_head last); stable within a layer.
-  plan.source_order.resize(manifest.size());
-  std::iota(plan.source_order.begin(), plan.source_order.end(), 0);
-  auto rank_of = [&](int i) {
-    const std::string& n = manifest[static_cast<size_t>(i)].name;
-    const int li = layer_index_of(n);
-    if (li >= 0) return static_cast<int64_t>(li) + 1;
-    return n.starts_with("model.embed_tokens") ? int64_t{0} : std::numeric_limits<int64_t>::max();
-  };
-  std::stable_sort(plan.source_order.begin(), plan.source_order.end(),
-                   [&](int a, int b) { return rank_of(a) < rank_of(b); });
+  const std::vector<int64_t> keys = layer_keys(manifest);
+  plan.source_order = transfer_order(keys);
   for (int i : plan.source_order) {
-    const std::string layer = layer_of(manifest[static_cast<size_t>(i)].name);
-    if (plan.layers.empty() || plan.layers.back() != layer) plan.layers.push_back(layer);
+    std::string layer = layer_of(manifest[static_cast<size_t>(i)].name);
+    if (plan.layers.empty() || plan.layers.back() != layer) plan.layers.push_back(std::move(layer));
   }
-
-  // Pieces, grouped by source.
-  std::vector<std::vector<Piece>> per_source(manifest.size());
-  for (size_t d = 0; d < ranks.size(); ++d) {
-    const auto& params = ranks[d].params;
-    for (size_t p = 0; p < params.size(); ++p) {
-      for (size_t s = 0; s < params[p].slices.size(); ++s) {
-        const SourceSlice& sl = params[p].slices[s];
-        const int src = index.at(sl.source);
-        // One piece per held box the slice meets (one, for a trainer holding tensors whole).
-        const auto& boxes = held.boxes[static_cast<size_t>(src)];
-        for (size_t k = 0; k < boxes.size(); ++k) {
-          auto part = boxes.size() == 1 ? std::optional<Region>(sl.src) : intersect(sl.src, boxes[k].region);
-          if (!part) continue;
-          Piece pc;
-          pc.dst = static_cast<int>(d);
-          pc.param = static_cast<int>(p);
-          pc.slice = static_cast<int>(s);
-          pc.source = src;
-          pc.box = static_cast<int>(k);
-          pc.src = std::move(*part);
-          pc.bytes = dtype_bytes(manifest[static_cast<size_t>(src)].dtype, pc.src.numel());
-          per_source[static_cast<size_t>(src)].push_back(std::move(pc));
-        }
-      }
-    }
-  }
-  plan.bytes_per_dst.assign(ranks.size(), 0);
-  plan.by_source.resize(manifest.size());
-  for (int src : plan.source_order) {
-    for (Piece& pc : per_source[static_cast<size_t>(src)]) {
-      plan.bytes_per_dst[static_cast<size_t>(pc.dst)] += pc.bytes;
-      plan.total_bytes += pc.bytes;
-      plan.by_source[static_cast<size_t>(src)].push_back(static_cast<int>(plan.pieces.size()));
-      plan.pieces.push_back(std::move(pc));
-    }
-  }
-
-  // Balance senders, largest pieces first (LPT): the heaviest sender ends within one piece of the
-  // ideal split, and the copies of a replicated piece go to different senders in turn.
-  std::vector<int> by_size(plan.pieces.size());
-  std::iota(by_size.begin(), by_size.end(), 0);
-  std::stable_sort(by_size.begin(), by_size.end(), [&](int a, int b) {
-    return plan.pieces[static_cast<size_t>(a)].bytes > plan.pieces[static_cast<size_t>(b)].bytes;
-  });
-  plan.bytes_per_sender.assign(senders.size(), 0);
-  for (int i : by_size) {
-    Piece& pc = plan.pieces[static_cast<size_t>(i)];
-    const auto& cands = held.holders(static_cast<size_t>(pc.source), static_cast<size_t>(pc.box));
-    int best = cands.front();
-    for (int c : cands) {
-      if (plan.bytes_per_sender[static_cast<size_t>(c)] < plan.bytes_per_sender[static_cast<size_t>(best)]) best = c;
-    }
-    pc.sender = best;
-    plan.bytes_per_sender[static_cast<size_t>(best)] += pc.bytes;
-  }
-  for (const Piece& pc : plan.pieces) plan.max_row_bytes = std::max(plan.max_row_bytes, piece_rows(pc.src.size, pc.bytes).row_bytes);
+  place_pieces(manifest, ranks, held, slice_sources, keys, plan);
+  assign_senders(held, senders.size(), plan);
   plan.buckets = cut_buckets(plan, bucket_bytes);
   return plan;
 }
