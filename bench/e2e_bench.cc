@@ -135,23 +135,9 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
   FERRY_ASSIGN_OR_RETURN(auto trainer, coordinator::Trainer::create({}));
   e2e::ProbeListener listener;
   FERRY_RETURN_IF_ERROR(listener.open());
-  std::vector<Child> children(static_cast<size_t>(o.tp));
-  for (int r = 0; r < o.tp; ++r) {
-    FERRY_RETURN_IF_ERROR(children[static_cast<size_t>(r)].spawn(
-        {"ferry", "bench", "e2e-rank", "--probe-port", std::to_string(listener.port()), "--coordinator",
-         trainer->coordinator_address(), "--tp-rank", std::to_string(r), "--tp", std::to_string(o.tp), "--scheme",
-         o.scheme, "--transport", transport}));
-  }
-  std::vector<e2e::ProbeSocket> ranks(static_cast<size_t>(o.tp));
-  for (int i = 0; i < o.tp; ++i) {
-    FERRY_ASSIGN_OR_RETURN(auto s, listener.accept(Clock::now() + std::chrono::milliseconds(timeout_ms)));
-    FERRY_ASSIGN_OR_RETURN(std::string hello, s.recv(Clock::now() + std::chrono::milliseconds(timeout_ms)));
-    std::string_view rest;
-    if (e2e::command_of(hello, &rest) != "hello") return Status::internal("bench rank did not say hello");
-    const int r = std::atoi(std::string(rest).c_str());
-    if (r < 0 || r >= o.tp || ranks[static_cast<size_t>(r)].ok()) return Status::internal("bench rank with a bad index");
-    ranks[static_cast<size_t>(r)] = std::move(s);
-  }
+  std::vector<Child> children;
+  FERRY_ASSIGN_OR_RETURN(auto ranks, e2e::start_ranks(listener, children, trainer->coordinator_address(), o.tp, o.scheme,
+                                                      transport, timeout_ms));
   FERRY_RETURN_IF_ERROR(trainer->wait_for_ranks(o.tp, timeout_ms));
 
   // Rounds of link measurements, each followed by one update; the first round warms up.
@@ -178,13 +164,8 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
   m.other = e2e::median(samples.ot);
 
   sharding::Topology topo;
-  topo.placement = sharding::Placement::kOneHost;
-  topo.host_gbps = links.host_bytes_per_second * 8 / 1e9;
-  topo.seconds_per_bucket = links.seconds_per_bucket;
   sharding::CostOptions co;
-  co.stages.pack_bytes_per_second = links.pack_bytes_per_second;
-  co.stages.process_bytes_per_second = links.process_bytes_per_second;
-  co.stages.round_trip_seconds = links.round_trip_seconds;
+  e2e::cost_inputs(links, &topo, &co);
   FERRY_ASSIGN_OR_RETURN(auto cost, sharding::estimate_cost(plan, specs, 1, topo, co));
   print(o, transport, plan, m, cost, links);
 

@@ -325,4 +325,35 @@ Result<std::unique_ptr<LinkProbe>> LinkProbe::open(std::vector<ProbeSocket>& ran
   return std::unique_ptr<LinkProbe>(std::move(p));
 }
 
+void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options) {
+  topo->placement = sharding::Placement::kOneHost;
+  topo->host_gbps = links.host_bytes_per_second * 8 / 1e9;
+  topo->seconds_per_bucket = links.seconds_per_bucket;
+  options->stages.pack_bytes_per_second = links.pack_bytes_per_second;
+  options->stages.process_bytes_per_second = links.process_bytes_per_second;
+  options->stages.round_trip_seconds = links.round_trip_seconds;
+}
+
+Result<std::vector<ProbeSocket>> start_ranks(ProbeListener& listener, std::vector<Child>& children,
+                                             const std::string& coordinator, int tp, const std::string& scheme,
+                                             const std::string& transport, int64_t timeout_ms) {
+  children.resize(static_cast<size_t>(tp));
+  for (int r = 0; r < tp; ++r) {
+    FERRY_RETURN_IF_ERROR(children[static_cast<size_t>(r)].spawn(
+        {"ferry", "bench", "e2e-rank", "--probe-port", std::to_string(listener.port()), "--coordinator", coordinator,
+         "--tp-rank", std::to_string(r), "--tp", std::to_string(tp), "--scheme", scheme, "--transport", transport}));
+  }
+  std::vector<ProbeSocket> ranks(static_cast<size_t>(tp));
+  for (int i = 0; i < tp; ++i) {
+    FERRY_ASSIGN_OR_RETURN(auto s, listener.accept(Clock::now() + std::chrono::milliseconds(timeout_ms)));
+    FERRY_ASSIGN_OR_RETURN(std::string hello, s.recv(Clock::now() + std::chrono::milliseconds(timeout_ms)));
+    std::string_view rest;
+    if (command_of(hello, &rest) != "hello") return Status::internal("bench rank did not say hello");
+    const int r = std::atoi(std::string(rest).c_str());
+    if (r < 0 || r >= tp || ranks[static_cast<size_t>(r)].ok()) return Status::internal("bench rank with a bad index");
+    ranks[static_cast<size_t>(r)] = std::move(s);
+  }
+  return ranks;
+}
+
 }  // namespace ferry::e2e

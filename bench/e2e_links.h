@@ -2,6 +2,8 @@
 // in rounds between the updates (bench/e2e_bench.h says what each one is).
 #pragma once
 
+#include "sharding/cost_model.h"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -50,5 +52,14 @@ class LinkProbe {
 };
 
 double median(std::vector<double> v);
+
+// The cost model's inputs from measured links: one host, its transport at the measured rate.
+void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options);
+
+// Starts the replica's `tp` rank processes (`ferry bench e2e-rank`, into `children`), joining
+// `coordinator` over `transport`, and returns their probe connections in rank order.
+Result<std::vector<ProbeSocket>> start_ranks(ProbeListener& listener, std::vector<Child>& children,
+                                             const std::string& coordinator, int tp, const std::string& scheme,
+                                             const std::string& transport, int64_t timeout_ms);
 
 }  // namespace ferry::e2e

@@ -228,22 +228,9 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   FERRY_ASSIGN_OR_RETURN(auto coord, coordinator::Coordinator::start(co));
   e2e::ProbeListener listener;
   FERRY_RETURN_IF_ERROR(listener.open());
-  std::vector<Child> ranks_proc(static_cast<size_t>(o.tp));
-  for (int r = 0; r < o.tp; ++r) {
-    FERRY_RETURN_IF_ERROR(ranks_proc[static_cast<size_t>(r)].spawn(
-        {"ferry", "bench", "e2e-rank", "--probe-port", std::to_string(listener.port()), "--coordinator",
-         coord->address(), "--tp-rank", std::to_string(r), "--tp", std::to_string(o.tp), "--scheme", o.scheme,
-         "--transport", transport}));
-  }
-  std::vector<e2e::ProbeSocket> ranks(static_cast<size_t>(o.tp));
-  for (int i = 0; i < o.tp; ++i) {
-    FERRY_ASSIGN_OR_RETURN(auto s, listener.accept(Clock::now() + std::chrono::milliseconds(settings.timeout_ms)));
-    FERRY_ASSIGN_OR_RETURN(std::string hello, s.recv(Clock::now() + std::chrono::milliseconds(settings.timeout_ms)));
-    std::string_view rest;
-    const int r = e2e::command_of(hello, &rest) == "hello" ? std::atoi(std::string(rest).c_str()) : -1;
-    if (r < 0 || r >= o.tp || ranks[static_cast<size_t>(r)].ok()) return Status::internal("bench rank with a bad hello");
-    ranks[static_cast<size_t>(r)] = std::move(s);
-  }
+  std::vector<Child> ranks_proc;
+  FERRY_ASSIGN_OR_RETURN(auto ranks, e2e::start_ranks(listener, ranks_proc, coord->address(), o.tp, o.scheme, transport,
+                                                      settings.timeout_ms));
   FERRY_RETURN_IF_ERROR(coord->wait_for_ranks(o.tp, settings.timeout_ms));
   // The links from this process, as for one trainer: the cost model's inputs for both modes.
   FERRY_ASSIGN_OR_RETURN(auto probe, e2e::LinkProbe::open(ranks, transport, one, specs, manifest,
@@ -259,13 +246,8 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
                          run_mode(coord->address(), n, false, o.updates, next, settings.timeout_ms));
 
   sharding::Topology topo;
-  topo.placement = sharding::Placement::kOneHost;
-  topo.host_gbps = links.host_bytes_per_second * 8 / 1e9;
-  topo.seconds_per_bucket = links.seconds_per_bucket;
   sharding::CostOptions cost;
-  cost.stages.pack_bytes_per_second = links.pack_bytes_per_second;
-  cost.stages.process_bytes_per_second = links.process_bytes_per_second;
-  cost.stages.round_trip_seconds = links.round_trip_seconds;
+  e2e::cost_inputs(links, &topo, &cost);
   FERRY_ASSIGN_OR_RETURN(auto p_many, sharding::estimate_cost(many, specs, n, topo, cost));
   FERRY_ASSIGN_OR_RETURN(auto p_one, sharding::estimate_cost(one, specs, 1, topo, cost));
   // Gathering: every byte rank 0 does not hold crosses loopback TCP into rank 0, one rank after another.
