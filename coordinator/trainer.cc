@@ -17,6 +17,7 @@
 #include "dataplane/bucket_sender.h"
 #include "coordinator/channel.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/local_holdings.h"
 #include "coordinator/mailbox.h"
 #include "coordinator/member.h"
 #include "coordinator/wire.h"
@@ -132,7 +133,7 @@ class TrainerImpl final : public Trainer {
   }
 
   Status start_weight_update(uint64_t version, const sharding::Manifest& manifest) override {
-    return start_weight_update(version, manifest, UpdateOptions{options_.pause_mode, options_.clear_cache, {}, {}});
+    return start_weight_update(version, manifest, UpdateOptions{options_.pause_mode, options_.clear_cache, {}, {}, {}});
   }
 
   Status start_weight_update(uint64_t version, const sharding::Manifest& manifest, const UpdateOptions& o) override {
@@ -154,7 +155,7 @@ class TrainerImpl final : public Trainer {
     }
     s->set_trainer_rank(options_.trainer_rank);
     s->set_trainer_ranks(options_.trainer_ranks);
-    to_wire(o.holdings, s->mutable_holdings());
+    to_wire(o.source_layout.empty() ? o.holdings : sharding::layout_holdings(o.source_layout), s->mutable_holdings());
     channel_->send(env);
     FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kStartReply, deadline(2), "start reply"));
     const auto& r = reply.start_reply();
@@ -206,13 +207,16 @@ class TrainerImpl final : public Trainer {
       plan_digest_ = digest;
       plan_senders_ = senders_digest;
     }
-    if (Status st = hold(o.holdings); !st.ok()) return end_open_update(st);
+    if (Status st = local_.reset(manifest_, o.holdings, o.source_layout,
+                                 fmt::format("trainer rank {} of {}", options_.trainer_rank, options_.trainer_ranks));
+        !st.ok()) {
+      return end_open_update(st);
+    }
     plan_seconds_ = since(t_plan);
     dataplane::BucketSender::Identity identity{member_id_, data_key_, members, options_.trainer_rank};
     if (Status st = sender_->prepare(version, plan_, ranks_, endpoints, storage_devices, std::move(identity)); !st.ok()) {
       return end_open_update(st);
     }
-    sent_.assign(manifest_.size(), false);
     failure_ = Status();
     in_update_ = true;
     t_transfer_ = Clock::now();
@@ -228,9 +232,7 @@ class TrainerImpl final : public Trainer {
 
   Status update_weights(WeightSource& source) override {
     if (!in_update_) return Status::failed_precondition("update_weights outside an update");
-    for (int i : plan_->source_order) {
-      const std::string& name = manifest_[static_cast<size_t>(i)].name;
-      if (sent_[static_cast<size_t>(i)] || !held_[static_cast<size_t>(i)]) continue;
+    for (const std::string& name : local_.wanted(plan_->source_order)) {
       auto t = source.get(name);
       if (!t.ok()) {
         if (failure_.ok()) failure_ = t.status();
@@ -336,40 +338,8 @@ class TrainerImpl final : public Trainer {
   }
 
   Status send_one(const std::string& name, const TensorView& tensor) {
-    auto it = index_.find(name);
-    if (it == index_.end()) return Status::invalid_argument("send(" + name + "): not in this update's manifest");
-    const sharding::SourceTensor& meta = manifest_[it->second];
-    const auto& held = held_[it->second];
-    if (!held) {
-      return Status::invalid_argument(fmt::format(
-          "send({}): trainer rank {} of {} declared no part of it in its UpdateOptions.holdings", name,
-          options_.trainer_rank, options_.trainer_ranks));
-    }
-    FERRY_RETURN_IF_ERROR(expect_tensor(tensor, "send(" + name + ")", meta.dtype, held->size));
-    if (sent_[it->second]) return Status::invalid_argument("send(" + name + "): already sent in this update");
-    sent_[it->second] = true;
-    return sender_->send(it->second, meta, tensor, *held);
-  }
-
-  // What this trainer rank holds of each manifest tensor: the box its local tensor backs.
-  Status hold(const sharding::SenderInfo& h) {
-    held_.assign(manifest_.size(), std::nullopt);
-    const bool all = h.owns.empty() && h.holds.empty();
-    for (size_t i = 0; i < manifest_.size(); ++i) {
-      if (all) held_[i] = Region::whole(manifest_[i].shape);
-    }
-    auto put = [&](const std::string& name, const Region* box) -> Status {  // null: whole
-      auto it = index_.find(name);
-      if (it == index_.end()) return Status::invalid_argument(fmt::format("holdings name {}, which is not in the manifest", name));
-      if (held_[it->second]) {
-        return Status::invalid_argument(fmt::format(
-            "holdings name {} twice; a trainer rank holds one box of each tensor (the local tensor send() takes)", name));
-      }
-      held_[it->second] = box ? *box : Region::whole(manifest_[it->second].shape);
-      return ok_status();
-    };
-    for (const auto& name : h.owns) FERRY_RETURN_IF_ERROR(put(name, nullptr));
-    for (const auto& box : h.holds) FERRY_RETURN_IF_ERROR(put(box.name, &box.region));
+    FERRY_ASSIGN_OR_RETURN(auto parts, local_.take(name, tensor));
+    for (const auto& p : parts) FERRY_RETURN_IF_ERROR(sender_->send(p.source, manifest_[p.source], p.view, p.box));
     return ok_status();
   }
 
@@ -393,8 +363,7 @@ class TrainerImpl final : public Trainer {
   sharding::Manifest manifest_;
   std::map<std::string, size_t> index_;
   std::vector<sharding::RankSpec> ranks_;
-  std::vector<bool> sent_;
-  std::vector<std::optional<Region>> held_;    // per manifest tensor: the box this trainer rank sends from
+  LocalHoldings local_;                        // what this trainer rank holds, and where
   std::map<int, sharding::RankSpec> specs_;    // by member id, as the coordinator sent them once
   uint64_t accepted_digest_ = 0;              // of the manifest the coordinator holds from us
   std::vector<int> plan_members_;             // the members and manifest plan_ was made for

@@ -28,6 +28,7 @@
 #include "core/tensor.h"
 #include "sharding/model_spec.h"
 #include "sharding/planner.h"
+#include "sharding/source_layout.h"
 
 namespace ferry::coordinator {
 
@@ -63,6 +64,10 @@ struct UpdateOptions {
   bool clear_cache = true;
   std::vector<int> replicas;
   sharding::SenderInfo holdings;
+  // Instead of `holdings`: where each held box lies in this rank's own tensors (Megatron's fused
+  // linear_qkv / linear_fc1; sharding/source_layout.h). send() and update_weights() then take those
+  // local tensors by their local names.
+  sharding::SourceLayout source_layout;
 };
 
 struct UpdateReport {

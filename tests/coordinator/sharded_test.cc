@@ -128,6 +128,19 @@ TEST_F(ShardedTrainer, HsdpReplicatedShardsAreSentOnceAndBalanced) {
   }
 }
 
+// A TP-2 Megatron-Core trainer (fused linear_qkv interleaved per KV-head group, [gate; up]
+// linear_fc1, row-parallel linear_proj / linear_fc2 by columns, vocabulary rows padded) sending from
+// its fused local tensors through its source layout into a TP-4 replica.
+TEST_F(ShardedTrainer, MegatronTp2TrainerUpdatesATp4Replica) {
+  start(4, Scheme::kFp8PerChannel);
+  const auto lines = run(2, "megatron", 1, 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(lines[r], HasSubstr("v1 ok")) << "trainer rank " << r << ": " << lines[r];
+    EXPECT_THAT(lines[r], HasSubstr("v2 ok")) << "trainer rank " << r << ": " << lines[r];
+  }
+  expect_version(2);
+}
+
 // Two pipeline stages, each owning its layers whole, into a TP-1 replica.
 TEST_F(ShardedTrainer, TwoPipelineStagesUpdateATp1Replica) {
   start(1, Scheme::kInt8PerChannel);

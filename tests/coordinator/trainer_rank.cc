@@ -8,11 +8,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "coordinator/trainer.h"
+#include "sharding/source_layout.h"
+#include "tests/coordinator/megatron_shards.h"
 #include "tests/coordinator/sharded.h"
 
 int main(int argc, char** argv) {
@@ -46,22 +50,39 @@ int main(int argc, char** argv) {
     return 1;
   }
   coordinator::UpdateOptions u;
-  u.holdings = testutil::holdings_for(layout, manifest, rank, ranks);
+  if (layout == "megatron") {
+    auto source = sharding::megatron_layout(cfg.llama, rank, ranks);
+    if (!source.ok()) {
+      say("layout error: " + source.status().to_string());
+      return 1;
+    }
+    u.source_layout = std::move(*source);
+  } else {
+    u.holdings = testutil::holdings_for(layout, manifest, rank, ranks);
+  }
   int failures = 0;
   for (uint64_t v = first; v <= last; ++v) {
     const testutil::Checkpoint ck = testutil::make_checkpoint(manifest, 100 + v);
-    const testutil::LocalShards local(manifest, ck, u.holdings);
+    // Megatron's fused local tensors, or the boxes of the checkpoint tensors themselves.
+    std::map<std::string, TensorView> views;
+    std::optional<testutil::MegatronShards> fused;
+    std::optional<testutil::LocalShards> shards;
+    if (layout == "megatron") {
+      views = fused.emplace(cfg.llama, ck, rank, ranks).views;
+    } else {
+      views = shards.emplace(manifest, ck, u.holdings).views;
+    }
     auto report = [&]() -> Result<coordinator::UpdateReport> {
       FERRY_RETURN_IF_ERROR((*trainer)->start_weight_update(v, manifest, u));
       Status sent;
       if (v == die_version) {
         int n = 0;
-        for (const auto& [name, view] : local.views) {
+        for (const auto& [name, view] : views) {
           if (n++ == die_after) _exit(9);
           if (sent = (*trainer)->send(name, view); !sent.ok()) break;
         }
       } else {
-        coordinator::MapSource source(local.views);
+        coordinator::MapSource source(views);
         sent = (*trainer)->update_weights(source);
       }
       auto finished = (*trainer)->finish_weight_update();

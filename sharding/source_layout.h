@@ -1,0 +1,51 @@
+// Where a trainer rank's boxes of the checkpoint tensors lie in its own memory, when its tensors are
+// not the checkpoint's: Megatron-Core fuses q, k and v into one `linear_qkv` (per KV-head group: the
+// group's query heads, then its key head, then its value head) and gate and up into `linear_fc1`,
+// and splits each linear over its TP ranks (column-parallel by rows, row-parallel by columns). A
+// source layout lists, per held box of a checkpoint tensor, the local tensor and the first row of
+// it where the box's rows lie (the box's other dimensions span the local tensor's). It is the
+// sending side's counterpart of the rank-side mapping (mapping.h): the trainer declares the boxes
+// as its holdings and packs pieces straight from its fused local tensors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "sharding/holdings.h"
+#include "sharding/model_config.h"
+
+namespace ferry::sharding {
+
+struct LocalBox {
+  Holding box;        // the checkpoint tensor and the box of it held
+  std::string local;  // the local tensor holding it
+  int64_t row = 0;    // the box's first row in the local tensor
+};
+
+struct SourceLayout {
+  std::vector<LocalBox> boxes;
+  bool empty() const { return boxes.empty(); }
+};
+
+// Megatron-Core's GPT layout of a dense Llama-family model for TP rank `tp_rank` of `tp_size`
+// (pipeline stages simply hold different layers: `layers` [first, last) of them, the embedding on
+// the stage holding layer 0, the final norm and output layer on the one holding the last):
+//   embedding.word_embeddings.weight                     vocab rows split
+//   decoder.layers.L.self_attention.linear_qkv.weight    [groups/tp x (q heads, k, v) x head_dim, H]
+//   decoder.layers.L.self_attention.linear_qkv.layer_norm_weight   (input_layernorm)
+//   decoder.layers.L.self_attention.linear_proj.weight   [H, heads/tp x head_dim]
+//   decoder.layers.L.mlp.linear_fc1.weight               [gate rows/tp; up rows/tp], H]
+//   decoder.layers.L.mlp.linear_fc1.layer_norm_weight    (post_attention_layernorm)
+//   decoder.layers.L.mlp.linear_fc2.weight               [H, intermediate/tp]
+//   decoder.final_layernorm.weight, output_layer.weight  (vocab rows split)
+// Norms are replicated over the TP ranks (copies: the planner sends each from one of them). KV
+// heads must split over the TP ranks; the vocabulary too (Megatron pads it; the padding rows lie
+// beyond the boxes). `layers` empty: every layer.
+Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
+                                     std::pair<int64_t, int64_t> layers = {0, -1});
+
+// The holdings a source layout declares.
+SenderInfo layout_holdings(const SourceLayout& layout);
+
+}  // namespace ferry::sharding
