@@ -19,6 +19,7 @@
 #include "sharding/cost_model.h"
 #include "sharding/llama.h"
 #include "sharding/planner.h"
+#include "sharding/trainer_layouts.h"
 #include "transport/transport.h"
 
 namespace ferry {
@@ -26,27 +27,11 @@ namespace {
 
 using e2e::Child;
 using e2e::Clock;
+using sharding::fsdp_holdings;
+using sharding::shard_rows;
 using namespace std::chrono_literals;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// FSDP2's Shard(0): rows [from, to) of a dimension of `n` for rank r of `ranks`.
-std::pair<int64_t, int64_t> shard_rows(int64_t n, int r, int ranks) {
-  const int64_t chunk = (n + ranks - 1) / ranks;
-  return {std::min(n, chunk * r), std::min(n, chunk * (r + 1))};
-}
-
-sharding::SenderInfo fsdp_holdings(const sharding::Manifest& m, int r, int ranks) {
-  sharding::SenderInfo out;
-  for (const auto& t : m) {
-    const auto [from, to] = shard_rows(t.shape[0], r, ranks);
-    Region box = Region::whole(t.shape);
-    box.offset[0] = from;
-    box.size[0] = to - from;
-    out.holds.push_back({t.name, box});
-  }
-  return out;
-}
 
 // Trainer rank r's rows of every tensor of `w`, as views into it.
 std::map<std::string, TensorView> local_rows(const sharding::Manifest& m, const e2e::Weights& w, int r, int ranks) {

@@ -26,6 +26,7 @@
 #include "examples/demo/reference.h"
 #include "reload/model_storage.h"
 #include "sharding/llama.h"
+#include "sharding/trainer_layouts.h"
 
 namespace {
 
@@ -37,12 +38,6 @@ ferry::Device trainer_device(int gpus) { return gpus > 0 ? ferry::Device::cuda(0
 ferry::Device rank_device(int gpus, int tp_rank) {
   if (gpus <= 0) return ferry::Device::cpu();
   return ferry::Device::cuda(gpus == 1 ? 0 : 1 + tp_rank % (gpus - 1));
-}
-
-// The rows FSDP2's Shard(0) gives trainer rank r of n of a dimension of `rows`.
-std::pair<int64_t, int64_t> shard_rows(int64_t rows, int r, int n) {
-  const int64_t chunk = (rows + n - 1) / n;
-  return {std::min(rows, chunk * r), std::min(rows, chunk * (r + 1))};
 }
 
 // Trainer rank `me` of `trainers` (the first embeds the coordinator): runs the updates, sending its
@@ -72,14 +67,8 @@ int run_trainer(int me, int trainers, MPI_Comm trainer_comm, int ranks, int upda
   MPI_Barrier(trainer_comm);  // every trainer rank starts once the replica is there
   const auto manifest = ferry::sharding::llama_manifest(demo::llama_config(m));
   ferry::coordinator::UpdateOptions options;
-  for (const auto& t : manifest) {
-    if (trainers == 1) break;  // the only trainer rank holds every tensor whole
-    const auto [from, to] = shard_rows(t.shape[0], me, trainers);
-    ferry::Region box = ferry::Region::whole(t.shape);
-    box.offset[0] = from;
-    box.size[0] = to - from;
-    options.holdings.holds.push_back({t.name, box});
-  }
+  // The only trainer rank of one holds every tensor whole.
+  if (trainers > 1) options.holdings = ferry::sharding::fsdp_holdings(manifest, me, trainers);
   int failures = 0;
   std::map<std::string, ferry::Buffer> on_device;  // a GPU trainer's weights, rewritten each step
   for (int v = 1; v <= updates; ++v) {
@@ -89,7 +78,7 @@ int run_trainer(int me, int trainers, MPI_Comm trainer_comm, int ranks, int upda
     for (const auto& [name, t] : ck) {
       // This trainer rank's rows of the tensor (all of them for a trainer of one rank).
       const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-      const auto [from, to] = trainers == 1 ? std::pair<int64_t, int64_t>{0, rows} : shard_rows(rows, me, trainers);
+      const auto [from, to] = ferry::sharding::shard_rows(rows, me, trainers);
       const size_t row = t.bf16.size() / static_cast<size_t>(std::max<int64_t>(rows, 1));
       ferry::Shape local = t.shape;
       if (!local.empty()) local[0] = to - from;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sharding/planner.h"
+#include "sharding/trainer_layouts.h"
 #include "tests/coordinator/scheme_bytes.h"
 
 namespace ferry::testutil {
@@ -21,41 +22,23 @@ inline Config sharded_config(int tp) {
   return c;
 }
 
-// The rows FSDP2's Shard(0) gives rank `rank` of `ranks` of a dimension of `n` (torch.chunk: chunks
-// of ceil(n / ranks) rows, the last shorter and any after it empty).
-inline std::pair<int64_t, int64_t> fsdp_rows(int64_t n, int rank, int ranks) {
-  const int64_t chunk = (n + ranks - 1) / ranks;
-  return {std::min(n, chunk * rank), std::min(n, chunk * (rank + 1))};
-}
-
-inline sharding::Holding row_box(const sharding::SourceTensor& t, int64_t from, int64_t to) {
-  Region r = Region::whole(t.shape);
-  r.offset[0] = from;
-  r.size[0] = to - from;
-  return {t.name, r};
-}
-
-// A trainer rank's holdings of `m` under `layout`:
+// A trainer rank's holdings of `m` under `layout` (sharding/trainer_layouts.h):
 //   fsdp      Shard(0) over all ranks;
 //   hsdp      Shard(0) over pairs, replicated across them (rank r holds shard r % 2 of 2);
-//   pipeline  stage r owns its layers whole (stage 0 also the embedding, the last the norm and head);
+//   pipeline  the layers split over the ranks as stages (stage 0 also the embedding, the last the
+//             norm and head);
 //   gap       fsdp, but the last rank does not hold the last row of lm_head;
 //   overlap   fsdp, but rank 1's box of the embedding starts one row into rank 0's.
 inline sharding::SenderInfo holdings_for(const std::string& layout, const sharding::Manifest& m, int rank, int ranks) {
-  sharding::SenderInfo out;
-  for (const auto& t : m) {
-    if (layout == "pipeline") {
-      const bool first = t.name.find("embed_tokens") != std::string::npos;
-      const bool last = t.name.find("lm_head") != std::string::npos || t.name == "model.norm.weight";
-      const bool layer = t.name.find(fmt::format("layers.{}.", rank)) != std::string::npos;
-      if (layer || (first && rank == 0) || (last && rank == ranks - 1)) out.owns.push_back(t.name);
-      continue;
+  if (layout == "pipeline") return sharding::pipeline_holdings(m, rank, ranks);
+  if (layout == "hsdp") return sharding::hsdp_holdings(m, rank, ranks, 2);
+  sharding::SenderInfo out = sharding::fsdp_holdings(m, rank, ranks);
+  for (auto& h : out.holds) {
+    if (layout == "gap" && rank == ranks - 1 && h.name == "lm_head.weight") h.region.size[0] -= 1;
+    if (layout == "overlap" && rank == 1 && h.name == "model.embed_tokens.weight") {
+      h.region.offset[0] -= 1;
+      h.region.size[0] += 1;
     }
-    const bool hsdp = layout == "hsdp";
-    auto [from, to] = fsdp_rows(t.shape[0], hsdp ? rank % 2 : rank, hsdp ? 2 : ranks);
-    if (layout == "gap" && rank == ranks - 1 && t.name == "lm_head.weight") to -= 1;
-    if (layout == "overlap" && rank == 1 && t.name == "model.embed_tokens.weight") from -= 1;
-    out.holds.push_back(row_box(t, from, to));
   }
   return out;
 }
