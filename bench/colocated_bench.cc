@@ -15,6 +15,10 @@
 //   ferry-bench-colocated [--scheme fp8_per_channel] [--layers 32] [--updates 10] [--device cuda:0] [--json]
 //   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1 --tp 2 --json
 //   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1,cuda:2 --tp 2 --json
+//
+// With --trainers N the trainer is sharded: N trainer processes on the same GPU, each holding FSDP2
+// Shard(0) rows of every tensor (sharding::fsdp_holdings), update the replica together; each rank
+// reads every trainer process's rows in place. The figure is the first trainer rank's.
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -45,6 +49,7 @@
 #include "sharding/cost_model.h"
 #include "sharding/llama.h"
 #include "sharding/planner.h"
+#include "sharding/trainer_layouts.h"
 
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -135,8 +140,10 @@ struct Weights {
   uint64_t params = 0;
 };
 
-// Every tensor of the manifest on `device`, each its own allocation.
-ferry::Result<Weights> allocate_weights(const ferry::sharding::Manifest& manifest, ferry::Device device) {
+// Every tensor of the manifest on `device`, each its own allocation; with `held`, only the box of
+// each tensor it declares (a sharded trainer rank's rows).
+ferry::Result<Weights> allocate_weights(const ferry::sharding::Manifest& manifest, ferry::Device device,
+                                        const ferry::sharding::SenderInfo* held = nullptr) {
   Weights w;
   const size_t pool_elems = size_t{256} << 20;  // 512 MiB of bf16
   std::vector<uint16_t> host(pool_elems);
@@ -145,11 +152,13 @@ ferry::Result<Weights> allocate_weights(const ferry::sharding::Manifest& manifes
   for (auto& v : host) v = ferry::f32_to_bf16(dist(rng));
   FERRY_ASSIGN_OR_RETURN(w.pool, ferry::Buffer::allocate(pool_elems * 2, device));
   CHECK_CUDA(cudaMemcpy(w.pool.data(), host.data(), pool_elems * 2, cudaMemcpyHostToDevice));
-  for (const auto& t : manifest) {
-    const size_t bytes = ferry::dtype_bytes(t.dtype, ferry::shape_numel(t.shape));
+  for (size_t i = 0; i < manifest.size(); ++i) {
+    const auto& t = manifest[i];
+    const ferry::Shape shape = held ? held->holds[i].region.size : t.shape;
+    const size_t bytes = std::max<size_t>(ferry::dtype_bytes(t.dtype, ferry::shape_numel(shape)), 1);
     FERRY_ASSIGN_OR_RETURN(ferry::Buffer b, ferry::Buffer::allocate(bytes, device));
-    w.views.emplace(t.name, ferry::TensorView(b.data(), t.dtype, t.shape, device));
-    w.params += static_cast<uint64_t>(ferry::shape_numel(t.shape));
+    w.views.emplace(t.name, ferry::TensorView(b.data(), t.dtype, shape, device));
+    w.params += static_cast<uint64_t>(ferry::shape_numel(shape));
     w.buffers.push_back(std::move(b));
   }
   return w;
@@ -172,6 +181,33 @@ Status change_weights(Weights& w, uint64_t step) {
   }
   CHECK_CUDA(cudaDeviceSynchronize());
   return ferry::ok_status();
+}
+
+// Trainer rank `rank` of `ranks` (not the first): its Shard(0) rows of every tensor on `device`,
+// changed before each of `total` updates, sent as the first trainer rank starts each.
+int run_trainer_rank(const std::string& coordinator, int rank, int ranks, int layers, int total, int device) {
+  ferry::set_log_identity(fmt::format("trainer rank {}", rank));
+  const auto manifest = ferry::sharding::llama_manifest(llama3_8b(layers));
+  ferry::coordinator::UpdateOptions u;
+  u.holdings = ferry::sharding::fsdp_holdings(manifest, rank, ranks);
+  if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
+  auto weights = allocate_weights(manifest, ferry::Device::cuda(device), &u.holdings);
+  if (!weights.ok()) return std::cerr << weights.status().to_string() << "\n", 1;
+  ferry::coordinator::TrainerOptions o;
+  o.coordinator = coordinator;
+  o.trainer_rank = rank;
+  o.trainer_ranks = ranks;
+  auto trainer = ferry::coordinator::Trainer::create(o);
+  if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 1;
+  for (int v = 1; v <= total; ++v) {
+    Status st = change_weights(*weights, static_cast<uint64_t>(v * ranks + rank));
+    ferry::coordinator::MapSource source(weights->views);
+    if (st.ok()) st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest, u);
+    if (st.ok()) st = (*trainer)->update_weights(source);
+    if (st.ok()) st = (*trainer)->finish_weight_update().status();
+    if (!st.ok()) return std::cerr << fmt::format("trainer rank {} v{}: {}\n", rank, v, st.to_string()), 1;
+  }
+  return 0;
 }
 
 #endif
@@ -219,10 +255,19 @@ ferry::Result<Measured> measure_link(const std::string& transport, int from, con
 }
 #endif
 
+// Spawns this binary with `args`; -1 when it could not.
+pid_t spawn_self(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  return posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) == 0 ? pid : -1;
+}
+
 int run_trainer(const std::string& scheme, int layers, int updates, int device, const std::vector<int>& rank_gpus,
-                int tp, bool json) {
+                int tp, bool json, int trainers) {
 #if !FERRY_HAVE_CUDA
-  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_gpus, (void)tp, (void)json;
+  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_gpus, (void)tp, (void)json, (void)trainers;
   std::cerr << "ferry-bench-colocated needs a CUDA build\n";
   return 1;
 #else
@@ -262,35 +307,38 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
     link = *m;
   }
   if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
-  auto weights = allocate_weights(manifest, ferry::Device::cuda(device));
+  ferry::coordinator::UpdateOptions u;
+  if (trainers > 1) u.holdings = ferry::sharding::fsdp_holdings(manifest, 0, trainers);
+  auto weights = allocate_weights(manifest, ferry::Device::cuda(device), trainers > 1 ? &u.holdings : nullptr);
   if (!weights.ok()) return std::cerr << weights.status().to_string() << "\n", 1;
 
-  auto trainer = ferry::coordinator::Trainer::create({});
+  ferry::coordinator::TrainerOptions o;
+  o.trainer_ranks = trainers;
+  auto trainer = ferry::coordinator::Trainer::create(o);
   if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 1;
   std::vector<pid_t> pids;
+  const int warmup = 2;
   for (int r = 0; r < tp; ++r) {
-    std::vector<std::string> args = {"ferry-bench-colocated", "--role", "rollout", "--coordinator",
-                                     (*trainer)->coordinator_address(), "--scheme", scheme, "--layers",
-                                     std::to_string(layers), "--device", fmt::format("cuda:{}", rank_gpus[static_cast<size_t>(r)]), "--tp",
-                                     std::to_string(tp), "--tp-rank", std::to_string(r)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
-      return std::cerr << "posix_spawn failed\n", 1;
-    }
-    pids.push_back(pid);
+    pids.push_back(spawn_self({"ferry-bench-colocated", "--role", "rollout", "--coordinator",
+                               (*trainer)->coordinator_address(), "--scheme", scheme, "--layers", std::to_string(layers),
+                               "--device", fmt::format("cuda:{}", rank_gpus[static_cast<size_t>(r)]), "--tp",
+                               std::to_string(tp), "--tp-rank", std::to_string(r)}));
   }
+  for (int r = 1; r < trainers; ++r) {
+    pids.push_back(spawn_self({"ferry-bench-colocated", "--role", "trainer-rank", "--coordinator",
+                               (*trainer)->coordinator_address(), "--layers", std::to_string(layers), "--device",
+                               fmt::format("cuda:{}", device), "--trainers", std::to_string(trainers), "--trainer-rank",
+                               std::to_string(r), "--updates", std::to_string(warmup + updates)}));
+  }
+  if (std::count(pids.begin(), pids.end(), -1) > 0) return std::cerr << "posix_spawn failed\n", 1;
   const int64_t timeout = ferry::load_settings().value().timeout_ms;
   Status st = (*trainer)->wait_for_ranks(tp, timeout);
   std::vector<ferry::coordinator::UpdateReport> reports, warm;
-  const int warmup = 2;
   for (int v = 1; v <= warmup + updates && st.ok(); ++v) {
-    st = change_weights(*weights, static_cast<uint64_t>(v));
+    st = change_weights(*weights, static_cast<uint64_t>(v * trainers));
     if (!st.ok()) break;
     ferry::coordinator::MapSource source(weights->views);
-    st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest);
+    st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest, u);
     if (st.ok()) st = (*trainer)->update_weights(source);
     if (!st.ok()) break;
     auto r = (*trainer)->finish_weight_update();
@@ -318,7 +366,9 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   };
   auto med = [&](auto field) { return median(reports, field); };
   const double seconds = med([](const auto& r) { return r.seconds; });
-  const double moved_bytes = 2.0 * static_cast<double>(weights->params) + static_cast<double>(storage_bytes);
+  uint64_t all_params = 0;  // of the whole model, whichever share this trainer rank holds
+  for (const auto& t : manifest) all_params += static_cast<uint64_t>(ferry::shape_numel(t.shape));
+  const double moved_bytes = 2.0 * static_cast<double>(all_params) + static_cast<double>(storage_bytes);
   const auto& last = reports.back();
   std::string extra;
   double floor = moved_bytes / *bw;
@@ -354,21 +404,22 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
                         cost->critical, cost->control_seconds, cost->fill_seconds, cost->busy_seconds,
                         cost->drain_seconds, co.stages.process_bytes_per_second / 1e9);
   }
-  const std::string name = apart ? fmt::format("ferry-{}-tp{}{}/{}", transport, tp, spread ? "-spread" : "", scheme)
-                                 : fmt::format("ferry/{}", scheme);
+  const std::string sharded = trainers > 1 ? fmt::format("-trainers{}", trainers) : "";
+  const std::string name = apart ? fmt::format("ferry-{}-tp{}{}{}/{}", transport, tp, spread ? "-spread" : "", sharded, scheme)
+                                 : fmt::format("ferry{}/{}", sharded, scheme);
   if (json) {
     fmt::print("{{\"bench\":\"colocated\",\"case\":\"{}\",\"device\":\"cuda\",\"params\":{},\"layers\":{},"
                "\"bytes\":{:.0f},\"direct_bytes\":{},\"seconds\":{:.6f},\"updates\":{},\"pause_seconds\":{:.6f},"
                "\"ranks_pause_seconds\":{:.6f},"
                "\"transfer_seconds\":{:.6f},\"process_seconds\":{:.6f},\"resume_seconds\":{:.6f},"
                "\"copy_gbps\":{:.1f},\"floor_seconds\":{:.6f},\"ratio_to_floor\":{:.3f}{}}}\n",
-               name, weights->params, layers, moved_bytes, last.direct_bytes, seconds, reports.size(),
+               name, all_params, layers, moved_bytes, last.direct_bytes, seconds, reports.size(),
                med([](const auto& r) { return r.pause_seconds; }), med([](const auto& r) { return r.ranks_pause_seconds; }),
                med([](const auto& r) { return r.transfer_seconds; }), med([](const auto& r) { return r.process_seconds; }),
                med([](const auto& r) { return r.resume_seconds; }), *bw / 1e9, floor, seconds / floor, extra);
   } else {
     fmt::print("{} {} params: {:.2f} ms per update (median of {}), floor {:.2f} ms, ratio {:.2f}\n", name,
-               weights->params, seconds * 1e3, reports.size(), floor * 1e3, seconds / floor);
+               all_params, seconds * 1e3, reports.size(), floor * 1e3, seconds / floor);
   }
   return 0;
 #endif
@@ -380,9 +431,13 @@ int main(int argc, char** argv) {
   CLI::App app{"ferry-bench-colocated: a colocated update of a Llama-3-8B shaped model beside its memory floor"};
   std::string role = "trainer", coordinator, scheme = "fp8_per_channel", device_name = "cuda:0";
   std::string rank_device_name;
-  int layers = 32, updates = 10, tp = 1, tp_rank = 0;
+  int layers = 32, updates = 10, tp = 1, tp_rank = 0, trainers = 1, trainer_rank = 0;
   bool json = false;
-  app.add_option("--role", role, "trainer (default) or rollout")->check(CLI::IsMember({"trainer", "rollout"}));
+  app.add_option("--role", role, "trainer (default), rollout, or trainer-rank (of a sharded trainer)")
+      ->check(CLI::IsMember({"trainer", "rollout", "trainer-rank"}));
+  app.add_option("--trainers", trainers, "trainer processes, each holding Shard(0) rows of every tensor")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--trainer-rank", trainer_rank, "trainer-rank role: this rank");
   app.add_option("--coordinator", coordinator, "rollout role: coordinator address");
   app.add_option("--scheme", scheme, "the rollout's linear-layer scheme");
   app.add_option("--layers", layers, "decoder layers (32 for Llama-3-8B)")->check(CLI::Range(1, 128));
@@ -399,6 +454,9 @@ int main(int argc, char** argv) {
   auto device = ferry::parse_device(device_name);
   if (!device.ok() || !device->is_cuda()) return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;
   if (role == "rollout") return run_rank(coordinator, scheme, layers, tp_rank, tp, device->index);
+#if FERRY_HAVE_CUDA
+  if (role == "trainer-rank") return run_trainer_rank(coordinator, trainer_rank, trainers, layers, updates, device->index);
+#endif
   auto rank_devices = ferry::parse_rank_devices(rank_device_name.empty() ? device_name : rank_device_name, tp);
   if (!rank_devices.ok()) return std::cerr << "--rank-device: " << rank_devices.status().message() << "\n", 2;
   std::vector<int> rank_gpus;
@@ -406,5 +464,5 @@ int main(int argc, char** argv) {
     if (!d.is_cuda()) return std::cerr << "--rank-device " << rank_device_name << ": expected cuda:N\n", 2;
     rank_gpus.push_back(d.index);
   }
-  return run_trainer(scheme, layers, updates, device->index, rank_gpus, tp, json);
+  return run_trainer(scheme, layers, updates, device->index, rank_gpus, tp, json, trainers);
 }

@@ -11,6 +11,8 @@
 #   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi,trainers (default: all)
 #   trainers: ferry bench e2e --trainers 1,2,4 over the host transports (CPU processes; the GPU
 #   machine has the cores): a sharded trainer beside gather-then-send and the cost model
+#   sharded: the colocated 8B fp8_per_channel update from 4 trainer processes on the GPU (each
+#   holding Shard(0) rows), beside one trainer process and the floor
 #   probe: copy_probe.cu (streaming kernels beside cudaMemcpy) and quant_probe.cu (quantize kernel shapes)
 #   multi (two or more GPUs): nccl and cross-GPU cuda_ipc conformance, TP-2 updates from cuda:0 into a
 #   replica on cuda:1,cuda:2 (both on cuda:1 with two GPUs; TP 4 with five or more) over nccl and
@@ -19,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
-steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers}
+steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded}
 want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off
@@ -142,6 +144,13 @@ fi
 # The colocated update of a Llama-3-8B shaped model (issue workload), per scheme, and what users do
 # today in PyTorch, in the same run.
 schemes=${FERRY_GPU_SCHEMES:-fp8_per_channel fp8_per_tensor int4_group}
+if want sharded; then
+  for n in 1 4; do
+    echo "=== colocated fp8_per_channel --trainers $n" >> "$out/tests.log"
+    timeout 300 "$bin/ferry-bench-colocated" --scheme fp8_per_channel --trainers $n --updates "${FERRY_GPU_UPDATES:-10}" \
+      --json >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "sharded --trainers $n failed" >> "$out/tests.log"; status=1; }
+  done
+fi
 if want colocated; then
   for s in $schemes; do
     echo "=== colocated $s" >> "$out/tests.log"
