@@ -169,6 +169,19 @@ TEST_F(ShardedTrainer, HoldingsThatDoNotTileFailAtStartWithNothingPaused) {
   EXPECT_EQ(cluster_->rank(0).fingerprint() ^ cluster_->rank(1).fingerprint(), before);
 }
 
+// One trainer rank declares a global shape the others do not: the update does not open for any of
+// them, the message names the rank and both manifests, and nothing pauses.
+TEST_F(ShardedTrainer, ATrainerRankWithAnotherGlobalShapeFailsAtStartWithNothingPaused) {
+  ScopedEnv timeout("FERRY_TIMEOUT_MS", "3000");  // ranks that start after the refusal wait this long
+  start(2, Scheme::kNone);
+  const auto lines = run(4, "wrongshape", 1, 1);
+  for (int r = 0; r < 4; ++r) EXPECT_THAT(lines[r], HasSubstr("v1 error")) << "trainer rank " << r << ": " << lines[r];
+  const std::string all = lines[0] + lines[1] + lines[2] + lines[3];
+  EXPECT_THAT(all, HasSubstr("every trainer rank must start the same update once"));
+  EXPECT_THAT(all, HasSubstr("Nothing was paused"));
+  EXPECT_EQ(cluster_->rank(0).pauses.load() + cluster_->rank(1).pauses.load(), 0);
+}
+
 // Trainer rank 2 dies in the middle of v2: every other trainer rank's v2 fails, naming it, the
 // replica does not resume on a mix of v1 and v2, and v3 with rank 2 back (a new process) lands.
 TEST_F(ShardedTrainer, ATrainerRankThatDiesFailsTheUpdateForAllAndTheNextSucceeds) {
