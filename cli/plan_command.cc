@@ -1,5 +1,6 @@
 #include "cli/plan_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "sharding/layout.h"
 #include "sharding/planner.h"
 #include "sharding/presets.h"
+#include "sharding/trainer_layouts.h"
 
 namespace ferry::cli {
 namespace {
@@ -24,6 +26,9 @@ struct PlanArgs {
   std::string model;
   std::string config;
   int trainers = 8;
+  std::string layout = "whole";
+  int shard_group = 0;  // hsdp: ranks per shard group (0: GPUs per node)
+  bool per_sender = false;
   int replicas = 1;
   int tp = 1;
   int ep = 1;
@@ -37,7 +42,9 @@ struct PlanArgs {
 struct Side {
   CostReport cost;
   double planning_seconds = 0;
-  uint64_t min_sender_bytes = 0;
+  std::vector<uint64_t> bytes_per_sender;  // the plan's payload per sender, in the source dtype
+  uint64_t min_sender_bytes = 0;           // of bytes_per_sender
+  uint64_t max_sender_bytes = 0;
 };
 
 std::string gb(uint64_t bytes) { return fmt::format("{:.2f} GB", static_cast<double>(bytes) / 1e9); }
@@ -51,9 +58,72 @@ Result<Side> plan_and_cost(const sharding::Manifest& manifest, const std::vector
   side.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   FERRY_ASSIGN_OR_RETURN(side.cost, sharding::estimate_cost(plan, ranks, static_cast<int>(senders.size()), a.topo,
                                                             {a.quantize_on_sender}));
-  side.min_sender_bytes = side.cost.max_sender_bytes;
-  for (uint64_t b : plan.bytes_per_sender) side.min_sender_bytes = std::min(side.min_sender_bytes, b);
+  side.bytes_per_sender = plan.bytes_per_sender;
+  if (!plan.bytes_per_sender.empty()) {
+    const auto [lo, hi] = std::minmax_element(plan.bytes_per_sender.begin(), plan.bytes_per_sender.end());
+    side.min_sender_bytes = *lo;
+    side.max_sender_bytes = *hi;
+  }
   return side;
+}
+
+// The N trainer ranks' holdings under `--layout` (sharding/trainer_layouts.h); `whole`: every rank
+// holds every tensor whole (after its own gather), and the plan balances them freely.
+Result<std::vector<sharding::SenderInfo>> layout_senders(const PlanArgs& a, const sharding::Manifest& manifest) {
+  const int n = a.trainers;
+  std::vector<sharding::SenderInfo> out(static_cast<size_t>(n));
+  if (a.layout == "whole") return out;
+  const int group = a.shard_group > 0 ? a.shard_group : std::min(a.topo.gpus_per_node, n);
+  if (a.layout == "hsdp" && (group <= 0 || n % group != 0)) {
+    return Status::invalid_argument(fmt::format("--layout hsdp: {} trainers are not groups of {}", n, group));
+  }
+  if (a.layout == "ep" && std::none_of(manifest.begin(), manifest.end(), [](const auto& t) {
+        return sharding::expert_index_of(t.name) >= 0;
+      })) {
+    return Status::invalid_argument("--layout ep: the model has no routed experts");
+  }
+  for (int r = 0; r < n; ++r) {
+    auto& s = out[static_cast<size_t>(r)];
+    if (a.layout == "fsdp") {
+      s = sharding::fsdp_holdings(manifest, r, n);
+    } else if (a.layout == "hsdp") {
+      s = sharding::hsdp_holdings(manifest, r, n, group);
+    } else if (a.layout == "pipeline") {
+      s = sharding::pipeline_holdings(manifest, r, n);
+    } else if (a.layout == "ep") {
+      s = sharding::expert_holdings(manifest, r, n);
+    } else {
+      return Status::invalid_argument(fmt::format("unknown --layout {}: whole, fsdp, hsdp, pipeline or ep", a.layout));
+    }
+  }
+  return out;
+}
+
+// Gathering every tensor onto trainer rank 0 before it sends alone: the bytes rank 0 does not hold
+// come in over NVLink from its node and over its NIC (through PCIe) from the others, both at once;
+// each part from the nearest of its holders.
+struct Gather {
+  uint64_t nvlink_bytes = 0;
+  uint64_t nic_bytes = 0;
+  double seconds = 0;
+};
+
+Result<Gather> gather_to_rank0(const sharding::Manifest& manifest, const std::vector<sharding::SenderInfo>& senders,
+                               const sharding::Topology& topo) {
+  FERRY_ASSIGN_OR_RETURN(const sharding::Holdings held, sharding::resolve_holdings(manifest, senders));
+  Gather g;
+  for (size_t t = 0; t < manifest.size(); ++t) {
+    for (size_t b = 0; b < held.boxes[t].size(); ++b) {
+      const auto& holders = held.holders(t, b);
+      if (holders.empty() || holders.front() == 0) continue;  // ascending: rank 0 holds it
+      const uint64_t bytes = dtype_bytes(manifest[t].dtype, held.boxes[t][b].region.numel());
+      (holders.front() < topo.gpus_per_node ? g.nvlink_bytes : g.nic_bytes) += bytes;
+    }
+  }
+  const double nic = std::min(topo.nic_gbps, topo.pcie_gbps) * 1e9 / 8;
+  g.seconds = std::max(static_cast<double>(g.nvlink_bytes) / (topo.nvlink_gbps * 1e9 / 8),
+                       static_cast<double>(g.nic_bytes) / nic);
+  return g;
 }
 
 nlohmann::json side_json(const Side& s) {
@@ -90,21 +160,34 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
   FERRY_ASSIGN_OR_RETURN(auto ranks, sharding::model_rank_specs(model, a.replicas, a.tp, a.ep, scheme));
   const sharding::Manifest manifest = sharding::model_manifest(model);
   int64_t params = 0;
-  for (const auto& t : manifest) params += shape_numel(t.shape);
+  uint64_t model_bytes = 0;
+  for (const auto& t : manifest) {
+    params += shape_numel(t.shape);
+    model_bytes += dtype_bytes(t.dtype, shape_numel(t.shape));
+  }
 
-  // Every trainer rank holds full tensors (after its gather); the broadcast plan sends from rank 0 only.
+  // The one-sender plan: rank 0 sends everything (after a gather, unless the layout is `whole`,
+  // where every rank holds full tensors already).
   FERRY_ASSIGN_OR_RETURN(Side bcast, plan_and_cost(manifest, ranks, std::vector<sharding::SenderInfo>(1), opts, a));
-  FERRY_ASSIGN_OR_RETURN(Side bal, plan_and_cost(manifest, ranks,
-                                                 std::vector<sharding::SenderInfo>(static_cast<size_t>(a.trainers)), opts, a));
+  FERRY_ASSIGN_OR_RETURN(const auto senders, layout_senders(a, manifest));
+  FERRY_ASSIGN_OR_RETURN(Side bal, plan_and_cost(manifest, ranks, senders, opts, a));
+  const bool whole = a.layout == "whole";
+  Gather gather;
+  if (!whole) {
+    FERRY_ASSIGN_OR_RETURN(gather, gather_to_rank0(manifest, senders, a.topo));
+  }
   const double ideal = static_cast<double>(bal.cost.bytes_moved) / a.trainers;
   const double imbalance = ideal > 0 ? static_cast<double>(bal.cost.max_sender_bytes) / ideal - 1.0 : 0.0;
+  const double gather_then_send = bcast.cost.predicted_seconds + gather.seconds;
 
   if (a.json) {
     nlohmann::json j = side_json(bal);
     j["model"] = model.name;
     j["parameters"] = params;
+    j["model_bytes"] = model_bytes;
     j["tensors"] = manifest.size();
     j["trainers"] = a.trainers;
+    j["layout"] = a.layout;
     j["replicas"] = a.replicas;
     j["tp"] = a.tp;
     j["ep"] = a.ep;
@@ -113,18 +196,28 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
     j["quantize_on_sender"] = a.quantize_on_sender;
     j["bucket_bytes"] = opts.bucket_bytes;
     j["sender_imbalance"] = imbalance;
+    // The plan's payload per sender in the source dtype (max_sender_bytes above is on the wire).
+    j["bytes_per_sender"] = bal.bytes_per_sender;
+    j["sender_payload"] = {{"min", bal.min_sender_bytes}, {"max", bal.max_sender_bytes}};
     j["broadcast"] = side_json(bcast);
     j["speedup_over_broadcast"] = bal.cost.predicted_seconds > 0 ? bcast.cost.predicted_seconds / bal.cost.predicted_seconds : 0.0;
+    if (!whole) {
+      j["gather"] = {{"seconds", gather.seconds}, {"nvlink_bytes", gather.nvlink_bytes}, {"nic_bytes", gather.nic_bytes}};
+      j["gather_then_send_seconds"] = gather_then_send;
+      j["speedup_over_gather_then_send"] = bal.cost.predicted_seconds > 0 ? gather_then_send / bal.cost.predicted_seconds : 0.0;
+    }
     out << j.dump() << "\n";
     return ok_status();
   }
   out << fmt::format("model {}: {:.3g} parameters in {} tensors\n", model.name, static_cast<double>(params), manifest.size());
-  out << fmt::format("rollouts: {} replica(s) x TP {} (EP {}) = {} GPUs, scheme {}; trainers: {} GPUs\n", a.replicas, a.tp,
-                     a.ep, ranks.size(), a.scheme, a.trainers);
+  out << fmt::format("rollouts: {} replica(s) x TP {} (EP {}) = {} GPUs, scheme {}; trainers: {} GPUs{}\n", a.replicas, a.tp,
+                     a.ep, ranks.size(), a.scheme, a.trainers, whole ? "" : ", layout " + a.layout);
   out << fmt::format("links per GPU: NVLink {} Gb/s, PCIe {} Gb/s, NIC {} Gb/s; {} GPUs per node{}; wire: {}\n",
                      a.topo.nvlink_gbps, a.topo.pcie_gbps, a.topo.nic_gbps, a.topo.gpus_per_node,
                      a.topo.colocated ? ", colocated" : "", a.quantize_on_sender ? "quantized by the sender" : "source dtype");
-  out << fmt::format("{:<22}{:>26}{:>26}\n", "", "broadcast from rank 0", "ferry balanced");
+  const std::string sharded = "sharded (" + a.layout + ")";
+  out << fmt::format("{:<22}{:>26}{:>26}\n", "", whole ? "broadcast from rank 0" : "gather to rank 0, send",
+                     whole ? "ferry balanced" : sharded);
   auto row = [&](const char* what, const std::string& x, const std::string& y) {
     out << fmt::format("{:<22}{:>26}{:>26}\n", what, x, y);
   };
@@ -136,13 +229,27 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
   row("pieces / buckets", fmt::format("{} / {}", bcast.cost.pieces, bcast.cost.buckets),
       fmt::format("{} / {}", bal.cost.pieces, bal.cost.buckets));
   row("planning time", fmt::format("{:.3f} s", bcast.planning_seconds), fmt::format("{:.3f} s", bal.planning_seconds));
-  row("predicted update", fmt::format("{:.3f} s", bcast.cost.predicted_seconds), fmt::format("{:.3f} s", bal.cost.predicted_seconds));
+  if (!whole) {
+    row("gather onto rank 0", fmt::format("{:.3f} s", gather.seconds), "-");
+    row("send", fmt::format("{:.3f} s", bcast.cost.predicted_seconds), fmt::format("{:.3f} s", bal.cost.predicted_seconds));
+  }
+  row("predicted update", fmt::format("{:.3f} s", gather_then_send), fmt::format("{:.3f} s", bal.cost.predicted_seconds));
   out << fmt::format("sender balance: max {} vs ideal {} ({:+.2f}%)\n", gb(bal.cost.max_sender_bytes),
                      gb(static_cast<uint64_t>(ideal)), imbalance * 100);
+  out << fmt::format("per-sender payload (source dtype): min {}, max {}{}\n", gb(bal.min_sender_bytes),
+                     gb(bal.max_sender_bytes), a.per_sender ? "" : " (each with --per-sender)");
+  if (!whole) {
+    out << fmt::format("gather: {} over NVLink and {} over the NIC into rank 0, which then holds the whole model, {}\n",
+                       gb(gather.nvlink_bytes), gb(gather.nic_bytes), gb(model_bytes));
+  }
   out << fmt::format("receiver bound (busiest rollout GPU through its NIC): {:.3f} s\n", bal.cost.receiver_bound_seconds);
-  out << "busiest links (balanced):\n";
+  out << fmt::format("busiest links ({}):\n", whole ? "balanced" : sharded);
   for (const auto& l : bal.cost.busiest) {
     out << fmt::format("  {:<40} {:>12} {:>8} buckets {:>9.3f} s\n", l.link, gb(l.bytes), l.buckets, l.seconds);
+  }
+  if (a.per_sender) {
+    out << "payload per sender (source dtype):\n";
+    for (size_t k = 0; k < bal.bytes_per_sender.size(); ++k) out << fmt::format("  {:>5} {:>12}\n", k, gb(bal.bytes_per_sender[k]));
   }
   return ok_status();
 }
@@ -161,6 +268,14 @@ void add_plan_command(CLI::App& app, std::ostream& out) {
   }());
   cmd->add_option("--config", args->config, "a Hugging Face config.json, or a ferry mapping file");
   cmd->add_option("--trainers", args->trainers, "trainer (sender) GPUs")->capture_default_str();
+  cmd->add_option("--layout", args->layout,
+                  "what each trainer rank holds: whole (every tensor, after its gather), fsdp (Shard(0) rows), hsdp "
+                  "(Shard(0) in groups of --shard-group, replicated across them), pipeline (layers split into stages), "
+                  "ep (routed experts split by index, the rest Shard(0))")
+      ->check(CLI::IsMember({"whole", "fsdp", "hsdp", "pipeline", "ep"}))
+      ->capture_default_str();
+  cmd->add_option("--shard-group", args->shard_group, "hsdp: trainer ranks per shard group (default: GPUs per node)");
+  cmd->add_flag("--per-sender", args->per_sender, "print every sender's bytes (--json always lists them)");
   cmd->add_option("--replicas", args->replicas, "rollout replicas")->capture_default_str();
   cmd->add_option("--tp", args->tp, "tensor-parallel ranks per replica")->capture_default_str();
   cmd->add_option("--ep", args->ep, "expert-parallel groups inside a replica's TP ranks")->capture_default_str();

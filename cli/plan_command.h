@@ -1,5 +1,7 @@
 // `ferry plan`: plans a weight update for a model on a cluster and prints the schedule and the
-// predicted update time, comparing a broadcast from trainer rank 0 with ferry's balanced plan.
+// predicted update time, comparing a broadcast from trainer rank 0 with ferry's balanced plan; with
+// `--layout fsdp|hsdp|pipeline|ep` the trainer ranks hold shards (sharding/trainer_layouts.h), each
+// sends its own, beside gathering everything onto rank 0 and sending from there.
 #pragma once
 
 #include <iosfwd>

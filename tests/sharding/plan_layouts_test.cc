@@ -1,0 +1,107 @@
+// `ferry plan --trainers N --layout ...`: sharded trainer ranks, each sending what it holds, beside
+// gathering onto rank 0 and sending from there; `--layout whole` (the default) is the plan of N
+// ranks that each hold everything.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/plan_command.h"
+
+namespace ferry::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The command's output for `args` (after "plan"); throws CLI::RuntimeError when it fails.
+std::string run(std::vector<std::string> args) {
+  CLI::App app("ferry");
+  std::ostringstream out;
+  add_plan_command(app, out);
+  args.insert(args.begin(), "plan");
+  std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+  app.parse(args);
+  return out.str();
+}
+
+nlohmann::json run_json(std::vector<std::string> args) {
+  args.push_back("--json");
+  return nlohmann::json::parse(run(args));
+}
+
+const std::vector<std::string> kLlama = {"--model", "llama3-8b", "--trainers", "4", "--replicas", "2", "--tp", "2"};
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+TEST(PlanLayouts, WholeIsTheDefault) {
+  const auto a = run_json(kLlama);
+  const auto b = run_json(with(kLlama, {"--layout", "whole"}));
+  EXPECT_EQ(a["layout"], "whole");
+  EXPECT_EQ(a["predicted_seconds"], b["predicted_seconds"]);
+  EXPECT_EQ(a["bytes_per_sender"], b["bytes_per_sender"]);
+  EXPECT_FALSE(a.contains("gather"));
+  EXPECT_EQ(a["bytes_per_sender"].size(), 4u);
+}
+
+TEST(PlanLayouts, ShardedRanksSendTheirOwnBesideGatherThenSend) {
+  const auto whole = run_json(kLlama);
+  for (const char* layout : {"fsdp", "hsdp", "pipeline"}) {
+    const auto j = run_json(with(kLlama, {"--layout", layout, "--shard-group", "2"}));
+    EXPECT_EQ(j["layout"], layout);
+    const auto per = j["bytes_per_sender"].get<std::vector<uint64_t>>();
+    ASSERT_EQ(per.size(), 4u) << layout;
+    // Every byte of the plan leaves one sender: the same total as when every rank holds everything.
+    const uint64_t sum = std::accumulate(per.begin(), per.end(), uint64_t{0});
+    const auto wper = whole["bytes_per_sender"].get<std::vector<uint64_t>>();
+    EXPECT_EQ(sum, std::accumulate(wper.begin(), wper.end(), uint64_t{0})) << layout;
+    EXPECT_EQ(j["sender_payload"]["min"].get<uint64_t>(), *std::min_element(per.begin(), per.end())) << layout;
+    EXPECT_EQ(j["sender_payload"]["max"].get<uint64_t>(), *std::max_element(per.begin(), per.end())) << layout;
+    EXPECT_EQ(j["max_sender_bytes"].get<uint64_t>(), *std::max_element(per.begin(), per.end())) << layout;  // bf16 wire
+    EXPECT_GT(j["sender_payload"]["min"].get<uint64_t>(), 0u) << layout;
+    // Gather then send: the one-sender plan plus the gather, slower than every rank sending its own.
+    EXPECT_GT(j["gather"]["seconds"].get<double>(), 0) << layout;
+    EXPECT_DOUBLE_EQ(j["gather_then_send_seconds"].get<double>(),
+                     j["broadcast"]["predicted_seconds"].get<double>() + j["gather"]["seconds"].get<double>());
+    EXPECT_GT(j["speedup_over_gather_then_send"].get<double>(), 1.0) << layout;
+  }
+  // FSDP2 rows are even but for the vocabulary: the senders within 10% of each other.
+  EXPECT_LE(run_json(with(kLlama, {"--layout", "fsdp"}))["sender_imbalance"].get<double>(), 0.10);
+}
+
+TEST(PlanLayouts, ExpertParallelTrainerOfAnMoeModel) {
+  const auto j = run_json({"--model", "qwen3-30b-a3b", "--trainers", "8", "--tp", "4", "--ep", "4", "--layout", "ep"});
+  EXPECT_EQ(j["bytes_per_sender"].size(), 8u);
+  EXPECT_GT(j["sender_payload"]["min"].get<uint64_t>(), 0u);
+  EXPECT_LE(j["sender_imbalance"].get<double>(), 0.10);  // 16 of the 128 experts each, the rest Shard(0)
+}
+
+TEST(PlanLayouts, TextShowsBothSidesAndEverySenderOnRequest) {
+  const std::string text = run(with(kLlama, {"--layout", "fsdp", "--per-sender"}));
+  EXPECT_THAT(text, HasSubstr("layout fsdp"));
+  EXPECT_THAT(text, HasSubstr("gather to rank 0, send"));
+  EXPECT_THAT(text, HasSubstr("sharded (fsdp)"));
+  EXPECT_THAT(text, HasSubstr("gather onto rank 0"));
+  EXPECT_THAT(text, HasSubstr("per-sender payload (source dtype): min"));
+  EXPECT_THAT(text, HasSubstr("payload per sender (source dtype):\n      0"));
+  EXPECT_THAT(text, HasSubstr("\n      3 "));
+  // The default layout's table is the one it always was.
+  EXPECT_THAT(run(kLlama), HasSubstr("broadcast from rank 0"));
+}
+
+TEST(PlanLayouts, RefusesLayoutsThatDoNotFit) {
+  EXPECT_THROW(run(with(kLlama, {"--layout", "ep"})), CLI::RuntimeError);  // a dense model has no experts
+  EXPECT_THROW(run(with(kLlama, {"--layout", "hsdp", "--shard-group", "3"})), CLI::RuntimeError);  // 4 % 3
+  EXPECT_THROW(run(with(kLlama, {"--layout", "tp"})), CLI::ValidationError);
+}
+
+}  // namespace
+}  // namespace ferry::cli
