@@ -3,12 +3,14 @@
 # libraries they link, into .gpu/ferry-gpu.tar.xz, for a GPU machine that lacks ferry's build
 # dependencies. bench/gpu/run.sh unpacks it when present, and builds from source otherwise.
 # usage: bench/gpu/package.sh [BUILD_DIR] [--python]
+#   FERRY_GPU_DIR: the folder to pack into (default .gpu); e.g. .gpu-old for a second build folder of
+#   an older commit, which bench/gpu/run.sh runs with FERRY_GPU_DIR=.gpu-old (bench/gpu/before_after.sh).
 #   --python: also .gpu/pydeps, pybind11 (from PyPI) and xxhash (this machine's), for
 #   bench/gpu/python_pair.sh to build the Python module on a GPU machine without them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
-out=.gpu
+out=${FERRY_GPU_DIR:-.gpu}
 rm -rf "$out/stage" && mkdir -p "$out/stage/bin" "$out/stage/lib"
 bins=(kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test
       reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test

@@ -35,12 +35,13 @@ status=0
   uname -r
 } > "$out/env.txt" 2>&1
 
-if [ -f .gpu/ferry-gpu.tar.xz ]; then
+pkg=${FERRY_GPU_DIR:-.gpu}/ferry-gpu.tar.xz  # FERRY_GPU_DIR: another package (bench/gpu/package.sh)
+if [ -f "$pkg" ]; then
   root=/tmp/ferry-gpu
-  rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/ferry-gpu.tar.xz
+  rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf "$pkg"
   bin=$root/bin
   export LD_LIBRARY_PATH=$root/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-  echo "binaries: prebuilt (bench/gpu/package.sh)" >> "$out/env.txt"
+  echo "binaries: prebuilt (bench/gpu/package.sh): $pkg" >> "$out/env.txt"
 else
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON > "$out/build.log" 2>&1 &&
     cmake --build build-gpu >> "$out/build.log" 2>&1 || { echo "build failed"; tail -50 "$out/build.log"; exit 1; }
