@@ -27,6 +27,7 @@ struct PyStorage {
 // (name, dtype, shape) tuples or SourceTensor objects.
 sharding::Manifest manifest_from_python(py::handle obj);
 
+void init_log(py::module_& m);      // forward_logs, flush_logs: ferry's log to Python's logging
 void init_model(py::module_& m);    // specs, configs, presets, manifests
 void init_storage(py::module_& m);  // ModelStorage, storage_tensors
 void init_update(py::module_& m);   // Trainer, RolloutWorker, UpdateReport, PauseRequest

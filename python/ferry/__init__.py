@@ -29,9 +29,26 @@ Sharded trainer (FSDP2, one process per rank of a torch.distributed job)::
     trainer.update_weights(sd)                      # each DTensor's to_local(), never gathered
     trainer.finish_weight_update()
 
+asyncio (every blocking call has an ``*_async`` twin that runs it on a thread and leaves the event
+loop free)::
+
+    await trainer.start_weight_update_async(step, manifest)
+    await trainer.update_weights_async(model.state_dict())
+    report = await trainer.finish_weight_update_async()
+    await worker.serve_async()
+
+ferry's log records go to Python's ``logging`` under the ``ferry`` logger (``ferry.forward_logs(False)``
+sends them to stderr instead).
+
 Tensors cross by DLPack (torch, numpy, ...), never copied. Errors are ferry.Error with .code.
 """
 
+import asyncio as _asyncio
+import concurrent.futures as _futures
+import functools as _functools
+import threading as _threading
+
+from . import _ferry
 from ._ferry import (  # noqa: F401
     Error,
     LlamaConfig,
@@ -42,19 +59,20 @@ from ._ferry import (  # noqa: F401
     PauseRequest,
     RankSpec,
     Region,
-    RolloutWorker,
     SourceSlice,
     SourceTensor,
     StorageTensor,
     Tensor,
     view_as,
-    Trainer,
     UpdateReport,
     __version__,
     describe_model,
+    flush_logs,
+    forward_logs,
     llama_manifest,
     llama_rank_spec,
     load_hf_config,
+    log_forwarding,
     model_from_file,
     model_from_json,
     parse_hf_config,
@@ -65,6 +83,113 @@ from ._ferry import (  # noqa: F401
     storage_tensors,
     to_llama_config,
 )
+
+
+class _AsyncCalls:
+    """The *_async methods: each runs its blocking call on this object's own threads (the call lets go
+    of the GIL), so the event loop keeps running; ferry.Error and every other exception come out of the
+    await. Cancelling the await does not stop the call: it runs to its end (FERRY_TIMEOUT_MS bounds
+    every wait of an update). close() waits for calls still running, then closes."""
+
+    _async_threads = 1
+    _async_name = "ferry"
+
+    def _async_executor(self):
+        executor = self.__dict__.get("_executor")
+        if executor is None:
+            with _executor_lock:
+                executor = self.__dict__.get("_executor")
+                if executor is None:
+                    executor = _futures.ThreadPoolExecutor(self._async_threads, self._async_name)
+                    self.__dict__["_executor"] = executor
+        return executor
+
+    async def _call_async(self, method, *args, **kwargs):
+        call = _functools.partial(method, self, *args, **kwargs)
+        if self.__dict__.get("_closed"):
+            return call()  # raises at once: closed
+        return await _asyncio.get_running_loop().run_in_executor(self._async_executor(), call)
+
+    def close(self):
+        self.__dict__["_closed"] = True
+        executor = self.__dict__.get("_executor")
+        if executor is not None:
+            executor.shutdown(wait=True)  # nothing may still be inside the object it closes
+        super().close()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_executor_lock = _threading.Lock()
+
+
+class Trainer(_AsyncCalls, _ferry.Trainer):
+    __doc__ = _ferry.Trainer.__doc__
+    # One thread: an update's calls run in the order they were made, and never wait for a free thread
+    # of the loop's default executor.
+    _async_name = "ferry-trainer"
+
+    async def wait_for_ranks_async(self, n, timeout_ms=30000):
+        """wait_for_ranks() without blocking the event loop."""
+        return await self._call_async(_ferry.Trainer.wait_for_ranks, n, timeout_ms)
+
+    async def start_weight_update_async(self, version, manifest, **options):
+        """start_weight_update() without blocking the event loop (same arguments)."""
+        return await self._call_async(_ferry.Trainer.start_weight_update, version, manifest, **options)
+
+    async def send_async(self, name, tensor):
+        """send() without blocking the event loop."""
+        return await self._call_async(_ferry.Trainer.send, name, tensor)
+
+    async def update_weights_async(self, weights):
+        """update_weights() without blocking the event loop. A mapping is read, and a generator
+        iterated, on the trainer's thread."""
+        return await self._call_async(_ferry.Trainer.update_weights, weights)
+
+    async def finish_weight_update_async(self):
+        """finish_weight_update() without blocking the event loop: the UpdateReport."""
+        return await self._call_async(_ferry.Trainer.finish_weight_update)
+
+    async def abort_weight_update_async(self, reason="aborted by the trainer"):
+        """abort_weight_update() without blocking the event loop."""
+        return await self._call_async(_ferry.Trainer.abort_weight_update, reason)
+
+
+class RolloutWorker(_AsyncCalls, _ferry.RolloutWorker):
+    __doc__ = _ferry.RolloutWorker.__doc__
+    # serve_async and a wait_serving_async may be awaited at once.
+    _async_threads = 4
+    _async_name = "ferry-worker"
+    _SERVE_SLICE_MS = 200
+
+    async def wait_serving_async(self, timeout_ms=30000):
+        """wait_serving() without blocking the event loop."""
+        return await self._call_async(_ferry.RolloutWorker.wait_serving, timeout_ms)
+
+    async def wait_closed_async(self, timeout_ms):
+        """wait_closed() without blocking the event loop."""
+        return await self._call_async(_ferry.RolloutWorker.wait_closed, timeout_ms)
+
+    async def resume_async(self):
+        """resume() (runs the resume hook again) without blocking the event loop."""
+        return await self._call_async(_ferry.RolloutWorker.resume)
+
+    async def serve_async(self, timeout_ms=None):
+        """serve() without blocking the event loop: returns when the coordinator ends the job, raises
+        when it was lost (or DeadlineExceeded after timeout_ms). It waits in slices of 200 ms, so
+        cancelling it, or close(), takes effect within one slice."""
+        loop = _asyncio.get_running_loop()
+        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000
+        while True:
+            left_ms = None if deadline is None else max(0, int((deadline - loop.time()) * 1000))
+            if left_ms is not None and left_ms <= self._SERVE_SLICE_MS:
+                return await self.wait_closed_async(left_ms)  # the last slice says how it ended
+            try:
+                return await self.wait_closed_async(self._SERVE_SLICE_MS)
+            except Error as e:
+                if e.code != "DeadlineExceeded":
+                    raise
 
 
 class Manifest(list):

@@ -2,12 +2,14 @@
 
 Reports on stdout, one line per event: ready, paused <v> <mode> <clear_cache>, resumed <v>,
 closed <v>. After every resume it saves its arrays to <out>/v<v>_rank<r>.npz. A pause for
-version 99 raises, to test that a hook's exception fails the update.
+version 99 raises, to test that a hook's exception fails the update. --resume-delay-s makes every
+resume hook take that long (an update whose finish takes a while).
 """
 
 import argparse
 import json
 import pathlib
+import time
 
 import numpy as np
 
@@ -28,6 +30,7 @@ def main():
     ap.add_argument("--tp", type=int, required=True)
     ap.add_argument("--config", required=True, help="LlamaConfig fields as JSON")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--resume-delay-s", type=float, default=0.0)
     args = ap.parse_args()
     out = pathlib.Path(args.out)
 
@@ -54,6 +57,7 @@ def main():
         emit("paused", request.version, request.mode, request.clear_cache)
 
     def resume(version):
+        time.sleep(args.resume_delay_s)
         check_identity()
         np.savez(out / f"v{version}_rank{args.rank}.npz", **arrays)
         emit("resumed", version)
