@@ -157,8 +157,20 @@ class TrainerImpl final : public Trainer {
     s->set_trainer_ranks(options_.trainer_ranks);
     to_wire(o.source_layout.empty() ? o.holdings : sharding::layout_holdings(o.source_layout), s->mutable_holdings());
     channel_->send(env);
-    FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kStartReply, deadline(2), "start reply"));
-    const auto& r = reply.start_reply();
+    // A sharded trainer's start waits for the other trainer ranks too (up to FERRY_TIMEOUT_MS from the
+    // first) before the pause. Past the deadline the update is ended at the coordinator, in case it
+    // opens later; any late answer is dropped by its version.
+    auto reply = wait_reply(wire::Envelope::kStartReply, version, deadline(options_.trainer_ranks > 1 ? 3 : 2),
+                            "start reply");
+    if (!reply.ok()) {
+      wire::Envelope abort;
+      abort.mutable_abort_update()->set_version(version);
+      abort.mutable_abort_update()->set_reason("trainer rank " + std::to_string(options_.trainer_rank) +
+                                               " gave up waiting for the start: " + reply.status().message());
+      channel_->send(abort);
+      return reply.status();
+    }
+    const auto& r = reply->start_reply();
     if (Status st = from_wire(r.status()); !st.ok()) {
       accepted_digest_ = 0;  // resend the manifest next time
       return st;
@@ -189,6 +201,12 @@ class TrainerImpl final : public Trainer {
       auto info = from_wire(w);
       if (!info.ok()) return end_open_update(info.status());
       senders.push_back(std::move(*info));
+    }
+    if (options_.trainer_ranks > 1 && static_cast<int>(senders.size()) != options_.trainer_ranks) {
+      return end_open_update(Status::failed_precondition(fmt::format(
+          "the coordinator handed out the holdings of {} trainer ranks for a trainer of {}; is it older than this "
+          "trainer (sharded trainers need a coordinator that gathers them)?",
+          senders.size(), options_.trainer_ranks)));
     }
     if (senders.empty()) senders.emplace_back();
     std::string held_by;
@@ -255,6 +273,15 @@ class TrainerImpl final : public Trainer {
     if (!in_update_) return Status::failed_precondition("finish_weight_update without start_weight_update");
     in_update_ = false;
     failure_ = sender_->finish(failure_);
+    if (const auto unsent = sender_->unsent(); failure_.ok() && !unsent.empty()) {
+      // Caught here, named by checkpoint tensor, before the ranks find a gap in a layer.
+      std::string names;
+      for (size_t i = 0; i < std::min<size_t>(unsent.size(), 3); ++i) names += (i ? ", " : "") + manifest_[unsent[i]].name;
+      failure_ = Status::failed_precondition(fmt::format(
+          "trainer rank {} of {} did not send {} tensor(s) of the manifest it holds: {}{}; send each (or the local "
+          "tensor of its source layout) before finish_weight_update",
+          options_.trainer_rank, options_.trainer_ranks, unsent.size(), names, unsent.size() > 3 ? ", ..." : ""));
+    }
     progress(true);
     progress_shown_ = false;
     const double transfer = since(t_transfer_);
@@ -265,7 +292,7 @@ class TrainerImpl final : public Trainer {
     f->set_bytes(sender_->bytes());
     f->set_transfer_seconds(transfer);
     channel_->send(env);
-    FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kFinishReply, deadline(4), "finish reply"));
+    FERRY_ASSIGN_OR_RETURN(auto reply, wait_reply(wire::Envelope::kFinishReply, version_, deadline(4), "finish reply"));
     const auto& r = reply.finish_reply();
     Status st = from_wire(r.status());
     if (!st.ok()) return failure_.ok() ? st : failure_.with_context(st.message());
@@ -305,12 +332,24 @@ class TrainerImpl final : public Trainer {
     env.mutable_abort_update()->set_version(version_);
     env.mutable_abort_update()->set_reason(reason);
     channel_->send(env);
-    FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(wire::Envelope::kFinishReply, deadline(2), "abort reply"));
+    FERRY_ASSIGN_OR_RETURN(auto reply, wait_reply(wire::Envelope::kFinishReply, version_, deadline(2), "abort reply"));
     Status st = from_wire(reply.finish_reply().status());
     if (st.code() == StatusCode::kAborted) return ok_status();
     if (st.code() == StatusCode::kFailedPrecondition) return st;
     FERRY_LOG_WARN("update v{} had already failed before the abort: {}", version_, st.message());
     return ok_status();
+  }
+
+  // The coordinator's answer of `kind` to update `version`; answers to earlier ones (a start or
+  // finish this trainer gave up on) are dropped.
+  Result<wire::Envelope> wait_reply(wire::Envelope::BodyCase kind, uint64_t version, Clock::time_point until,
+                                    const char* what) {
+    while (true) {
+      FERRY_ASSIGN_OR_RETURN(auto reply, mailbox_.wait(kind, until, what));
+      const uint64_t v = kind == wire::Envelope::kStartReply ? reply.start_reply().version() : reply.finish_reply().version();
+      if (v == version) return reply;
+      FERRY_LOG_DEBUG("dropped a {} for update v{} while waiting for v{}", what, v, version);
+    }
   }
 
   Clock::time_point deadline(int factor = 1) const {

@@ -97,16 +97,21 @@ void UpdateMachine::on_finish(Member& trainer, const wire::FinishUpdate& f) {
     if (f.version() == aborted_version_ && owed_failure_.erase(trainer.id)) st = pending_failure_;
     wire::Envelope reply;
     to_wire(st, reply.mutable_finish_reply()->mutable_status());
+    reply.mutable_finish_reply()->set_version(f.version());
     trainer.channel->send(reply);
     return;
   }
+  finished_.insert(trainer.id);  // from here it waits for the update's answer, whatever it is
   if (static_cast<size_t>(f.buckets_size()) != participants_.size()) {
     return fail(Status::invalid_argument(fmt::format("the finish of {} lists {} ranks; the update has {}",
                                                      trainer_name(trainer.id), f.buckets_size(), participants_.size())));
   }
   for (size_t i = 0; i < bucket_sums_.size(); ++i) bucket_sums_[i] += f.buckets(static_cast<int>(i));
-  finished_.insert(trainer.id);
-  if (finished_.size() < trainers_.size()) return;  // trainer ranks still sending
+  if (finished_.size() < trainers_.size()) {
+    // Trainer ranks still sending: they have three times FERRY_TIMEOUT_MS from the first finish.
+    if (finished_.size() == 1) arm_finish_timer();
+    return;
+  }
   phase_ = Phase::kFinalizing;
   phase_start_ = Clock::now();
   acked_.clear();
@@ -119,6 +124,21 @@ void UpdateMachine::on_finish(Member& trainer, const wire::FinishUpdate& f) {
     members_.at(id).channel->send(env);
   }
   arm_timer("finalize");
+}
+
+void UpdateMachine::arm_finish_timer() {
+  timer_.expires_after(std::chrono::milliseconds(3 * timeout_ms_));
+  const uint64_t v = version_;
+  timer_.async_wait([this, v](boost::system::error_code ec) {
+    if (ec || phase_ != Phase::kTransferring || version_ != v) return;
+    std::string late;
+    for (size_t r = 0; r < trainers_.size(); ++r) {
+      if (!finished_.count(trainers_[r])) late += fmt::format("{}{}", late.empty() ? "" : ", ", r);
+    }
+    fail(Status::deadline_exceeded(fmt::format(
+        "trainer rank(s) {} did not finish update v{} within 3 x FERRY_TIMEOUT_MS={} of the first trainer rank's finish",
+        late, v, timeout_ms_)));
+  });
 }
 
 void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
@@ -198,8 +218,9 @@ void UpdateMachine::on_abort_request(Member& trainer, const wire::AbortUpdate& a
   wire::Envelope reply;
   auto* r = reply.mutable_finish_reply();
   r->set_version(a.version());
-  if (phase_ == Phase::kTransferring && is_trainer(trainer.id) && !finished_.count(trainer.id) &&
-      a.version() == version_) {
+  const bool open = phase_ == Phase::kStarting || phase_ == Phase::kPausing ||
+                    (phase_ == Phase::kTransferring && !finished_.count(trainer.id));
+  if (open && is_trainer(trainer.id) && a.version() == version_) {
     const Status why = Status::aborted(fmt::format("{} aborted update v{}{}{}", trainers_.size() > 1 ? trainer_name(trainer.id) : "the trainer",
                                                    version_, a.reason().empty() ? "" : ": ", a.reason()));
     fail(why);
@@ -247,6 +268,7 @@ void UpdateMachine::on_member_lost(const Member& m, const Status& why) {
   const std::string who = is_trainer(m.id) ? trainer_name(m.id) : m.describe();
   const StatusCode code = why.code() == StatusCode::kDeadlineExceeded ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable;
   if (phase_ == Phase::kStarting) {
+    if (!is_trainer(m.id)) return;  // the participants are chosen when every trainer rank has started
     return refuse_start(Status(code, fmt::format("{} was lost before every trainer rank started update v{}: {}; nothing "
                                                  "was paused", who, version_, why.message())));
   }
@@ -279,6 +301,7 @@ void UpdateMachine::fail(const Status& why) {
   wire::Envelope reply;
   if (phase_ == Phase::kPausing) {
     to_wire(why, reply.mutable_start_reply()->mutable_status());
+    reply.mutable_start_reply()->set_version(version_);
     send_to_trainers(reply);
   } else if (phase_ == Phase::kTransferring) {
     // Trainer ranks still sending wait on no reply: they learn at their finish (or abort). Those

@@ -66,6 +66,7 @@ class UpdateMachine {
   Status accept_manifest(Member& trainer, const wire::StartUpdate& s);
   void open_update();
   void arm_start_timer();
+  void arm_finish_timer();
   // The update cannot open (nothing was paused): every trainer rank that started it is told.
   void refuse_start(const Status& why);
   void send_start_replies();
@@ -89,9 +90,13 @@ class UpdateMachine {
   std::set<int> owed_failure_;
   // The trainer ranks of this update: member ids by trainer rank (0 while a rank has not started).
   std::vector<int> trainers_;
+  Status refused_;                  // why the last start of several trainer ranks was refused,
+  uint64_t refused_version_ = 0;    // its version,
+  std::set<int> refused_late_;      // and the trainer ranks that had not started it yet
   wire::StartUpdate group_start_;              // the update's options (the first start, less its manifest)
   std::vector<wire::StartUpdate> starts_;      // each trainer rank's start (holdings), by trainer rank
-  std::vector<sharding::SenderInfo> senders_;  // their holdings; empty for a trainer of one rank
+  std::vector<sharding::SenderInfo> senders_;  // their holdings; empty for a trainer of one rank holding all
+  std::string checked_holdings_;               // the manifest digest and holdings senders_ were checked for
   std::set<int> finished_;                     // trainer members that sent their finish
   std::vector<uint64_t> bucket_sums_;          // buckets to each participant, over the trainer ranks
   std::set<int> participants_;

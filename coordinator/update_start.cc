@@ -36,6 +36,7 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
   auto refuse = [&](const Status& st) {
     wire::Envelope reply;
     to_wire(st, reply.mutable_start_reply()->mutable_status());
+    reply.mutable_start_reply()->set_version(s.version());
     trainer.channel->send(reply);
   };
   if (trainer.role != "trainer" || trainer.data_key.empty()) {
@@ -46,17 +47,26 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
     return refuse(Status::invalid_argument(
         fmt::format("trainer rank {} of {} trainer ranks does not exist", s.trainer_rank(), s.trainer_ranks())));
   }
+  // A trainer rank late for an update that was refused before it started learns why at once, not
+  // after waiting alone for ranks that have moved on (a rank that did start it starts afresh: a retry).
+  if (phase_ == Phase::kIdle && n > 1 && s.version() == refused_version_ && refused_late_.erase(s.trainer_rank())) {
+    return refuse(refused_);
+  }
   if (phase_ == Phase::kStarting && n > 1) {
     // One more trainer rank of the update being started: it must start the same update, once.
-    const int rank = s.trainer_rank();
-    if (!same_update(s, group_start_) || trainers_[static_cast<size_t>(rank)] != 0) {
+    const size_t rank = static_cast<size_t>(s.trainer_rank());
+    const bool taken = rank < trainers_.size() && trainers_[rank] != 0;
+    const bool twice = std::find(trainers_.begin(), trainers_.end(), trainer.id) != trainers_.end();
+    if (!same_update(s, group_start_) || taken || twice) {
       const Status why = Status::invalid_argument(fmt::format(
-          "trainer rank {} (member {}) started v{} of {} trainer ranks with manifest {:016x}, but v{} of {} trainer "
-          "ranks with manifest {:016x} is starting{}; every trainer rank must start the same update once. Nothing was "
-          "paused",
-          rank, trainer.id, s.version(), s.trainer_ranks(), s.manifest_digest(), version_, group_start_.trainer_ranks(),
-          group_start_.manifest_digest(),
-          trainers_[static_cast<size_t>(rank)] != 0 ? fmt::format(" and rank {} has started it already", rank) : ""));
+          "trainer rank {} (member {}) started v{} of {} trainer ranks (manifest {:016x}, pause {}, replicas {}), but "
+          "v{} of {} trainer ranks (manifest {:016x}, pause {}, replicas {}) is starting{}; every trainer rank must "
+          "start the same update once. Nothing was paused",
+          rank, trainer.id, s.version(), s.trainer_ranks(), s.manifest_digest(), s.pause_mode(), s.replicas_size(),
+          version_, group_start_.trainer_ranks(), group_start_.manifest_digest(), group_start_.pause_mode(),
+          group_start_.replicas_size(),
+          taken ? fmt::format(" and rank {} has started it already", rank)
+                : twice ? " and this member has started it already as another rank" : ""));
       refuse(why);
       return refuse_start(why);
     }
@@ -81,7 +91,6 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
     trainers_.assign(static_cast<size_t>(n), 0);
     starts_.assign(static_cast<size_t>(n), wire::StartUpdate{});
     phase_ = Phase::kStarting;
-    started_ = phase_start_ = Clock::now();
     if (n > 1) arm_start_timer();
   }
   trainers_[static_cast<size_t>(s.trainer_rank())] = trainer.id;
@@ -123,9 +132,19 @@ void UpdateMachine::arm_start_timer() {
 void UpdateMachine::refuse_start(const Status& why) {
   if (phase_ != Phase::kStarting) return;
   timer_.cancel();
-  FERRY_LOG_WARN("update v{} did not start: {}", version_, why.message());
+  if (trainers_.size() > 1) {
+    // Remembered for the trainer ranks of this update still to start (answered at once).
+    FERRY_LOG_WARN("update v{} did not start: {}", version_, why.message());
+    refused_ = why;
+    refused_version_ = version_;
+    refused_late_.clear();
+    for (size_t r = 0; r < trainers_.size(); ++r) {
+      if (trainers_[r] == 0) refused_late_.insert(static_cast<int>(r));
+    }
+  }
   wire::Envelope reply;
   to_wire(why, reply.mutable_start_reply()->mutable_status());
+  reply.mutable_start_reply()->set_version(version_);
   send_to_trainers(reply);
   phase_ = Phase::kIdle;
   trainers_.clear();
@@ -134,19 +153,29 @@ void UpdateMachine::refuse_start(const Status& why) {
 void UpdateMachine::open_update() {
   timer_.cancel();
   StartCache& cache = start_caches_[trainers_.front()];
-  // The trainer ranks' holdings must tile every tensor before anything pauses.
-  senders_.clear();
-  {
+  // The trainer ranks' holdings must tile every tensor before anything pauses (a trainer of one
+  // rank that declares none holds everything: nothing to check, and its plan has one sender).
+  // Holdings that did not change since the last update that opened, for the same manifest, were
+  // checked then.
+  const bool one_whole = trainers_.size() == 1 && starts_[0].holdings().owns().empty() && starts_[0].holdings().holds().empty();
+  std::string held = one_whole ? std::string() : fmt::format("{:016x}", cache.digest);
+  for (size_t r = 0; r < trainers_.size() && !one_whole; ++r) held += starts_[r].holdings().SerializeAsString();
+  if (one_whole) {
+    senders_.clear();
+  } else if (held != checked_holdings_) {
+    senders_.clear();
+    checked_holdings_.clear();
     for (size_t r = 0; r < trainers_.size(); ++r) {
       auto info = from_wire(starts_[r].holdings());
       if (!info.ok()) return refuse_start(info.status().with_context(fmt::format("trainer rank {}", r)));
       senders_.push_back(std::move(*info));
     }
-    if (auto held = sharding::resolve_holdings(cache.manifest, senders_); !held.ok()) {
+    if (auto resolved = sharding::resolve_holdings(cache.manifest, senders_); !resolved.ok()) {
       return refuse_start(Status::invalid_argument(fmt::format(
           "the holdings of {} trainer rank(s) do not cover the manifest exactly{}: {}. Nothing was paused",
-          trainers_.size(), trainers_.size() > 1 ? " (sender k is trainer rank k)" : "", held.status().message())));
+          trainers_.size(), trainers_.size() > 1 ? " (sender k is trainer rank k)" : "", resolved.status().message())));
     }
+    checked_holdings_ = std::move(held);
   }
   auto who = participants_for(group_start_);
   if (!who.ok()) return refuse_start(who.status());
@@ -161,6 +190,8 @@ void UpdateMachine::open_update() {
   }
 
   participants_ = std::move(*who);
+  refused_late_.clear();
+  started_ = Clock::now();
   pending_failure_ = Status();
   owed_failure_.clear();
   finished_.clear();
@@ -226,6 +257,7 @@ void UpdateMachine::send_start_replies() {
     wire::Envelope reply;
     auto* out = reply.mutable_start_reply();
     to_wire(ok_status(), out->mutable_status());
+    out->set_version(version_);
     StartCache& cache = start_caches_[trainers_[r]];
     for (int id : participants_) {
       const Member& p = members_.at(id);

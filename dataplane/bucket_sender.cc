@@ -126,6 +126,11 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
   plan_ = std::move(plan);
   ranks_ = &ranks;
   identity_ = std::move(identity);
+  pieces_given_.assign(plan_->by_source.size(), 0);
+  pieces_sent_.assign(plan_->by_source.size(), 0);
+  for (const auto& p : plan_->pieces) {
+    if (p.sender == identity_.index) ++pieces_given_[static_cast<size_t>(p.source)];
+  }
   FERRY_RETURN_IF_ERROR(connect_all(endpoints, storage_devices));
   version_ = version;
   bytes_ = 0;
@@ -413,7 +418,10 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
     if (tensor_in.device().is_cuda() && d.direct) {
       auto sent = send_direct(d, piece, dst_full, tensor_in);
       if (!sent.ok()) return sent.status().with_context(name);
-      if (*sent) continue;
+      if (*sent) {
+        ++pieces_sent_[source];
+        continue;
+      }
     }
     // Into a device bucket, rows that are contiguous runs are copied straight from the tensor.
     const auto runs = d.bucket_device.is_cuda() ? row_runs(tensor_in.shape(), tensor_in.dtype(), piece.src) : std::nullopt;
@@ -438,8 +446,17 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
       row += part.rows;
       FERRY_RETURN_IF_ERROR(placed(d, part.rows, pr.row_bytes));
     }
+    ++pieces_sent_[source];
   }
   return ok_status();
+}
+
+std::vector<size_t> BucketSender::unsent() const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < pieces_given_.size(); ++i) {
+    if (pieces_sent_[i] < pieces_given_[i]) out.push_back(i);
+  }
+  return out;
 }
 
 }  // namespace ferry::dataplane

@@ -86,6 +86,9 @@ class BucketSender {
   // destination whose bucket failed reconnects next update. Returns `failure`, else the first error.
   Status finish(Status failure);
 
+  // Manifest tensors of which the plan gave this sender pieces it has not sent this update.
+  std::vector<size_t> unsent() const;
+
   uint64_t bytes() const { return bytes_; }
   uint64_t direct_bytes() const { return direct_bytes_; }
   std::vector<uint64_t> buckets() const;  // posted this update, per destination
@@ -123,6 +126,7 @@ class BucketSender {
   Identity identity_;
   uint64_t bytes_ = 0;
   uint64_t direct_bytes_ = 0;
+  std::vector<uint32_t> pieces_given_, pieces_sent_;  // per manifest tensor, this update
 };
 
 }  // namespace ferry::dataplane

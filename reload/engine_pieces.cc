@@ -30,9 +30,10 @@ bool ReloadEngine::complete(const Param& p) const {
 // Every byte held for a layer between its first piece and its copy-in goes through here.
 Status ReloadEngine::account(Layer& layer, uint32_t param, uint32_t input, Held held, uint64_t bytes) {
   if (!layer.staged && staged_layers_ > 0) {
-    // In plan order one layer is held at a time; anything else is out-of-order input.
+    // In plan order one layer is held at a time; anything else is out-of-order input. Several
+    // senders each in plan order hold about one layer each: warned about beyond that.
     ++report_.out_of_order_layers;
-    if (!warned_out_of_order_ && senders_ == 1) {
+    if (!warned_out_of_order_ && staged_layers_ >= static_cast<size_t>(senders_)) {
       warned_out_of_order_ = true;
       std::string open;
       for (const Layer& l : layers_) {

@@ -18,7 +18,7 @@ std::string mcore(int64_t l, const char* rest) { return fmt::format("decoder.lay
 }  // namespace
 
 Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
-                                     std::pair<int64_t, int64_t> layers) {
+                                     std::pair<int64_t, int64_t> layers, int64_t vocab_divisible_by) {
   if (cfg.num_experts > 0 || cfg.qkv_bias || cfg.qk_norm) {
     return Status::invalid_argument("megatron_layout does not lay out mixture-of-experts layers, qkv biases and q/k norms");
   }
@@ -34,7 +34,8 @@ Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp
   }
   const int64_t first = layers.first, last = layers.second < 0 ? cfg.num_layers : layers.second;
   const int64_t per_group = cfg.num_heads / kv, groups = kv / tp_size, fc = inter / tp_size;
-  const int64_t vrows = (vocab + tp_size - 1) / tp_size;
+  const int64_t multiple = std::max<int64_t>(vocab_divisible_by, 1) * tp_size;
+  const int64_t vrows = (vocab + multiple - 1) / multiple * multiple / tp_size;  // per rank, padded
   const int64_t v0 = std::min(vocab, vrows * tp_rank), v1 = std::min(vocab, vrows * (tp_rank + 1));
   SourceLayout out;
   auto put = [&](Holding box, std::string local, int64_t row) { out.boxes.push_back({std::move(box), std::move(local), row}); };

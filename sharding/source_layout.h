@@ -40,10 +40,12 @@ struct SourceLayout {
 //   decoder.layers.L.mlp.linear_fc2.weight               [H, intermediate/tp]
 //   decoder.final_layernorm.weight, output_layer.weight  (vocab rows split)
 // Norms are replicated over the TP ranks (copies: the planner sends each from one of them). KV
-// heads must split over the TP ranks; the vocabulary too (Megatron pads it; the padding rows lie
-// beyond the boxes). `layers` empty: every layer.
+// heads must split over the TP ranks. The vocabulary is padded as Megatron pads it (to a multiple
+// of `vocab_divisible_by` x tp_size, its make-vocab-size-divisible-by, 128 by default) and each rank
+// holds padded / tp_size rows; a box covers the real rows among them, the padding lies beyond it.
+// `layers` {first, -1}: through the last layer.
 Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
-                                     std::pair<int64_t, int64_t> layers = {0, -1});
+                                     std::pair<int64_t, int64_t> layers = {0, -1}, int64_t vocab_divisible_by = 128);
 
 // The holdings a source layout declares.
 SenderInfo layout_holdings(const SourceLayout& layout);

@@ -5,8 +5,10 @@
 //    then its key head, then its value head; each TP rank holds num_query_groups / tp groups;
 //  - linear_proj and linear_fc2 are row-parallel: each rank holds a block of input columns;
 //  - linear_fc1 with gated linear units holds [gate; up] of the rank's rows of each (mlp.py);
-//  - the vocabulary (embedding and output_layer) is split by rows, each rank padded to
-//    ceil(vocab / tp) rows with zeros; layer norms are whole on every rank.
+//  - the vocabulary (embedding and output_layer) is padded first (megatron/training/tokenizer:
+//    _vocab_size_with_padding: up to a multiple of make_vocab_size_divisible_by (128) x tp) and
+//    split by rows (VocabUtility: rank r holds [r, r + 1) x padded / tp), padding rows zero;
+//    layer norms are whole on every rank.
 #pragma once
 
 #include <algorithm>
@@ -45,8 +47,10 @@ struct MegatronShards {
       d = std::move(v);
       views.emplace(local, TensorView(d.data(), DType::kBF16, std::move(shape)));
     };
+    int64_t padded = c.vocab_size;
+    while (padded % (128 * tp) != 0) ++padded;
     auto vocab_rows = [&](const std::string& name, const std::string& local) {
-      const int64_t per = (c.vocab_size + tp - 1) / tp;
+      const int64_t per = padded / tp;
       const int64_t first = std::min(c.vocab_size, per * r), last = std::min(c.vocab_size, per * (r + 1));
       std::vector<uint16_t> v;
       rows(name, first, last - first, h, v);

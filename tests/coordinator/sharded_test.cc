@@ -182,6 +182,17 @@ TEST_F(ShardedTrainer, ATrainerRankWithAnotherGlobalShapeFailsAtStartWithNothing
   EXPECT_EQ(cluster_->rank(0).pauses.load() + cluster_->rank(1).pauses.load(), 0);
 }
 
+// A trainer rank that never sends a tensor it holds fails its own finish naming the checkpoint
+// tensor (not a layer gap found by the ranks later), and the update fails for every trainer rank.
+TEST_F(ShardedTrainer, ATrainerRankThatForgetsATensorFailsNamingIt) {
+  start(2, Scheme::kNone);
+  const auto lines = run(4, "forget", 1, 1);
+  EXPECT_THAT(lines[1], HasSubstr("trainer rank 1 of 4 did not send 1 tensor(s) of the manifest it holds: "
+                                  "model.norm.weight")) << lines[1];
+  for (int r = 0; r < 4; ++r) EXPECT_THAT(lines[r], HasSubstr("v1 error")) << "trainer rank " << r << ": " << lines[r];
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(cluster_->rank(i).worker->consistent());
+}
+
 // Trainer rank 2 dies in the middle of v2: every other trainer rank's v2 fails, naming it, the
 // replica does not resume on a mix of v1 and v2, and v3 with rank 2 back (a new process) lands.
 TEST_F(ShardedTrainer, ATrainerRankThatDiesFailsTheUpdateForAllAndTheNextSucceeds) {
