@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "coordinator/trainer.h"
 #include "reload/model_storage.h"
 #include "sharding/presets.h"
+#include "sharding/trainer_layouts.h"
 
 namespace ferry::sharding {
 namespace {
@@ -179,6 +181,57 @@ TEST(DeepseekV3Update, Fp8PerChannel) {
   ASSERT_TRUE(report.ok()) << report.status().to_string();
   EXPECT_EQ(report->moved, 0u);
   EXPECT_GT(report->registered, 0u);
+}
+
+// An expert-parallel trainer of two ranks (routed experts split between them, every other tensor
+// Shard(0) over both: expert_holdings), each rank its own Trainer over real sockets and sending only
+// its local tensors, into a TP-2 / EP-2 replica: every element lands where the spec places it.
+TEST(DeepseekV3Update, ExpertParallelTrainerRanksUpdateATp2Ep2Replica) {
+  auto model = model_from_json(kTinyDeepseekV3);
+  ASSERT_TRUE(model.ok());
+  const Manifest manifest = model_manifest(*model);
+  Replica r;
+  ASSERT_TRUE(r.start(*model, 2, 2, Scheme::kNone).ok());  // its trainer is only the coordinator's host here
+  std::unique_ptr<coordinator::Trainer> ranks[2];
+  for (int t = 0; t < 2; ++t) {
+    coordinator::TrainerOptions o;
+    o.coordinator = r.trainer->coordinator_address();
+    o.trainer_rank = t;
+    o.trainer_ranks = 2;
+    auto tr = coordinator::Trainer::create(o);
+    ASSERT_TRUE(tr.ok()) << tr.status().to_string();
+    ranks[t] = std::move(*tr);
+  }
+  for (uint64_t version : {1, 2}) {
+    const Weights w(manifest);
+    Status result[2];
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&, t] {
+        coordinator::UpdateOptions u;
+        u.holdings = expert_holdings(manifest, t, 2);
+        // This rank's local tensors: its rows of each Shard(0) box, its experts whole.
+        std::map<std::string, std::vector<char>> local;
+        std::map<std::string, TensorView> views;
+        for (const auto& name : u.holdings.owns) views.emplace(name, w.views.at(name));
+        for (const auto& h : u.holdings.holds) {
+          const TensorView& whole = w.views.at(h.name);
+          const size_t row = whole.nbytes() / static_cast<size_t>(std::max<int64_t>(whole.shape()[0], 1));
+          auto& bytes = local[h.name];
+          const char* from = static_cast<const char*>(whole.data()) + static_cast<size_t>(h.region.offset[0]) * row;
+          bytes.assign(from, from + static_cast<size_t>(h.region.size[0]) * row);
+          views.emplace(h.name, TensorView(bytes.data(), whole.dtype(), h.region.size));
+        }
+        result[t] = ranks[t]->start_weight_update(version, manifest, u);
+        coordinator::MapSource src(views);
+        if (result[t].ok()) result[t] = ranks[t]->update_weights(src);
+        if (result[t].ok()) result[t] = ranks[t]->finish_weight_update().status();
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < 2; ++t) ASSERT_TRUE(result[t].ok()) << "trainer rank " << t << " v" << version << ": " << result[t].to_string();
+    EXPECT_EQ(check_storage(r, w), "");
+  }
 }
 
 }  // namespace
