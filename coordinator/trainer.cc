@@ -156,6 +156,7 @@ class TrainerImpl final : public Trainer {
     s->set_trainer_rank(options_.trainer_rank);
     s->set_trainer_ranks(options_.trainer_ranks);
     to_wire(o.source_layout.empty() ? o.holdings : sharding::layout_holdings(o.source_layout), s->mutable_holdings());
+    s->set_senders_digest_held(senders_digest_);
     channel_->send(env);
     // A sharded trainer's start waits for the other trainer ranks too (up to FERRY_TIMEOUT_MS from the
     // first) before the pause. Past the deadline the update is ended at the coordinator, in case it
@@ -196,12 +197,22 @@ class TrainerImpl final : public Trainer {
       storage_devices.push_back(m.storage_device());
     }
     // Every trainer rank makes the same plan from every rank's holdings (one sender: the only one).
-    std::vector<sharding::SenderInfo> senders;
-    for (const auto& w : r.senders()) {
-      auto info = from_wire(w);
-      if (!info.ok()) return end_open_update(info.status());
-      senders.push_back(std::move(*info));
+    // Holdings this trainer was handed before are not handed again (StartReply.senders_digest).
+    if (r.senders_size() > 0 || r.senders_digest() != senders_digest_) {
+      if (r.senders_size() == 0 && r.senders_digest() != 0) {
+        return end_open_update(Status::internal(fmt::format(
+            "the coordinator omitted holdings {:016x} this trainer does not hold ({:016x})", r.senders_digest(),
+            senders_digest_)));
+      }
+      senders_.clear();
+      for (const auto& w : r.senders()) {
+        auto info = from_wire(w);
+        if (!info.ok()) return end_open_update(info.status());
+        senders_.push_back(std::move(*info));
+      }
+      senders_digest_ = r.senders_digest();
     }
+    std::vector<sharding::SenderInfo> senders = senders_;
     if (options_.trainer_ranks > 1 && static_cast<int>(senders.size()) != options_.trainer_ranks) {
       return end_open_update(Status::failed_precondition(fmt::format(
           "the coordinator handed out the holdings of {} trainer ranks for a trainer of {}; is it older than this "
@@ -209,10 +220,7 @@ class TrainerImpl final : public Trainer {
           senders.size(), options_.trainer_ranks)));
     }
     if (senders.empty()) senders.emplace_back();
-    std::string held_by;
-    for (const auto& w : r.senders()) held_by += w.SerializeAsString();
-    const uint64_t senders_digest = XXH3_64bits(held_by.data(), held_by.size());
-    if (!plan_ || members != plan_members_ || digest != plan_digest_ || senders_digest != plan_senders_) {
+    if (!plan_ || members != plan_members_ || digest != plan_digest_ || senders_digest_ != plan_senders_) {
       ranks_.clear();
       for (int id : members) ranks_.push_back(specs_.at(id));
       manifest_ = manifest;
@@ -223,7 +231,7 @@ class TrainerImpl final : public Trainer {
       plan_ = *plan;
       plan_members_ = members;
       plan_digest_ = digest;
-      plan_senders_ = senders_digest;
+      plan_senders_ = senders_digest_;
     }
     if (Status st = local_.reset(manifest_, o.holdings, o.source_layout,
                                  fmt::format("trainer rank {} of {}", options_.trainer_rank, options_.trainer_ranks));
@@ -408,6 +416,8 @@ class TrainerImpl final : public Trainer {
   std::vector<int> plan_members_;             // the members and manifest plan_ was made for
   uint64_t plan_digest_ = 0;
   uint64_t plan_senders_ = 0;                 // digest of the trainer ranks' holdings plan_ was made for
+  std::vector<sharding::SenderInfo> senders_;  // every trainer rank's holdings, as last handed out
+  uint64_t senders_digest_ = 0;                // and their digest (StartReply.senders_digest)
   bool in_update_ = false;
   uint64_t version_ = 0;
   Status failure_;

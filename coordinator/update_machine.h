@@ -97,6 +97,7 @@ class UpdateMachine {
   std::vector<wire::StartUpdate> starts_;      // each trainer rank's start (holdings), by trainer rank
   std::vector<sharding::SenderInfo> senders_;  // their holdings; empty for a trainer of one rank holding all
   std::string checked_holdings_;               // the manifest digest and holdings senders_ were checked for
+  uint64_t senders_digest_ = 0;                // XXH3 of that (StartReply.senders_digest)
   std::set<int> finished_;                     // trainer members that sent their finish
   std::vector<uint64_t> bucket_sums_;          // buckets to each participant, over the trainer ranks
   std::set<int> participants_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "core/log.h"
 #include "coordinator/update_machine.h"
@@ -95,6 +96,7 @@ void UpdateMachine::on_start(Member& trainer, const wire::StartUpdate& s) {
   }
   trainers_[static_cast<size_t>(s.trainer_rank())] = trainer.id;
   starts_[static_cast<size_t>(s.trainer_rank())].mutable_holdings()->CopyFrom(s.holdings());
+  starts_[static_cast<size_t>(s.trainer_rank())].set_senders_digest_held(s.senders_digest_held());
   if (std::count(trainers_.begin(), trainers_.end(), 0) == 0) open_update();
 }
 
@@ -162,6 +164,7 @@ void UpdateMachine::open_update() {
   for (size_t r = 0; r < trainers_.size() && !one_whole; ++r) held += starts_[r].holdings().SerializeAsString();
   if (one_whole) {
     senders_.clear();
+    senders_digest_ = 0;
   } else if (held != checked_holdings_) {
     senders_.clear();
     checked_holdings_.clear();
@@ -176,6 +179,7 @@ void UpdateMachine::open_update() {
           trainers_.size(), trainers_.size() > 1 ? " (sender k is trainer rank k)" : "", resolved.status().message())));
     }
     checked_holdings_ = std::move(held);
+    senders_digest_ = std::max<uint64_t>(XXH3_64bits(checked_holdings_.data(), checked_holdings_.size()), 1);
   }
   auto who = participants_for(group_start_);
   if (!who.ok()) return refuse_start(who.status());
@@ -267,7 +271,10 @@ void UpdateMachine::send_start_replies() {
       for (const auto& e : p.endpoints) *w->add_endpoints() = e;
       w->set_storage_device(p.storage_device);
     }
-    for (const auto& s : senders_) to_wire(s, out->add_senders());
+    out->set_senders_digest(senders_digest_);
+    if (senders_digest_ == 0 || starts_[r].senders_digest_held() != senders_digest_) {
+      for (const auto& s : senders_) to_wire(s, out->add_senders());
+    }
     auto it = members_.find(trainers_[r]);
     if (it != members_.end()) it->second.channel->send(reply);
   }
