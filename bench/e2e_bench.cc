@@ -117,12 +117,7 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
   const demo::Model model;
   const sharding::LlamaConfig cfg = demo::llama_config(model);
   const sharding::Manifest manifest = sharding::llama_manifest(cfg);
-  FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(o.scheme));
-  std::vector<sharding::RankSpec> specs;
-  for (int r = 0; r < o.tp; ++r) {
-    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg, r, o.tp, scheme));
-    specs.push_back(std::move(spec));
-  }
+  FERRY_ASSIGN_OR_RETURN(const std::vector<sharding::RankSpec> specs, e2e::demo_rank_specs(cfg, o.tp, o.scheme));
   FERRY_RETURN_IF_ERROR(sharding::check_manifest(manifest, specs));  // a scheme the demo model cannot take fails here
   const transport::TransportOptions topts = transport::transport_options(settings);
   const uint64_t bucket_bytes = topts.bucket_bytes;

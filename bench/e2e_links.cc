@@ -17,6 +17,7 @@
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
 #include "sharding/cost_model.h"
+#include "sharding/llama.h"
 #include "transport/transport.h"
 
 namespace ferry::e2e {
@@ -323,6 +324,16 @@ Result<std::unique_ptr<LinkProbe>> LinkProbe::open(std::vector<ProbeSocket>& ran
   auto p = std::make_unique<Probe>(ranks, plan, specs, manifest, in_flight);
   FERRY_RETURN_IF_ERROR(p->open(transport));
   return std::unique_ptr<LinkProbe>(std::move(p));
+}
+
+Result<std::vector<sharding::RankSpec>> demo_rank_specs(const sharding::LlamaConfig& cfg, int tp, const std::string& scheme) {
+  FERRY_ASSIGN_OR_RETURN(const Scheme linear, parse_scheme(scheme));
+  std::vector<sharding::RankSpec> specs;
+  for (int r = 0; r < tp; ++r) {
+    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg, r, tp, linear));
+    specs.push_back(std::move(spec));
+  }
+  return specs;
 }
 
 void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "sharding/cost_model.h"
+#include "sharding/llama.h"
 
 #include <cstdint>
 #include <map>
@@ -52,6 +53,9 @@ class LinkProbe {
 };
 
 double median(std::vector<double> v);
+
+// The demo model's rank specs of a TP replica under `scheme` (an online scheme's name).
+Result<std::vector<sharding::RankSpec>> demo_rank_specs(const sharding::LlamaConfig& cfg, int tp, const std::string& scheme);
 
 // The cost model's inputs from measured links: one host, its transport at the measured rate.
 void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options);

@@ -195,12 +195,7 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
   const sharding::LlamaConfig cfg = demo::llama_config(demo::Model{});
   const sharding::Manifest manifest = sharding::llama_manifest(cfg);
-  FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(o.scheme));
-  std::vector<sharding::RankSpec> specs;
-  for (int r = 0; r < o.tp; ++r) {
-    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg, r, o.tp, scheme));
-    specs.push_back(std::move(spec));
-  }
+  FERRY_ASSIGN_OR_RETURN(const std::vector<sharding::RankSpec> specs, e2e::demo_rank_specs(cfg, o.tp, o.scheme));
   const transport::TransportOptions topts = transport::transport_options(settings);
   const sharding::PlanOptions popts{topts.bucket_bytes};
   FERRY_ASSIGN_OR_RETURN(sharding::Plan one, sharding::make_plan(manifest, specs, {sharding::SenderInfo{}}, popts));
