@@ -89,14 +89,21 @@ Result<Holdings> resolve_holdings(const Manifest& manifest, const std::vector<Se
   for (size_t i = 0; i < manifest.size(); ++i) index[manifest[i].name] = i;
   Holdings out;
   out.boxes.resize(manifest.size());
+  // Each distinct (tensor, box), found by its bytes: 256 FSDP ranks declare 256 boxes of each of
+  // tens of thousands of tensors, and a scan of a tensor's boxes per declaration is quadratic.
+  std::unordered_map<std::string, size_t> seen;
+  std::string key;
   auto add = [&](size_t t, const Region& r, int sender) {
-    for (HeldBox& b : out.boxes[t]) {
-      if (b.region == r) {
-        if (b.holders.empty() || b.holders.back() != sender) b.holders.push_back(sender);
-        return;
-      }
+    key.assign(reinterpret_cast<const char*>(&t), sizeof t);
+    key.append(reinterpret_cast<const char*>(r.offset.data()), r.offset.size() * sizeof(int64_t));
+    key.append(reinterpret_cast<const char*>(r.size.data()), r.size.size() * sizeof(int64_t));
+    auto [it, fresh] = seen.try_emplace(key, out.boxes[t].size());
+    if (fresh) {
+      out.boxes[t].push_back(HeldBox{r, {sender}});
+      return;
     }
-    out.boxes[t].push_back(HeldBox{r, {sender}});
+    auto& holders = out.boxes[t][it->second].holders;
+    if (holders.empty() || holders.back() != sender) holders.push_back(sender);
   };
   for (size_t s = 0; s < senders.size(); ++s) {
     const SenderInfo& info = senders[s];
