@@ -166,7 +166,8 @@ Result<uint64_t> parse_bytes(std::string_view text) {
 }
 
 Result<std::vector<SettingValue>> resolve_settings(const SettingOverrides& keywords) {
-  for (const auto& [key, value] : keywords) {
+  for (const auto& entry : keywords) {
+    const auto& key = entry.first;  // a name, not a structured binding: lambdas capture it in C++17 compilers too
     const bool known = std::any_of(std::begin(kSettings), std::end(kSettings),
                                    [&](const SettingInfo& s) { return setting_keyword(s) == key; });
     if (!known) {
