@@ -411,8 +411,15 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
     const Region dst_full = sharding::piece_dst_region(global, param);
     // The piece as it lies in the local tensor: its box of the global tensor, less the held box's
     // origin. A piece outside `held` lies in another box this sender holds of the tensor.
-    sharding::Piece piece = global;
-    for (size_t k = 0; k < piece.src.offset.size(); ++k) piece.src.offset[k] -= held.offset[k];
+    // A tensor held whole (one trainer) reads the plan's piece as it is; only a box off the origin
+    // needs a shifted copy.
+    const bool at_origin = std::all_of(held.offset.begin(), held.offset.end(), [](int64_t o) { return o == 0; });
+    std::optional<sharding::Piece> shifted;
+    if (!at_origin) {
+      shifted = global;
+      for (size_t k = 0; k < shifted->src.offset.size(); ++k) shifted->src.offset[k] -= held.offset[k];
+    }
+    const sharding::Piece& piece = at_origin ? global : *shifted;
     if (!piece.src.inside(tensor_in.shape())) continue;
     Destination& d = dests_[static_cast<size_t>(piece.dst)];
     if (tensor_in.device().is_cuda() && d.direct) {
