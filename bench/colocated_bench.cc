@@ -36,6 +36,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "bench/adam_step.h"
 #include "bench/transport_device.h"
 #include "core/buffer.h"
 #include "core/device_copy.h"
@@ -265,9 +266,10 @@ pid_t spawn_self(std::vector<std::string> args) {
 }
 
 int run_trainer(const std::string& scheme, int layers, int updates, int device, const std::vector<int>& rank_gpus,
-                int tp, bool json, int trainers) {
+                int tp, bool json, int trainers, bool adam) {
 #if !FERRY_HAVE_CUDA
-  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_gpus, (void)tp, (void)json, (void)trainers;
+  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_gpus, (void)tp, (void)json, (void)trainers,
+      (void)adam;
   std::cerr << "ferry-bench-colocated needs a CUDA build\n";
   return 1;
 #else
@@ -311,6 +313,16 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   if (trainers > 1) u.holdings = ferry::sharding::fsdp_holdings(manifest, 0, trainers);
   auto weights = allocate_weights(manifest, ferry::Device::cuda(device), trainers > 1 ? &u.holdings : nullptr);
   if (!weights.ok()) return std::cerr << weights.status().to_string() << "\n", 1;
+  // --change adam: each update follows one Adam step of the weights (bench/adam_step.h).
+  std::unique_ptr<ferry::bench::DeviceAdam> optimizer;
+  if (adam) {
+    if (auto st = change_weights(*weights, 0); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
+    std::vector<ferry::TensorView> views;
+    for (const auto& [name, v] : weights->views) views.push_back(v);
+    auto a = ferry::bench::DeviceAdam::create(std::move(views));
+    if (!a.ok()) return std::cerr << a.status().to_string() << "\n", 1;
+    optimizer = std::move(*a);
+  }
 
   ferry::coordinator::TrainerOptions o;
   o.trainer_ranks = trainers;
@@ -335,7 +347,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   Status st = (*trainer)->wait_for_ranks(tp, timeout);
   std::vector<ferry::coordinator::UpdateReport> reports, warm;
   for (int v = 1; v <= warmup + updates && st.ok(); ++v) {
-    st = change_weights(*weights, static_cast<uint64_t>(v * trainers));
+    st = optimizer ? optimizer->step() : change_weights(*weights, static_cast<uint64_t>(v * trainers));
     if (!st.ok()) break;
     ferry::coordinator::MapSource source(weights->views);
     st = (*trainer)->start_weight_update(static_cast<uint64_t>(v), manifest, u);
@@ -405,8 +417,20 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
                         cost->drain_seconds, co.stages.process_bytes_per_second / 1e9);
   }
   const std::string sharded = trainers > 1 ? fmt::format("-trainers{}", trainers) : "";
-  const std::string name = apart ? fmt::format("ferry-{}-tp{}{}{}/{}", transport, tp, spread ? "-spread" : "", sharded, scheme)
-                                 : fmt::format("ferry{}/{}", sharded, scheme);
+  // With Adam steps: how the update travelled (direct reads or bytes, deltas, staging).
+  const std::string how = adam ? fmt::format("-adam{}{}{}", settings.direct == "off" ? "-bytes" : "",
+                                             settings.delta != "off" ? "-delta" : "", settings.stage == "on" ? "-staged" : "")
+                               : "";
+  const std::string name = apart ? fmt::format("ferry-{}-tp{}{}{}{}/{}", transport, tp, spread ? "-spread" : "", sharded, how, scheme)
+                                 : fmt::format("ferry{}{}/{}", sharded, how, scheme);
+  double changed = 0, compared = 0;
+  for (const auto& r : reports) {
+    for (const auto& d : r.delta) changed += static_cast<double>(d.changed), compared += static_cast<double>(d.elements);
+  }
+  extra += fmt::format(",\"wire_bytes\":{:.0f},\"changed_fraction\":{:.6f},\"pause_window_seconds\":{:.6f},\"staged\":{}",
+                       med([](const auto& r) { return static_cast<double>(r.wire_bytes()); }),
+                       compared > 0 ? changed / compared : 0.0, med([](const auto& r) { return r.pause_window_seconds; }),
+                       last.staged ? "true" : "false");
   if (json) {
     fmt::print("{{\"bench\":\"colocated\",\"case\":\"{}\",\"device\":\"cuda\",\"params\":{},\"layers\":{},"
                "\"bytes\":{:.0f},\"direct_bytes\":{},\"seconds\":{:.6f},\"updates\":{},\"pause_seconds\":{:.6f},"
@@ -432,6 +456,7 @@ int main(int argc, char** argv) {
   std::string role = "trainer", coordinator, scheme = "fp8_per_channel", device_name = "cuda:0";
   std::string rank_device_name;
   int layers = 32, updates = 10, tp = 1, tp_rank = 0, trainers = 1, trainer_rank = 0;
+  std::string change = "all";
   bool json = false;
   app.add_option("--role", role, "trainer (default), rollout, or trainer-rank (of a sharded trainer)")
       ->check(CLI::IsMember({"trainer", "rollout", "trainer-rank"}));
@@ -449,6 +474,10 @@ int main(int argc, char** argv) {
   app.add_option("--tp", tp, "tensor-parallel ranks of the replica")->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--tp-rank", tp_rank, "rollout role: this rank");
   app.add_flag("--json", json, "one JSON line");
+  app.add_option("--change", change,
+                 "all: every weight new each update; adam: one Adam step (lr 1e-6, fp32 master) per update, "
+                 "the change set of an RL step (FERRY_DELTA, FERRY_DIRECT, FERRY_STAGE choose the path)")
+      ->check(CLI::IsMember({"all", "adam"}));
   CLI11_PARSE(app, argc, argv);
   if (auto st = ferry::load_settings().status(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
@@ -464,5 +493,6 @@ int main(int argc, char** argv) {
     if (!d.is_cuda()) return std::cerr << "--rank-device " << rank_device_name << ": expected cuda:N\n", 2;
     rank_gpus.push_back(d.index);
   }
-  return run_trainer(scheme, layers, updates, device->index, rank_gpus, tp, json, trainers);
+  if (change == "adam" && trainers > 1) return std::cerr << "--change adam takes one trainer\n", 2;
+  return run_trainer(scheme, layers, updates, device->index, rank_gpus, tp, json, trainers, change == "adam");
 }

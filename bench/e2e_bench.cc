@@ -13,6 +13,7 @@
 
 #include "bench/e2e_links.h"
 #include "bench/e2e_probe.h"
+#include "bench/e2e_delta.h"
 #include "bench/e2e_trainers.h"
 #include "core/settings.h"
 #include "coordinator/trainer.h"
@@ -200,7 +201,11 @@ int run_e2e_bench(const E2eOptions& o) {
     for (int n : o.trainers) {
       if (st.ok()) st = run_trainers_case(o, t, n);
     }
-    if (o.trainers.empty()) st = run_case(o, t);
+    if (o.delta) {
+      st = run_delta_case(o, t);
+    } else if (o.trainers.empty()) {
+      st = run_case(o, t);
+    }
     if (!st.ok()) {
       fmt::print(stderr, "bench e2e {}: {}\n", t, st.to_string());
       return 1;

@@ -19,6 +19,8 @@ struct E2eOptions {
   // Non-empty: a sharded trainer of each of these sizes beside gather-then-send (e2e_trainers.h)
   // instead of the one-trainer update.
   std::vector<int> trainers;
+  // Delta updates and staging (e2e_delta.h) instead of the one-trainer update.
+  bool delta = false;
 };
 
 // The trainer (with the embedded coordinator) runs in this process; the TP ranks are this binary
@@ -51,6 +53,6 @@ int run_e2e_bench(const E2eOptions& options);
 
 // The rank process (hidden subcommand `ferry bench e2e-rank`).
 int run_e2e_rank(uint16_t probe_port, const std::string& coordinator, int rank, int tp, const std::string& scheme,
-                 const std::string& transport);
+                 const std::string& transport, const std::string& model);
 
 }  // namespace ferry

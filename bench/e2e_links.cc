@@ -14,6 +14,7 @@
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
 #include "dataplane/bucket_sender.h"
+#include "examples/demo/llama_config.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
 #include "sharding/cost_model.h"
@@ -345,14 +346,28 @@ void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOpt
   options->stages.round_trip_seconds = links.round_trip_seconds;
 }
 
+Result<sharding::LlamaConfig> model_config(const std::string& model) {
+  if (model == "demo") return demo::llama_config(demo::Model{});
+  if (model != "delta") return Status::invalid_argument(fmt::format("bench model '{}': expected demo or delta", model));
+  sharding::LlamaConfig c;
+  c.hidden_size = 1024;
+  c.num_heads = 8;
+  c.num_kv_heads = 8;
+  c.intermediate_size = 2816;
+  c.vocab_size = 32000;
+  c.num_layers = 4;
+  return c;
+}
+
 Result<std::vector<ProbeSocket>> start_ranks(ProbeListener& listener, std::vector<Child>& children,
                                              const std::string& coordinator, int tp, const std::string& scheme,
-                                             const std::string& transport, int64_t timeout_ms) {
+                                             const std::string& transport, int64_t timeout_ms, const std::string& model) {
   children.resize(static_cast<size_t>(tp));
   for (int r = 0; r < tp; ++r) {
     FERRY_RETURN_IF_ERROR(children[static_cast<size_t>(r)].spawn(
         {"ferry", "bench", "e2e-rank", "--probe-port", std::to_string(listener.port()), "--coordinator", coordinator,
-         "--tp-rank", std::to_string(r), "--tp", std::to_string(tp), "--scheme", scheme, "--transport", transport}));
+         "--tp-rank", std::to_string(r), "--tp", std::to_string(tp), "--scheme", scheme, "--transport", transport,
+         "--model", model}));
   }
   std::vector<ProbeSocket> ranks(static_cast<size_t>(tp));
   for (int i = 0; i < tp; ++i) {

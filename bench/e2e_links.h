@@ -60,10 +60,15 @@ Result<std::vector<sharding::RankSpec>> demo_rank_specs(const sharding::LlamaCon
 // The cost model's inputs from measured links: one host, its transport at the measured rate.
 void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options);
 
+// The model a bench's ranks hold: "demo" (the demo model), or "delta" (a Llama of 117M parameters,
+// large enough that per-element changes between steps, not round trips, decide an update's time).
+Result<sharding::LlamaConfig> model_config(const std::string& model);
+
 // Starts the replica's `tp` rank processes (`ferry bench e2e-rank`, into `children`), joining
 // `coordinator` over `transport`, and returns their probe connections in rank order.
 Result<std::vector<ProbeSocket>> start_ranks(ProbeListener& listener, std::vector<Child>& children,
                                              const std::string& coordinator, int tp, const std::string& scheme,
-                                             const std::string& transport, int64_t timeout_ms);
+                                             const std::string& transport, int64_t timeout_ms,
+                                             const std::string& model = "demo");
 
 }  // namespace ferry::e2e

@@ -154,11 +154,11 @@ class TransportSink {
 };
 
 Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int tp, const std::string& scheme,
-             const std::string& transport) {
+             const std::string& transport, const std::string& model) {
   set_log_identity(fmt::format("bench rank {}", rank));
-  const demo::Model m;
+  FERRY_ASSIGN_OR_RETURN(const sharding::LlamaConfig cfg, e2e::model_config(model));
   FERRY_ASSIGN_OR_RETURN(const Scheme linear, parse_scheme(scheme));
-  FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(demo::llama_config(m), rank, tp, linear));
+  FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg, rank, tp, linear));
   FERRY_ASSIGN_OR_RETURN(auto probe, e2e::ProbeSocket::connect(probe_port));
   std::mutex send_mu;
   auto reply = [&](const std::string& s) {
@@ -213,8 +213,8 @@ Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int 
 }  // namespace
 
 int run_e2e_rank(uint16_t probe_port, const std::string& coordinator, int rank, int tp, const std::string& scheme,
-                 const std::string& transport) {
-  Status st = serve(probe_port, coordinator, rank, tp, scheme, transport);
+                 const std::string& transport, const std::string& model) {
+  Status st = serve(probe_port, coordinator, rank, tp, scheme, transport, model);
   if (!st.ok()) {
     fmt::print(stderr, "bench e2e rank {}: {}\n", rank, st.to_string());
     return 1;

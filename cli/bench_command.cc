@@ -94,6 +94,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   e2e->add_option("--tp", e2e_options.tp, "rank processes of the replica")->capture_default_str();
   e2e->add_option("--bucket-bytes", e2e_options.bucket_bytes, "bytes per bucket (default FERRY_BUCKET_BYTES)");
+  e2e->add_flag("--delta", e2e_options.delta,
+                "delta updates (changes from Adam steps at lr 1e-6) beside dense ones, each with and without "
+                "staging while serving, on a 117M-parameter model");
   e2e->add_option("--trainers", e2e_options.trainers,
                   "sharded trainers of these sizes (e.g. 1,2,4), each beside gather-then-send from as many processes")
       ->delimiter(',')
@@ -122,16 +125,18 @@ void add_bench_command(CLI::App& app) {
   // The bench's rank processes: this binary, re-run by `ferry bench e2e`.
   auto* e2e_rank = bench->add_subcommand("e2e-rank", "")->group("");
   static int rank_port = 0, rank_index = 0, rank_tp = 1;
-  static std::string rank_coordinator, rank_scheme, rank_transport;
+  static std::string rank_coordinator, rank_scheme, rank_transport, rank_model = "demo";
   e2e_rank->add_option("--probe-port", rank_port)->required();
   e2e_rank->add_option("--coordinator", rank_coordinator)->required();
   e2e_rank->add_option("--tp-rank", rank_index)->required();
   e2e_rank->add_option("--tp", rank_tp)->required();
   e2e_rank->add_option("--scheme", rank_scheme)->required();
   e2e_rank->add_option("--transport", rank_transport)->required();
+  e2e_rank->add_option("--model", rank_model);
   e2e_rank->callback([] {
     const int rc =
-        run_e2e_rank(static_cast<uint16_t>(rank_port), rank_coordinator, rank_index, rank_tp, rank_scheme, rank_transport);
+        run_e2e_rank(static_cast<uint16_t>(rank_port), rank_coordinator, rank_index, rank_tp, rank_scheme,
+                     rank_transport, rank_model);
     if (rc) throw CLI::RuntimeError(rc);
   });
 #endif

@@ -176,6 +176,7 @@ void CoordinatorCore::on_registration(const std::shared_ptr<Channel>& c, const w
   m.spec = std::move(*spec);
   m.endpoints.assign(r.endpoints().begin(), r.endpoints().end());
   m.storage_device = r.storage_device();
+  m.max_staging_bytes = r.max_staging_bytes();
   ReplicaInfo& info = replicas_[m.spec.replica];
   info.tp_size = m.spec.tp_size;
   info.left.erase(m.spec.tp_rank);

@@ -25,8 +25,9 @@ wire::ReplicaStatus summarize(int replica, const ReplicaInfo& info, const Member
     consistent = consistent && m.consistent;
     resume_failed = resume_failed || m.state == "resume-failed";
     updating = updating || m.state == "pausing" || m.state == "paused" || m.state == "transferring" ||
-               m.state == "finalizing" || m.state == "complete";
-    serving = serving && m.state == "serving";
+               m.state == "finalizing" || m.state == "complete" || m.state == "applying";
+    // A rank staging an update while serving still serves the version it holds.
+    serving = serving && (m.state == "serving" || m.state == "staging" || m.state == "staged");
   }
   serving = serving && versions.size() == 1;
   if (versions.size() == 1) r.set_version(*versions.begin());

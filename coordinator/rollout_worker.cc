@@ -57,6 +57,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     eo.none_dtype = options_.storage->none_dtype();  // f32 or f16 storage is written as such
     eo.rollback = settings.rollback == "host" ? reload::RollbackMode::kHost : reload::RollbackMode::kOff;
     eo.max_staging_bytes = settings.max_staging_bytes;
+    eo.delta_shadow = settings.delta_shadow == "host";
     FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage, std::move(eo)));
     device_ = options_.storage->device();
     receiver_ = std::make_unique<dataplane::BucketReceiver>(*engine_, device_, verify_);
@@ -96,6 +97,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     to_wire(options_.spec, r->mutable_spec());
     for (const auto& e : endpoints_) *r->add_endpoints() = e;
     r->set_storage_device(device_.to_string());
+    r->set_max_staging_bytes(settings.max_staging_bytes);
     FERRY_ASSIGN_OR_RETURN(
         wire::Welcome welcome,
         join(*channel_, welcome_, std::move(hello), std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_),
@@ -152,6 +154,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       case wire::Envelope::kWelcome: return welcome_.push(std::move(env));
       case wire::Envelope::kPause: return on_pause(env.pause());
       case wire::Envelope::kFinalize: return on_finalize(env.finalize());
+      case wire::Envelope::kApply: return on_apply(env.apply());
       case wire::Envelope::kResume: return on_resume(env.resume());
       case wire::Envelope::kAbort: return on_abort(env.abort());
       case wire::Envelope::kGoodbye: {
@@ -171,13 +174,17 @@ class RolloutWorkerImpl final : public RolloutWorker {
       receiver_->set_senders(std::move(senders));
     }
     Status st;
-    if (options_.pause) st = options_.pause(PauseRequest{p.version(), p.mode(), p.clear_cache()});
-    paused_ = true;
+    // A staged update does not pause now: the rank serves on while the version arrives into
+    // staging, and pauses when told to apply it.
+    staging_ = p.stage();
+    pause_request_ = PauseRequest{p.version(), p.mode(), p.clear_cache()};
+    if (options_.pause && !staging_) st = options_.pause(pause_request_);
+    if (!staging_) paused_ = true;
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      st = engine_->begin(p.version(), std::max(p.senders_size(), 1));
+      st = engine_->begin(p.version(), std::max(p.senders_size(), 1), staging_);
       // From here storage is being rewritten: the rank serves nothing until a complete version lands.
-      consistent_ = false;
+      if (!staging_) consistent_ = false;
       update_version_ = p.version();
       received_ = 0;
       expected_ = -1;
@@ -221,22 +228,59 @@ class RolloutWorkerImpl final : public RolloutWorker {
         st = Status::deadline_exceeded(fmt::format("received {} of {} buckets of update v{} within FERRY_TIMEOUT_MS",
                                                    received_, expected_, version));
       }
-      if (st.ok()) {
-        auto r = engine_->finalize();
-        if (r.ok()) {
-          out->set_moved(r->census.moved);
-          out->set_registered(r->census.registered);
-          out->set_bytes(r->bytes);
-          out->set_peak_staging_bytes(r->peak_staging_bytes);
-          out->set_process_seconds(r->process_seconds);
-        }
-        st = r.status();
+      if (st.ok() && staging_) {
+        out->set_staged(true);  // every byte is here; the rank serves the old version until Apply
+      } else if (st.ok()) {
+        st = finalize_engine(out);
       } else {
         engine_->abort();
       }
       if (!st.ok()) FERRY_LOG_ERROR("update v{} failed on this rank: {}", version, st.message());
       to_wire(st, out->mutable_status());
     }
+    reply(env);
+  }
+
+  // The caller holds mu_.
+  Status finalize_engine(wire::Finalized* out) {
+    auto r = engine_->finalize();
+    if (r.ok()) {
+      out->set_moved(r->census.moved);
+      out->set_registered(r->census.registered);
+      out->set_bytes(r->bytes);
+      out->set_peak_staging_bytes(r->peak_staging_bytes);
+      out->set_process_seconds(r->process_seconds);
+      out->set_delta_base(engine_->delta_base());
+      out->set_delta_pieces(r->delta_pieces);
+    }
+    return r.status();
+  }
+
+  // A staged update: every rank of the replica holds every byte. The rank pauses now, writes the
+  // staged layers into storage, and finalizes.
+  void on_apply(const wire::Apply& a) {
+    std::lock_guard<std::mutex> hooks(hooks_mu_);
+    wire::Envelope env;
+    auto* out = env.mutable_finalized();
+    out->set_version(a.version());
+    Status st;
+    if (!staging_ || a.version() != update_version_) {
+      st = Status::failed_precondition(fmt::format("apply of v{}: this rank stages no such update", a.version()));
+    } else {
+      staging_ = false;
+      if (options_.pause) st = options_.pause(pause_request_);
+      paused_ = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      consistent_ = false;  // storage is being rewritten from here
+      if (st.ok()) st = engine_->apply_staged();
+      if (st.ok()) {
+        st = finalize_engine(out);
+      } else {
+        engine_->abort();
+      }
+    }
+    if (!st.ok()) FERRY_LOG_ERROR("applying staged update v{} failed on this rank: {}", a.version(), st.message());
+    to_wire(st, out->mutable_status());
     reply(env);
   }
 
@@ -276,11 +320,20 @@ class RolloutWorkerImpl final : public RolloutWorker {
     wire::Envelope env;
     auto* ack = env.mutable_abort_ack();
     ack->set_version(a.version());
+    const bool staged = staging_;
+    staging_ = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       engine_->abort();
       finalized_ = true;
       timer_.cancel();
+      if (staged) {
+        // It never paused: storage still holds the version it serves.
+        FERRY_LOG_ERROR("update v{} aborted while staging; still serving v{}: {}", a.version(), version_.load(),
+                        a.reason());
+        reply(env);
+        return;
+      }
       consistent_ = false;
       if (engine_->rollback_mode() == reload::RollbackMode::kHost) {
         // Storage goes back to the last complete version, in place; the coordinator resumes the
@@ -305,7 +358,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       mid_update = engine_->in_update();
       if (mid_update) {
         engine_->abort();
-        consistent_ = false;
+        if (!staging_) consistent_ = false;  // a staging rank's storage holds what it served
       }
     }
     welcome_.close(why);
@@ -371,6 +424,10 @@ class RolloutWorkerImpl final : public RolloutWorker {
   int64_t expected_ = -1;
   bool finalized_ = false;
   Status bucket_error_;
+  // The update in progress stages while the rank serves (Pause.stage) and has not been applied;
+  // the pause hook's request waits for the Apply. Under hooks_mu_.
+  std::atomic<bool> staging_{false};
+  PauseRequest pause_request_;
 
   // A rank serves nothing until its first complete version lands.
   std::atomic<uint64_t> version_{0};

@@ -68,6 +68,11 @@ class TrainerImpl final : public Trainer {
     apply_process_settings(settings);
     dataplane::BucketSenderSettings ss;
     ss.verify = settings.verify;
+    ss.delta = settings.delta == "off"      ? dataplane::DeltaMode::kOff
+               : settings.delta == "always" ? dataplane::DeltaMode::kAlways
+                                            : dataplane::DeltaMode::kAuto;
+    ss.delta_max_bytes = settings.delta_max_bytes;
+    stage_ = settings.stage == "on";
     ss.direct = settings.direct == "auto" && transport::ipc_share_available();
     ss.transport = settings.transport;
     ss.transport_options = transport::transport_options(settings);
@@ -147,6 +152,7 @@ class TrainerImpl final : public Trainer {
     s->set_version(version);
     s->set_pause_mode(o.pause_mode);
     s->set_clear_cache(o.clear_cache);
+    s->set_stage(o.stage || stage_);
     for (int r : o.replicas) s->add_replicas(r);
     s->set_manifest_digest(digest);
     s->set_manifest_omitted(omit);
@@ -183,6 +189,7 @@ class TrainerImpl final : public Trainer {
     std::vector<int> members;
     std::vector<std::vector<wire::Endpoint>> endpoints;  // per destination, in its preference order
     std::vector<std::string> storage_devices;            // per destination
+    std::vector<uint64_t> delta_bases;                   // per destination
     for (const auto& m : r.ranks()) {
       // A member's spec comes once; it never changes (a rejoining rank is a new member).
       if (m.has_spec()) {
@@ -195,6 +202,7 @@ class TrainerImpl final : public Trainer {
       members.push_back(m.member_id());
       endpoints.emplace_back(m.endpoints().begin(), m.endpoints().end());
       storage_devices.push_back(m.storage_device());
+      delta_bases.push_back(m.delta_base());
     }
     // Every trainer rank makes the same plan from every rank's holdings (one sender: the only one).
     // Holdings this trainer was handed before are not handed again (StartReply.senders_digest).
@@ -239,7 +247,8 @@ class TrainerImpl final : public Trainer {
       return end_open_update(st);
     }
     plan_seconds_ = since(t_plan);
-    dataplane::BucketSender::Identity identity{member_id_, data_key_, members, options_.trainer_rank};
+    dataplane::BucketSender::Identity identity{member_id_, data_key_, members, options_.trainer_rank,
+                                               std::move(delta_bases)};
     if (Status st = sender_->prepare(version, plan_, ranks_, endpoints, storage_devices, std::move(identity)); !st.ok()) {
       return end_open_update(st);
     }
@@ -311,6 +320,10 @@ class TrainerImpl final : public Trainer {
     rep.bytes = r.bytes();
     rep.direct_bytes = sender_->direct_bytes();
     rep.buckets = sender_->buckets();
+    for (const auto& t : sender_->delta_tallies()) {
+      rep.delta.push_back(RankDelta{t.dense_bytes, t.delta_bytes, t.delta_dense_bytes, t.elements, t.changed});
+    }
+    rep.delta_copy_bytes = sender_->delta_copy_bytes();
     rep.moved = r.moved();
     rep.registered = r.registered();
     rep.peak_staging_bytes = r.peak_staging_bytes();
@@ -321,6 +334,8 @@ class TrainerImpl final : public Trainer {
     rep.transfer_seconds = transfer;
     rep.process_seconds = r.process_seconds();
     rep.resume_seconds = r.resume_seconds();
+    rep.staged = r.staged();
+    rep.pause_window_seconds = r.pause_window_seconds();
     return rep;
   }
 
@@ -404,6 +419,7 @@ class TrainerImpl final : public Trainer {
   std::string data_key_;  // proves this trainer's data connections to ranks (auth.h)
 
   std::unique_ptr<dataplane::BucketSender> sender_;
+  bool stage_ = false;  // FERRY_STAGE=on: every update stages while the ranks serve
   sharding::PlanCache plans_;
   sharding::PlanOptions plan_options_;
   std::shared_ptr<const sharding::Plan> plan_;

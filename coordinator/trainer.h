@@ -68,6 +68,22 @@ struct UpdateOptions {
   // linear_qkv / linear_fc1; sharding/source_layout.h). send() and update_weights() then take those
   // local tensors by their local names.
   sharding::SourceLayout source_layout;
+  // Stage while serving (or FERRY_STAGE=on): the ranks receive the version into staging while they
+  // serve the old one; each replica pauses only to apply it, once all its ranks hold every byte. A
+  // rank whose FERRY_MAX_STAGING_BYTES cannot hold its input makes the update pause first (warned).
+  bool stage = false;
+};
+
+// What one rank of an update was sent by this trainer, dense and as deltas (FERRY_DELTA).
+struct RankDelta {
+  uint64_t dense_bytes = 0;        // payload of pieces sent whole
+  uint64_t delta_bytes = 0;        // payload of delta pieces: their encodings
+  uint64_t delta_dense_bytes = 0;  // what those delta pieces would have carried whole
+  uint64_t elements = 0;           // elements compared against the version the rank holds
+  uint64_t changed = 0;            // of those, changed since
+  // Bytes on the wire for the rank's pieces (not counting bucket headers or direct reads).
+  uint64_t wire_bytes() const { return dense_bytes + delta_bytes; }
+  double changed_fraction() const { return elements ? static_cast<double>(changed) / static_cast<double>(elements) : 0; }
 };
 
 struct UpdateReport {
@@ -76,6 +92,13 @@ struct UpdateReport {
   uint64_t bytes = 0;
   uint64_t direct_bytes = 0;  // of `bytes`, read in place from this trainer's device memory by colocated ranks
   std::vector<uint64_t> buckets;  // buckets this trainer posted to each rank of the update, in plan order
+  std::vector<RankDelta> delta;   // per rank of the update, in plan order: dense and delta bytes
+  uint64_t delta_copy_bytes = 0;  // host memory this trainer keeps to compute deltas against
+  uint64_t wire_bytes() const {
+    uint64_t b = 0;
+    for (const auto& d : delta) b += d.wire_bytes();
+    return b;
+  }
   uint64_t moved = 0;
   uint64_t registered = 0;
   uint64_t peak_staging_bytes = 0;
@@ -86,6 +109,10 @@ struct UpdateReport {
   double transfer_seconds = 0;
   double process_seconds = 0;
   double resume_seconds = 0;
+  // The longest time a replica did not serve: from its pause (staged: its apply) to its resume.
+  // Without staging that is nearly `seconds`; with it, the apply.
+  double pause_window_seconds = 0;
+  bool staged = false;  // the update staged while serving (false: it paused first)
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 };
 

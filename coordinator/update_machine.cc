@@ -79,14 +79,18 @@ void UpdateMachine::record(bool ok, const std::string& error) {
 void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
   if (phase_ != Phase::kPausing || a.version() != version_ || !participants_.count(m.id)) return;
   if (Status st = from_wire(a.status()); !st.ok()) return fail(on_rank(st, m, "pause"));
-  m.state = "paused";
-  m.consistent = false;  // its storage is about to be rewritten
+  if (stage_) {
+    m.state = "staging";  // it serves on while the version arrives
+  } else {
+    m.state = "paused";
+    m.consistent = false;  // its storage is about to be rewritten
+  }
   acked_.insert(m.id);
   if (acked_.size() < participants_.size()) return;
   timer_.cancel();
   report_.set_pause_seconds(since(phase_start_));
   phase_ = Phase::kTransferring;
-  for (int id : participants_) members_.at(id).state = "transferring";
+  for (int id : participants_) members_.at(id).state = stage_ ? "staging" : "transferring";
   send_start_replies();
 }
 
@@ -120,7 +124,7 @@ void UpdateMachine::on_finish(Member& trainer, const wire::FinishUpdate& f) {
     wire::Envelope env;
     env.mutable_finalize()->set_version(version_);
     env.mutable_finalize()->set_buckets(bucket_sums_[i++]);
-    members_.at(id).state = "finalizing";
+    members_.at(id).state = stage_ ? "staging" : "finalizing";
     members_.at(id).channel->send(env);
   }
   arm_timer("finalize");
@@ -143,9 +147,11 @@ void UpdateMachine::arm_finish_timer() {
 
 void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
   if (phase_ != Phase::kFinalizing || f.version() != version_ || !participants_.count(m.id)) return;
-  if (Status st = from_wire(f.status()); !st.ok()) return fail(on_rank(st, m, "finalize"));
+  if (Status st = from_wire(f.status()); !st.ok()) return fail(on_rank(st, m, f.staged() ? "staging" : "finalize"));
+  if (f.staged()) return on_staged(m);
   acked_.insert(m.id);
   m.state = "complete";
+  m.delta_base = f.delta_base();
   report_.set_bytes(report_.bytes() + f.bytes());
   report_.set_moved(report_.moved() + f.moved());
   report_.set_registered(report_.registered() + f.registered());
@@ -161,6 +167,29 @@ void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
   env.mutable_resume()->set_version(version_);
   for (int id : participants_) members_.at(id).channel->send(env);
   arm_timer("resume");
+}
+
+void UpdateMachine::on_staged(Member& m) {
+  if (!stage_ || !staged_.insert(m.id).second) {
+    return fail(on_rank(Status::internal("staged an update that does not stage"), m, "staging"));
+  }
+  m.state = "staged";
+  std::vector<int> replica;
+  for (int id : participants_) {
+    const Member& x = members_.at(id);
+    if (x.spec.replica != m.spec.replica) continue;
+    if (!staged_.count(id)) return;  // a rank of the replica still receiving: it serves on
+    replica.push_back(id);
+  }
+  if (!first_apply_) first_apply_ = Clock::now();
+  wire::Envelope env;
+  env.mutable_apply()->set_version(version_);
+  for (int id : replica) {
+    Member& x = members_.at(id);
+    x.state = "applying";
+    x.consistent = false;  // its storage is about to be rewritten
+    x.channel->send(env);
+  }
 }
 
 void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
@@ -192,6 +221,9 @@ void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
   if (acked_.size() < participants_.size()) return;
   timer_.cancel();
   report_.set_resume_seconds(since(phase_start_));
+  report_.set_staged(stage_);
+  // Not serving: from the pause (a staged update: the first replica's apply) to the last resume.
+  report_.set_pause_window_seconds(since(stage_ && first_apply_ ? *first_apply_ : started_));
   report_.set_version(version_);
   report_.set_ranks(static_cast<int32_t>(participants_.size()));
   if (!resume_failures_.empty()) {
@@ -288,15 +320,21 @@ void UpdateMachine::fail(const Status& why) {
   if (phase_ == Phase::kResuming) {
     for (int id : acked_) participants_.erase(id);
   }
+  aborted_ = participants_;
   for (int id : participants_) {
     auto it = members_.find(id);
     if (it == members_.end()) continue;
+    it->second.channel->send(abort);
+    if (it->second.state == "staging" || it->second.state == "staged") {
+      // Staging while serving, it never paused: it drops the staged version and serves on.
+      it->second.state = "serving";
+      aborted_.erase(id);
+      continue;
+    }
     it->second.consistent = false;
     it->second.state = "paused-inconsistent";
-    it->second.channel->send(abort);
   }
   record(false, why.message());
-  aborted_ = participants_;
   rolled_back_.clear();
   wire::Envelope reply;
   if (phase_ == Phase::kPausing) {

@@ -14,6 +14,7 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -70,6 +71,9 @@ class UpdateMachine {
   // The update cannot open (nothing was paused): every trainer rank that started it is told.
   void refuse_start(const Status& why);
   void send_start_replies();
+  bool can_stage() const;
+  // A staged rank holds every byte: once all ranks of its replica do, the replica applies.
+  void on_staged(Member& m);
 
   boost::asio::io_context& io_;
   // The participants of an update starting now, or why it cannot: every rank of every replica it
@@ -107,6 +111,11 @@ class UpdateMachine {
   std::set<int> rolled_back_;  // of those, the ranks that restored their previous version
   std::chrono::steady_clock::time_point started_, phase_start_;
   wire::FinishReply report_;
+  // Stage while serving (StartUpdate.stage, when every rank can hold its input): the ranks that
+  // hold every byte and serve on, and when the first replica was told to apply (its pause began).
+  bool stage_ = false;
+  std::set<int> staged_;
+  std::optional<std::chrono::steady_clock::time_point> first_apply_;
   // What the start path need not redo per update, per trainer: the last manifest it sent (by
   // digest), the participants it was checked against, and the members whose specs it holds.
   struct StartCache {

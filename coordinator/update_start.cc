@@ -205,7 +205,11 @@ void UpdateMachine::open_update() {
   phase_ = Phase::kPausing;
   phase_start_ = Clock::now();
   report_ = wire::FinishReply{};
+  stage_ = group_start_.stage() && can_stage();
+  staged_.clear();
+  first_apply_.reset();
   wire::Envelope pause;
+  pause.mutable_pause()->set_stage(stage_);
   pause.mutable_pause()->set_version(version_);
   pause.mutable_pause()->set_mode(group_start_.pause_mode().empty() ? "abort" : group_start_.pause_mode());
   pause.mutable_pause()->set_clear_cache(group_start_.clear_cache());
@@ -219,6 +223,24 @@ void UpdateMachine::open_update() {
     members_.at(id).channel->send(pause);
   }
   arm_timer("pause");
+}
+
+// Staging while serving holds a rank's whole full-precision input until the apply: every rank's
+// staging bound must take it, or the update pauses first (warned, naming the bound).
+bool UpdateMachine::can_stage() const {
+  for (int id : participants_) {
+    const Member& m = members_.at(id);
+    if (m.max_staging_bytes == 0) continue;
+    uint64_t input = 0;
+    for (const auto& p : m.spec.params) input += dtype_bytes(p.source_dtype, shape_numel(p.shape));
+    if (input > m.max_staging_bytes) {
+      FERRY_LOG_WARN("update v{} pauses first instead of staging while serving: {} would stage {} bytes, over its "
+                     "FERRY_MAX_STAGING_BYTES={} bytes",
+                     version_, m.describe(), input, m.max_staging_bytes);
+      return false;
+    }
+  }
+  return true;
 }
 
 Result<std::set<int>> UpdateMachine::participants_for(const wire::StartUpdate& s) const {
@@ -270,6 +292,7 @@ void UpdateMachine::send_start_replies() {
       if (cache.specs_sent.insert(id).second) to_wire(p.spec, w->mutable_spec());  // kept there
       for (const auto& e : p.endpoints) *w->add_endpoints() = e;
       w->set_storage_device(p.storage_device);
+      w->set_delta_base(p.delta_base);
     }
     out->set_senders_digest(senders_digest_);
     if (senders_digest_ == 0 || starts_[r].senders_digest_held() != senders_digest_) {
@@ -278,6 +301,8 @@ void UpdateMachine::send_start_replies() {
     auto it = members_.find(trainers_[r]);
     if (it != members_.end()) it->second.channel->send(reply);
   }
+  // Deltas of this update go against these bases; the shadows hold none again until it finalizes.
+  for (int id : participants_) members_.at(id).delta_base = 0;
 }
 
 }  // namespace ferry::coordinator

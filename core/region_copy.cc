@@ -73,4 +73,23 @@ Status unpack_region(const TensorView& tensor, const Region& region, const void*
                       [&](size_t t_off, size_t p_off, size_t n) { std::memcpy(base + t_off, i + p_off, n); });
 }
 
+const uint8_t* region_span(const TensorView& tensor, const Region& region) {
+  if (!tensor.device().is_cpu() || !tensor.is_contiguous() || dtype_bits(tensor.dtype()) % 8 ||
+      !region.inside(tensor.shape())) {
+    return nullptr;
+  }
+  // One run: past the first dimension the region does not span whole, every dimension is whole,
+  // and before it every dimension is one element.
+  const size_t rank = tensor.shape().size();
+  size_t d = 0;
+  while (d < rank && region.size[d] == 1) ++d;
+  for (size_t k = d + 1; k < rank; ++k) {
+    if (region.offset[k] != 0 || region.size[k] != tensor.shape()[k]) return nullptr;
+  }
+  const Shape strides = contiguous_strides(tensor.shape());
+  int64_t off = 0;
+  for (size_t k = 0; k < rank; ++k) off += region.offset[k] * strides[k];
+  return static_cast<const uint8_t*>(tensor.data()) + static_cast<size_t>(off) * static_cast<size_t>(dtype_bits(tensor.dtype()) / 8);
+}
+
 }  // namespace ferry

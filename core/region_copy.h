@@ -2,6 +2,8 @@
 // Used to cut pieces out of source tensors and to place them into staging.
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace ferry {
@@ -11,5 +13,9 @@ namespace ferry {
 Status pack_region(const TensorView& tensor, const Region& region, void* out, size_t out_bytes);
 // The inverse: scatters `in` (region.numel() packed elements) into `region` of `tensor`.
 Status unpack_region(const TensorView& tensor, const Region& region, const void* in, size_t in_bytes);
+
+// Where `region` of a contiguous host tensor lies when it is one run of memory (whole rows of a
+// row-major tensor, say): its first byte; else null, and the caller packs it.
+const uint8_t* region_span(const TensorView& tensor, const Region& region);
 
 }  // namespace ferry

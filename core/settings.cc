@@ -49,6 +49,21 @@ constexpr SettingInfo kSettings[] = {
      &Settings::io_spin_us, 0, 1'000'000},
     {"FERRY_METRICS_PORT", SettingType::kInt, "0", "serve Prometheus metrics over HTTP on this port (0: off)", "",
      &Settings::metrics_port, 0, 65535},
+    {"FERRY_DELTA", SettingType::kChoice, "auto",
+     "trainer: send each piece as the elements changed since the version a rank holds (auto: when smaller "
+     "than its bytes; always: every piece a rank can take so; off: every byte, and no copy kept)",
+     "auto off always", &Settings::delta},
+    {"FERRY_DELTA_MAX_BYTES", SettingType::kBytes, "64G",
+     "trainer: bound on the host copy of the last version sent, which deltas are computed against; tensors "
+     "past it are sent whole", "", &Settings::delta_max_bytes},
+    {"FERRY_DELTA_SHADOW", SettingType::kChoice, "host",
+     "rank: keep a full-precision host copy of its shard so that deltas apply on top of it (off: every "
+     "update to this rank is sent whole)",
+     "host off", &Settings::delta_shadow},
+    {"FERRY_STAGE", SettingType::kChoice, "off",
+     "trainer: ranks receive each update into staging while they serve, and pause only to apply it "
+     "(needs host memory for a rank's full-precision input, within FERRY_MAX_STAGING_BYTES)",
+     "off on", &Settings::stage},
 };
 
 Status check_choice(const SettingInfo& info, std::string_view value) {

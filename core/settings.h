@@ -44,6 +44,10 @@ struct Settings {
   std::string rollback = "off";                    // FERRY_ROLLBACK
   int64_t io_spin_us = 1000;                       // FERRY_IO_SPIN_US, 0 to 1,000,000
   int64_t metrics_port = 0;                        // FERRY_METRICS_PORT, 0 to 65535
+  std::string delta = "auto";                      // FERRY_DELTA
+  uint64_t delta_max_bytes = uint64_t{64} << 30;   // FERRY_DELTA_MAX_BYTES
+  std::string delta_shadow = "host";               // FERRY_DELTA_SHADOW
+  std::string stage = "off";                       // FERRY_STAGE
 
   // Where each value that is not its default came from, by variable name.
   std::map<std::string, SettingSource, std::less<>> sources;

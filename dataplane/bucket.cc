@@ -14,10 +14,10 @@ namespace {
 constexpr size_t kHeaderFixedBytes = 64;
 constexpr size_t kPieceHeaderBytes = 96;  // generous upper bound of one encoded PieceHeader
 constexpr size_t kAllocationBytes = 160;  // and of one encoded IpcAllocation
-static_assert(kHeaderFixedBytes + sharding::kMaxPiecesPerBucket * (kPieceHeaderBytes + kAllocationBytes) +
+static_assert(kHeaderFixedBytes + sharding::kMaxPiecesPerBucket * (kPieceHeaderBytes + kAllocationBytes + kPieceAlignment) +
                       kPieceHeaderBytes + kBucketTrailerBytes <=
                   kBucketHeaderRoom,
-              "a bucket's header room holds the header of its most pieces");
+              "a bucket's header room holds the header of its most pieces, and their alignment");
 
 void put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -55,11 +55,15 @@ void BucketBuilder::reset(uint64_t version, int sender, uint64_t seq) {
 }
 
 size_t BucketBuilder::payload_room() const {
-  const size_t used = payload_ + header_estimate_ + kPieceHeaderBytes + kBucketTrailerBytes;
+  const size_t used = payload_ + kPieceAlignment + header_estimate_ + kPieceHeaderBytes + kBucketTrailerBytes;
   return used >= buffer_.size() ? 0 : buffer_.size() - used;
 }
 
 uint8_t* BucketBuilder::add_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes) {
+  // Every piece starts 8-byte aligned, so that its elements are, whatever the sizes before it (a
+  // delta piece's encoding is any number of bytes; a kernel reads a dense piece in place).
+  const size_t pad = (kPieceAlignment - payload_ % kPieceAlignment) % kPieceAlignment;
+  payload_ += pad;
   wire::PieceHeader* p = header_.add_pieces();
   p->set_param(param);
   for (int64_t v : dst.offset) p->add_dst_offset(v);
@@ -70,6 +74,17 @@ uint8_t* BucketBuilder::add_piece(uint32_t param, const Region& dst, DType dtype
   uint8_t* where = data() + payload_;
   payload_ += bytes;
   header_estimate_ += kPieceHeaderBytes;
+  return where;
+}
+
+uint8_t* BucketBuilder::add_delta_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes,
+                                        uint32_t encoding, uint64_t base_version, size_t encoded_bytes) {
+  uint8_t* where = add_piece(param, dst, dtype, encoded_bytes);
+  wire::PieceHeader* p = header_.mutable_pieces(header_.pieces_size() - 1);
+  p->set_bytes(bytes);
+  p->set_encoding(encoding);
+  p->set_base_version(base_version);
+  p->set_encoded_bytes(encoded_bytes);
   return where;
 }
 
@@ -144,9 +159,14 @@ Status decode_bucket_header(const uint8_t* tail, size_t tail_bytes, size_t size,
       }
       continue;
     }
-    if (p.offset() > payload || p.bytes() > payload - p.offset()) {
+    // A delta piece's payload is its encoding, a dense one's its bytes.
+    const uint64_t in_payload = p.encoding() != 0 ? p.encoded_bytes() : p.bytes();
+    if (p.encoding() != 0 && p.base_version() == 0) {
+      return Status::data_loss(fmt::format("delta piece for parameter #{} names no base version", p.param()));
+    }
+    if (p.offset() > payload || in_payload > payload - p.offset()) {
       return Status::data_loss(fmt::format("piece for parameter #{} at {}+{} lies outside a {}-byte payload", p.param(),
-                                           p.offset(), p.bytes(), payload));
+                                           p.offset(), in_payload, payload));
     }
   }
   return ok_status();

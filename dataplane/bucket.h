@@ -17,6 +17,8 @@ inline constexpr size_t kBucketTrailerBytes = 8;
 // Room beside a bucket's payload for its header and trailer: enough for the most pieces a bucket
 // carries (sharding::kMaxPiecesPerBucket), each announcing one shared allocation.
 inline constexpr size_t kBucketHeaderRoom = size_t{1} << 20;
+// Where each piece's payload starts: a multiple of this, from the bucket's start.
+inline constexpr size_t kPieceAlignment = 8;
 
 class BucketBuilder {
  public:
@@ -33,6 +35,10 @@ class BucketBuilder {
   // Reserves `bytes` of payload for a piece landing at `dst` of parameter `param`; returns where to
   // write the piece's packed elements.
   uint8_t* add_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes);
+  // A delta piece (delta.h): `encoded_bytes` of payload holding what changed since `base_version` in
+  // the `bytes` a dense piece would carry; returns where to write the encoding.
+  uint8_t* add_delta_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes, uint32_t encoding,
+                           uint64_t base_version, size_t encoded_bytes);
   // A direct piece: `bytes` in `rows` rows, `row_stride` bytes apart from `offset` in the sender's
   // shared allocation `alloc` (wire::PieceHeader), with no payload.
   void add_ref_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes, uint64_t alloc, uint64_t offset,

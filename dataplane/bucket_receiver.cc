@@ -1,10 +1,15 @@
 #include "dataplane/bucket_receiver.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <fmt/format.h>
 
+#include "core/device_copy.h"
 #include "core/log.h"
 #include "dataplane/bucket.h"
 #include "dataplane/credential.h"
+#include "dataplane/delta.h"
 #include "reload/engine.h"
 #include "transport/ipc_share.h"
 
@@ -121,8 +126,13 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
       break;
     }
     Region dst{Shape(p.dst_offset().begin(), p.dst_offset().end()), Shape(p.size().begin(), p.size().end())};
+    if (p.encoding() != 0) {
+      st = take_delta(p, dst, *dt, data, payload_device);
+      continue;
+    }
     Result<reload::PieceBytes> bytes = from_bucket;
     if (p.ref_alloc() != 0) {
+      engine_.drop_shadow();  // read in place on the device: the host shadow does not see it
       bytes = direct_bytes(header.sender_nonce(), p);
     } else {
       bytes->data = data + p.offset();
@@ -142,6 +152,26 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
   }
   *status = st;
   return true;
+}
+
+// A delta piece: its encoding (copied to the host first from a device payload) applied on top of the
+// values of the version the rank's shadow holds (the engine refuses any other base).
+Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst, DType dtype, const uint8_t* payload,
+                                  Device payload_device) {
+  if (p.ref_alloc() != 0) return Status::data_loss(fmt::format("direct piece for parameter #{} carries a delta", p.param()));
+  const auto encoding = static_cast<DeltaEncoding>(p.encoding());
+  const uint8_t* encoded = payload + p.offset();
+  std::vector<uint8_t> host;
+  if (!payload_device.is_cpu()) {
+    host.resize(p.encoded_bytes());
+    FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), encoded, payload_device, host.size()));
+    encoded = host.data();
+  }
+  const size_t elem = std::max<size_t>(dtype_bits(dtype) / 8, 1);
+  return engine_.take_delta_piece(p.param(), 0, dst, dtype, p.bytes(), p.base_version(),
+                                  [&](uint8_t* values, size_t bytes) {
+                                    return apply_delta(encoding, encoded, p.encoded_bytes(), values, bytes / elem, elem);
+                                  });
 }
 
 Status BucketReceiver::announce(const wire::IpcAllocation& a) {

@@ -61,6 +61,8 @@ class BucketReceiver {
 
  private:
   Status announce(const wire::IpcAllocation& a);
+  Status take_delta(const wire::PieceHeader& p, const Region& dst, DType dtype, const uint8_t* payload,
+                    Device payload_device);
   Result<reload::PieceBytes> direct_bytes(uint64_t nonce, const wire::PieceHeader& p);
 
   reload::ReloadEngine& engine_;

@@ -15,6 +15,7 @@
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
 #include "dataplane/credential.h"
+#include "dataplane/piece_pack.h"
 #include "sharding/buckets.h"
 #include "sharding/planner.h"
 #include "transport/ipc_share.h"
@@ -27,37 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 
 Clock::time_point deadline(std::chrono::milliseconds timeout) { return Clock::now() + timeout; }
-
-// Where the rows of `src` lie inside a contiguous tensor of `shape` and `dtype`: the first row's
-// byte offset and the bytes between rows, when every row of the box is one contiguous run.
-std::optional<std::pair<uint64_t, uint64_t>> row_runs(const Shape& shape, DType dtype, const Region& src) {
-  if (shape.empty()) return std::pair<uint64_t, uint64_t>{0, 0};
-  for (size_t d = 2; d < shape.size(); ++d) {
-    if (src.offset[d] != 0 || src.size[d] != shape[d]) return std::nullopt;
-  }
-  int64_t inner = 1;
-  for (size_t d = 2; d < shape.size(); ++d) inner *= shape[d];
-  const int64_t row = shape.size() > 1 ? shape[1] * inner : 1;
-  const int64_t first = src.offset[0] * row + (shape.size() > 1 ? src.offset[1] * inner : 0);
-  return std::pair<uint64_t, uint64_t>{dtype_bytes(dtype, first), dtype_bytes(dtype, row)};
-}
-
-// Packs `bytes` of `src` (rows [row, row + n) of the piece) at `where` in a bucket on `bucket`:
-// on the host from `host_view`; on a device straight from `tensor` when its rows are `runs`, else
-// packed on the host and copied. Device copies land when the bucket is sealed.
-Status pack_piece(Device bucket, const std::optional<std::pair<uint64_t, uint64_t>>& runs, const TensorView& tensor,
-                  const TensorView& host_view, const Region& src, int64_t row, int64_t n, size_t row_bytes,
-                  uint8_t* where, size_t bytes) {
-  if (bucket.is_cpu()) return pack_region(host_view, src, where, bytes);
-  if (runs) {
-    const auto* from = static_cast<const uint8_t*>(tensor.data()) + runs->first + static_cast<uint64_t>(row) * runs->second;
-    if (runs->second == row_bytes) return copy_async(bucket.index, where, from, bytes);
-    return copy_rows_async(bucket.index, where, row_bytes, from, runs->second, row_bytes, static_cast<size_t>(n));
-  }
-  FERRY_ASSIGN_OR_RETURN(Buffer packed, Buffer::allocate(bytes));
-  FERRY_RETURN_IF_ERROR(pack_region(host_view, src, packed.data(), bytes));
-  return copy_now(bucket.index, where, packed.data(), bytes);
-}
 
 std::mutex sealed_hook_mu;
 std::atomic<bool> sealed_hook_set{false};
@@ -97,10 +67,15 @@ struct BucketSender::Destination {
   std::set<uint64_t> announced;      // shared allocations this connection was told of
   uint64_t connected_for = 0;        // the largest bucket the connection was opened for
   size_t connected_in_flight = 0;    // and the most buckets in flight it was opened for
+  uint64_t delta_base = 0;           // the version the rank keeps for deltas (0: none)
 };
 
 BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> on_posted)
-    : settings_(settings), on_posted_(std::move(on_posted)), exporter_(std::make_unique<transport::IpcExporter>()) {}
+    : settings_(settings), on_posted_(std::move(on_posted)), exporter_(std::make_unique<transport::IpcExporter>()) {
+  if (settings_.delta != DeltaMode::kOff) bases_ = std::make_unique<DeltaBases>(settings_.delta_max_bytes);
+}
+
+uint64_t BucketSender::delta_copy_bytes() const { return bases_ ? bases_->bytes() : 0; }
 
 BucketSender::~BucketSender() {
   // Connections go before their transport, bucket memory only after the transport's thread ended.
@@ -136,6 +111,10 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
   bytes_ = 0;
   direct_bytes_ = 0;
   synced_devices_.clear();
+  delta_tallies_.assign(dests_.size(), DeltaTally{});
+  for (size_t i = 0; i < dests_.size(); ++i) {
+    dests_[i].delta_base = i < identity_.delta_bases.size() ? identity_.delta_bases[i] : 0;
+  }
   return ok_status();
 }
 
@@ -404,6 +383,7 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
   const std::string& name = meta.name;
   TensorView tensor = tensor_in;
   Buffer host;  // a device tensor's bytes for pieces that travel as bytes
+  bool any_bytes = false;
   for (int pi : plan_->by_source[source]) {
     const sharding::Piece& global = plan_->pieces[static_cast<size_t>(pi)];
     if (global.sender != identity_.index) continue;
@@ -430,30 +410,39 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
         continue;
       }
     }
-    // Into a device bucket, rows that are contiguous runs are copied straight from the tensor.
-    const auto runs = d.bucket_device.is_cuda() ? row_runs(tensor_in.shape(), tensor_in.dtype(), piece.src) : std::nullopt;
+    // A delta needs the rank to hold the version this sender last recorded the tensor at.
+    const DeltaBases::Base* base =
+        bases_ && d.delta_base != 0 ? bases_->find(name, held, tensor_in.dtype(), tensor_in.shape()) : nullptr;
+    if (base != nullptr && base->version != d.delta_base) base = nullptr;
+    // Into a device bucket, rows that are contiguous runs are copied straight from the tensor (a
+    // delta is encoded on the host).
+    const auto runs = d.bucket_device.is_cuda() && base == nullptr
+                          ? row_runs(tensor_in.shape(), tensor_in.dtype(), piece.src)
+                          : std::nullopt;
     if (runs) FERRY_RETURN_IF_ERROR(sync_source(tensor_in.device()).with_context(name));
-    if (!runs && !tensor.device().is_cpu()) {
-      FERRY_ASSIGN_OR_RETURN(host, Buffer::allocate(tensor_in.nbytes()));
-      FERRY_RETURN_IF_ERROR(
-          copy_bytes(host.data(), Device::cpu(), tensor_in.data(), tensor_in.device(), tensor_in.nbytes())
-              .with_context(name));
-      tensor = TensorView(host.data(), tensor_in.dtype(), tensor_in.shape());
-    }
+    if (!runs && !tensor.device().is_cpu()) FERRY_RETURN_IF_ERROR(host_copy(tensor_in, host, tensor).with_context(name));
+    any_bytes = true;
     const sharding::PieceRows pr = sharding::piece_rows(piece.src.size, piece.bytes);
     for (int64_t row = 0; row < pr.rows;) {
       FERRY_ASSIGN_OR_RETURN(const Part part, next_part(d, pr.rows - row, pr.row_bytes, /*payload=*/true));
       const auto [src, dst] = sharding::part_regions(piece.src, dst_full, row, part.rows);
-      const size_t bytes = static_cast<size_t>(part.rows) * pr.row_bytes;
-      uint8_t* where = part.bucket->add_piece(static_cast<uint32_t>(piece.param), dst, meta.dtype, bytes);
-      FERRY_RETURN_IF_ERROR(
-          pack_piece(d.bucket_device, runs, tensor_in, tensor, src, row, part.rows, pr.row_bytes, where, bytes)
-              .with_context(name));
-      bytes_ += bytes;
+      FERRY_RETURN_IF_ERROR(pack_part(*part.bucket, d.bucket_device, static_cast<uint32_t>(piece.param), src, dst,
+                                      meta.dtype, runs, tensor_in, tensor, row, part.rows, pr.row_bytes, base,
+                                      settings_.delta == DeltaMode::kAlways, scratch_,
+                                      delta_tallies_[static_cast<size_t>(piece.dst)])
+                                .with_context(name));
+      bytes_ += static_cast<uint64_t>(part.rows) * pr.row_bytes;
       row += part.rows;
       FERRY_RETURN_IF_ERROR(placed(d, part.rows, pr.row_bytes));
     }
     ++pieces_sent_[source];
+  }
+  // The copy deltas are computed against next time: what this sender holds of the tensor now, when
+  // it is on the host (a device tensor's bytes are, once a piece travelled as host bytes). A device
+  // tensor read in place (direct reads) or copied device to device (nccl, cuda_ipc) keeps none: its
+  // ranks' shadows miss those pieces too, and a copy would cost every byte once more.
+  if (bases_ && tensor.device().is_cpu() && (any_bytes || pieces_given_[source] == 0)) {
+    bases_->record(name, held, tensor, version_);
   }
   return ok_status();
 }

@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "dataplane/piece_pack.h"
 #include "transport/transport.h"
 
 namespace ferry {
@@ -36,8 +38,12 @@ namespace ferry::dataplane {
 
 class BucketBuilder;
 
+enum class DeltaMode : uint8_t { kOff, kAuto, kAlways };  // FERRY_DELTA
+
 struct BucketSenderSettings {
   bool verify = false;        // FERRY_VERIFY
+  DeltaMode delta = DeltaMode::kOff;
+  uint64_t delta_max_bytes = 0;  // FERRY_DELTA_MAX_BYTES: the copies kept for deltas
   bool direct = false;        // FERRY_DIRECT allows direct reads
   std::string transport = "auto";  // FERRY_TRANSPORT: the one allowed, or "auto"
   // What the transports it creates are made with; also the sender's deadlines (timeout) and the
@@ -71,7 +77,11 @@ class BucketSender {
     std::string key;
     std::vector<int> receivers;
     int index = 0;  // this sender's index in the plan (its trainer rank): it sends only the pieces given it
+    // Per rank, the version whose values it keeps for deltas (Member.delta_base; 0: none): a piece
+    // goes to it as a delta only against a copy this sender recorded at that version.
+    std::vector<uint64_t> delta_bases;
   };
+
   // Connects to every rank of `plan` (keeping connections of the last update that are still good)
   // and sizes the bucket pools; then starts counting for update `version`. `ranks` must outlive the
   // update. `endpoints` per rank in its preference order; `storage_devices` per rank.
@@ -91,6 +101,9 @@ class BucketSender {
 
   uint64_t bytes() const { return bytes_; }
   uint64_t direct_bytes() const { return direct_bytes_; }
+  // What delta encoding did this update, per destination rank in plan order.
+  const std::vector<DeltaTally>& delta_tallies() const { return delta_tallies_; }
+  uint64_t delta_copy_bytes() const;  // host bytes kept for deltas
   std::vector<uint64_t> buckets() const;  // posted this update, per destination
 
  private:
@@ -127,6 +140,9 @@ class BucketSender {
   uint64_t bytes_ = 0;
   uint64_t direct_bytes_ = 0;
   std::vector<uint32_t> pieces_given_, pieces_sent_;  // per manifest tensor, this update
+  std::unique_ptr<DeltaBases> bases_;
+  std::vector<DeltaTally> delta_tallies_;
+  PackScratch scratch_;
 };
 
 }  // namespace ferry::dataplane

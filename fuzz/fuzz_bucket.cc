@@ -1,11 +1,16 @@
 // Arbitrary bytes as a data-plane bucket: decode_bucket must refuse with DataLoss or accept a header
-// whose payload pieces lie inside the bucket, without reading a byte outside it (ASan watches).
+// whose payload pieces lie inside the bucket, without reading a byte outside it (ASan watches). A
+// delta piece's encoding is then applied to a piece of its region's size, as a rank would: it
+// must be taken or refused with DataLoss, never written past the values.
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include <google/protobuf/stubs/logging.h>
 
 #include "dataplane/bucket.h"
+#include "dataplane/delta.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   google::protobuf::SetLogHandler(nullptr);  // every non-UTF-8 string field would log a line
@@ -25,7 +30,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& p : header.pieces()) {
     if (p.dst_offset_size() != p.size_size()) std::abort();
     if (p.ref_alloc() != 0) continue;  // a direct piece: its bytes lie in a shared allocation
-    if (p.offset() > payload || p.bytes() > payload - p.offset()) std::abort();
+    const uint64_t in_payload = p.encoding() != 0 ? p.encoded_bytes() : p.bytes();
+    if (p.offset() > payload || in_payload > payload - p.offset()) std::abort();
+    if (p.encoding() == 0) continue;
+    // The values of a bf16 piece of its region, bounded so that a huge region costs no memory.
+    uint64_t n = 1;
+    for (int64_t d : p.size()) n = d < 0 ? 0 : std::min<uint64_t>(n * static_cast<uint64_t>(d), 1 << 20);
+    std::vector<uint8_t> values(n * 2, 0x5a);
+    const ferry::Status applied = apply_delta(static_cast<DeltaEncoding>(p.encoding()), data + p.offset(),
+                                              in_payload, values.data(), n, 2);
+    if (!applied.ok() && applied.code() != ferry::StatusCode::kDataLoss) std::abort();
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 // Writes the seed corpus of the fuzz targets: valid frames of each message kind, conversations that
 // walk the update machine through its phases, buckets as BucketBuilder makes them, and a few
 // malformed inputs of each. Usage: ferry-fuzz-corpus fuzz/corpus
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "coordinator/auth.h"
 #include "dataplane/credential.h"
 #include "dataplane/bucket.h"
+#include "dataplane/delta.h"
 #include "coordinator/frame.h"
 #include "transport/admission.h"
 
@@ -326,6 +328,19 @@ void buckets() {
   put("bucket", "bad_magic", ok.substr(0, ok.size() - 1) + "X");
   put("bucket", "bad_header_length", ok.substr(0, ok.size() - 8) + u32(0x7fffffff) + ok.substr(ok.size() - 4));
   put("bucket", "bad_short", ok.substr(ok.size() - 6));
+  // A delta piece: 3 of 64 bf16 elements changed, as runs, against version 2.
+  {
+    std::vector<uint8_t> before(128, 0), after(128, 0), encoded;
+    after[10] = after[11] = after[90] = 1;
+    const DeltaChoice c = encode_delta(before.data(), after.data(), 64, 2, false, encoded);
+    BucketBuilder b(4096);
+    b.reset(3, 1, 8);
+    uint8_t* at = b.add_delta_piece(0, Region{{0, 0}, {8, 8}}, DType::kBF16, 128, static_cast<uint32_t>(c.encoding), 2,
+                                    encoded.size());
+    std::copy(encoded.begin(), encoded.end(), at);
+    auto n = b.seal(false);
+    put("bucket", "delta_runs", std::string(reinterpret_cast<const char*>(b.data()), n.ok() ? *n : 0));
+  }
 
   wire::BucketHeader h;
   auto* p = h.add_pieces();

@@ -224,13 +224,35 @@ void init_update(py::module_& m) {
       .def_readonly("transfer_seconds", &UpdateReport::transfer_seconds)
       .def_readonly("process_seconds", &UpdateReport::process_seconds)
       .def_readonly("resume_seconds", &UpdateReport::resume_seconds)
+      .def_readonly("pause_window_seconds", &UpdateReport::pause_window_seconds,
+                    "the longest time a replica did not serve (staged: its apply)")
+      .def_readonly("staged", &UpdateReport::staged)
+      .def_readonly("delta_copy_bytes", &UpdateReport::delta_copy_bytes)
+      .def_property_readonly("wire_bytes", &UpdateReport::wire_bytes, "payload bytes this trainer sent, over ranks")
+      .def_property_readonly(
+          "delta_bytes",
+          [](const UpdateReport& r) {
+            uint64_t b = 0;
+            for (const auto& d : r.delta) b += d.delta_bytes;
+            return b;
+          },
+          "of wire_bytes, the delta pieces' encodings")
+      .def_property_readonly(
+          "changed_fraction",
+          [](const UpdateReport& r) {
+            uint64_t c = 0, e = 0;
+            for (const auto& d : r.delta) c += d.changed, e += d.elements;
+            return e ? static_cast<double>(c) / static_cast<double>(e) : 0.0;
+          },
+          "of the elements compared against the version a rank held, the fraction that changed")
       .def_property_readonly("gbps", &UpdateReport::gbps)
       .def("as_dict",
            [](const UpdateReport& r) {
              py::dict d;
              for (const char* k : {"version", "ranks", "bytes", "moved", "registered", "peak_staging_bytes", "seconds",
                                    "pause_seconds", "plan_seconds", "transfer_seconds", "process_seconds",
-                                   "resume_seconds", "gbps"}) {
+                                   "resume_seconds", "pause_window_seconds", "staged", "wire_bytes", "delta_bytes",
+                                   "changed_fraction", "gbps"}) {
                d[k] = py::cast(r).attr(k);
              }
              return d;
@@ -285,30 +307,34 @@ void init_update(py::module_& m) {
       .def(
           "start_weight_update",
           [](PyTrainer& t, uint64_t version, py::handle manifest, std::optional<std::string> pause_mode,
-             std::optional<bool> clear_cache, std::optional<std::vector<int>> replicas, py::object holdings) {
+             std::optional<bool> clear_cache, std::optional<std::vector<int>> replicas, py::object holdings,
+             bool stage) {
             Trainer& tr = t.get();
             const sharding::Manifest mf = manifest_from_python(manifest);
             // A manifest from manifest_from_state_dict() of DTensors carries this rank's holdings.
             if (holdings.is_none()) holdings = py::getattr(manifest, "holdings", py::none());
             sharding::SenderInfo held = holdings_from_python(holdings);
             t.held.clear();
-            if (!pause_mode && !clear_cache && !replicas && holdings.is_none()) {
+            if (!pause_mode && !clear_cache && !replicas && holdings.is_none() && !stage) {
               return nogil([&] { return tr.start_weight_update(version, mf); });
             }
             coordinator::UpdateOptions o;
             if (pause_mode) o.pause_mode = *pause_mode;
             if (clear_cache) o.clear_cache = *clear_cache;
             if (replicas) o.replicas = *replicas;
+            o.stage = stage;
             o.holdings = std::move(held);
             nogil([&] { return tr.start_weight_update(version, mf, o); });
           },
           py::arg("version"), py::arg("manifest"), py::arg("pause_mode") = py::none(),
           py::arg("clear_cache") = py::none(), py::arg("replicas") = py::none(), py::arg("holdings") = py::none(),
+          py::arg("stage") = false,
           "Checks the manifest against every replica, pauses them and plans. Manifest: SourceTensor objects "
           "or (name, dtype, shape) tuples, global shapes. holdings: what this trainer rank holds, {name: None "
           "(whole) | (offset, size) box of the global tensor}, names left out not held (see "
           "ferry.holdings_from_state_dict); None: the manifest's .holdings if it has them, else every tensor "
-          "whole. With several trainer ranks, every one starts the update (collective).")
+          "whole. stage: the ranks receive the version while they serve and pause only to apply it (or "
+          "FERRY_STAGE=on). With several trainer ranks, every one starts the update (collective).")
       .def(
           "send",
           [](PyTrainer& t, const std::string& name, py::handle tensor) {

@@ -139,20 +139,41 @@ std::vector<kernels::StorageTensor> ReloadEngine::input_layout(uint32_t param) c
 
 bool ReloadEngine::lends_host_pieces() const { return storage_.device().is_cpu() && max_staging_ == 0; }
 
-Status ReloadEngine::begin(uint64_t version, int senders) {
+Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   abort();
   version_ = version;
   senders_ = senders;
+  stage_all_ = stage;
+  // Deltas of this update apply on top of what the shadow holds now; until it completes, it holds
+  // no complete version.
+  shadow_base_ = shadow_version_;
+  shadow_version_ = 0;
+  shadow_stale_ = false;
   in_update_ = true;
   warned_out_of_order_ = false;
   unknown_.clear();
   report_ = EngineReport{};
   report_.version = version;
+  for (const auto& per_input : shadow_) {
+    for (const Buffer& b : per_input) report_.shadow_bytes += b.size();
+  }
   for (Param& p : params_) {
     for (Coverage& c : p.coverage) c.reset();
   }
   for (Layer& l : layers_) l.processed = l.refused = false;
   forked_ = false;
+  return ok_status();
+}
+
+Status ReloadEngine::apply_staged() {
+  if (!in_update_) return Status::failed_precondition("apply_staged outside an update");
+  stage_all_ = false;
+  for (Layer& l : layers_) {
+    if (l.processed || l.refused) continue;
+    bool done = true;
+    for (uint32_t q : l.params) done = done && complete(params_[q]);
+    if (done) FERRY_RETURN_IF_ERROR(process(l));  // an incomplete one: finalize() names it
+  }
   return ok_status();
 }
 

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -58,6 +59,9 @@ struct EngineOptions {
   RollbackMode rollback = RollbackMode::kOff;
   // Bound on out-of-order staging (FERRY_MAX_STAGING_BYTES at a rank); 0: none beyond one layer.
   uint64_t max_staging_bytes = 0;
+  // Keep a full-precision host copy of every input (the shadow), so that delta pieces apply on top
+  // of the version it holds (FERRY_DELTA_SHADOW=host at a rank).
+  bool delta_shadow = false;
 };
 
 struct EngineReport {
@@ -72,6 +76,8 @@ struct EngineReport {
   uint64_t peak_staging_bytes = 0;
   uint64_t out_of_order_layers = 0;  // layers that began while another was still staged
   double process_seconds = 0;        // time in processing kernels and copy-in
+  uint64_t delta_pieces = 0;         // pieces that arrived as deltas
+  uint64_t shadow_bytes = 0;         // host memory of the delta shadow
   Census census;
 };
 
@@ -98,7 +104,13 @@ class ReloadEngine {
   // Starts update `version` from `senders` trainer ranks: clears coverage and staging. Input from
   // one sender in plan order holds one layer at a time; several senders (a sharded trainer) each
   // send in plan order but side by side, so layers overlap: counted, not warned about.
-  Status begin(uint64_t version, int senders = 1);
+  // `stage`: the rank keeps serving while the update arrives, so no layer is written into storage
+  // on completion; apply_staged() writes them all once the rank paused.
+  Status begin(uint64_t version, int senders = 1, bool stage = false);
+  // Stage while serving: every complete layer held since begin(..., stage = true) into storage,
+  // in order; from here the update goes on as one that did not stage (finalize() checks it).
+  Status apply_staged();
+  bool staging_update() const { return stage_all_; }
   // Writes one piece (`bytes` packed elements of `dtype`) at `dst` inside input `input` of parameter
   // `param`: 0 for the full-precision input of an online scheme; a parameter whose kernel takes
   // several checkpoint tensors has one input each (gptq_int4: 0 qweight, 1 scales, 2 g_idx; see
@@ -112,6 +124,18 @@ class ReloadEngine {
   // The one intake call: a piece of input `input` of parameter `param`, landing at `dst`, whose bytes
   // the engine holds as `bytes.intake` says (copy, lend, borrow: the three calls below).
   Status take_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, PieceBytes bytes);
+  // A delta piece (FERRY_DELTA): `apply` turns the old elements of `dst` (`bytes` packed bytes, the
+  // values of version `base_version`) into the new ones in place; the engine then takes them as a
+  // copied piece. Refused (FailedPrecondition, nothing applied) unless the shadow holds exactly
+  // `base_version`: a delta never lands on any other version.
+  using DeltaApply = std::function<Status(uint8_t* values, size_t bytes)>;
+  Status take_delta_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
+                          uint64_t base_version, const DeltaApply& apply);
+  // The version the shadow holds complete (0: none, or the shadow is off): deltas against it apply.
+  uint64_t delta_base() const { return shadow_version_; }
+  // This update's pieces do not all reach the shadow (a colocated sender's direct pieces, read in
+  // place on the device): after it the shadow holds no version, and the next update comes whole.
+  void drop_shadow() { shadow_stale_ = true; }
   // apply_input_piece() for bytes the caller lends: the engine may keep `data` (and `owner`, which
   // keeps it alive; null when the caller guarantees `data` until the update ends) until the layer
   // is processed or the update ends, and then processes it straight into registered storage, with
@@ -212,6 +236,12 @@ class ReloadEngine {
   // `owner` non-null: lent; `borrowed`: valid until release_borrowed(); neither: during the call.
   Status apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes,
                const std::shared_ptr<const void>* owner, Device data_device = Device::cpu(), bool borrowed = false);
+  // Shared by every intake: the piece names a parameter, input, dtype and size this rank has.
+  Status check_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes) const;
+  // The delta shadow (engine_delta.cc): a piece's new values written into it.
+  Status shadow_write(uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
+                      Device data_device);
+  Result<TensorView> shadow_view(uint32_t param, uint32_t input, bool allocate);
   Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
               const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes,
               bool borrowed = false);
@@ -256,6 +286,13 @@ class ReloadEngine {
   bool warned_out_of_order_ = false;
   int senders_ = 1;  // of the update in progress
   EngineReport report_;
+  // Delta shadow, per parameter per input; the version it holds complete (0 during an update), the
+  // one it held when the update began, and whether this update's pieces all reached it.
+  std::vector<std::vector<Buffer>> shadow_;
+  uint64_t shadow_version_ = 0;
+  uint64_t shadow_base_ = 0;
+  bool shadow_stale_ = false;
+  bool stage_all_ = false;  // this update stages while the rank serves (begin(..., stage))
 };
 
 }  // namespace ferry::reload

@@ -75,6 +75,9 @@ Result<EngineReport> ReloadEngine::finalize() {
   // A complete version: nothing to go back to any more.
   snapshots_.drop();
   complete_version_ = version_;
+  // Every input was covered exactly: the shadow holds this version whole, unless some pieces
+  // bypassed it.
+  shadow_version_ = options_.delta_shadow && !shadow_stale_ ? version_ : 0;
   return report_;
 }
 
@@ -96,6 +99,7 @@ Status ReloadEngine::rollback() {
                  complete_version_);
   snapshots_.drop();
   version_ = complete_version_;
+  shadow_version_ = 0;  // the shadow took the aborted update's pieces
   return ok_status();
 }
 

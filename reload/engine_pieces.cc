@@ -29,8 +29,9 @@ bool ReloadEngine::complete(const Param& p) const {
 
 // Every byte held for a layer between its first piece and its copy-in goes through here.
 Status ReloadEngine::account(Layer& layer, uint32_t param, uint32_t input, Held held, uint64_t bytes) {
-  if (!layer.staged && staged_layers_ > 0) {
-    // In plan order one layer is held at a time; anything else is out-of-order input. Several
+  if (!layer.staged && staged_layers_ > 0 && !stage_all_) {
+    // In plan order one layer is held at a time (an update staged while serving holds them all);
+    // anything else is out-of-order input. Several
     // senders each in plan order hold about one layer each: warned about beyond that.
     ++report_.out_of_order_layers;
     if (!warned_out_of_order_ && staged_layers_ >= static_cast<size_t>(senders_)) {
@@ -226,20 +227,12 @@ Status ReloadEngine::release_borrowed() {
   return first;
 }
 
-Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
-                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device, bool borrowed) {
-  if (!in_update_) return Status::failed_precondition("piece received outside an update");
-  const bool on_device = !data_device.is_cpu();
-  if (on_device && (owner == nullptr || data_device != storage_.device())) {
-    return Status::invalid_argument(fmt::format("piece in {} memory for storage on {}: device pieces are lent, on the "
-                                                "storage's device", data_device.to_string(), storage_.device().to_string()));
-  }
+Status ReloadEngine::check_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes) const {
   if (param >= params_.size()) {
-    unknown_.push_back(fmt::format("#{}", param));
     return Status::not_found(fmt::format("piece for parameter #{}; this rank has {}", param, params_.size()));
   }
   const sharding::ParamSpec& ps = spec_.params[param];
-  Param& p = params_[param];
+  const Param& p = params_[param];
   if (input >= p.inputs.size()) {
     return Status::invalid_argument(
         fmt::format("{}: piece for input {}; its {} kernel takes {}", ps.name, input, p.kernel->name(), p.inputs.size()));
@@ -256,6 +249,21 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
                                                 dst.to_string(), bytes, dst.numel(), dtype_name(dtype),
                                                 dtype_bytes(dtype, dst.numel())));
   }
+  return ok_status();
+}
+
+Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data,
+                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device, bool borrowed) {
+  if (!in_update_) return Status::failed_precondition("piece received outside an update");
+  const bool on_device = !data_device.is_cpu();
+  if (on_device && (owner == nullptr || data_device != storage_.device())) {
+    return Status::invalid_argument(fmt::format("piece in {} memory for storage on {}: device pieces are lent, on the "
+                                                "storage's device", data_device.to_string(), storage_.device().to_string()));
+  }
+  if (param >= params_.size()) unknown_.push_back(fmt::format("#{}", param));
+  FERRY_RETURN_IF_ERROR(check_piece(param, input, dst, dtype, bytes));
+  Param& p = params_[param];
+  const auto in_name = [&] { return input_name(param, input); };
   Layer& layer = layers_[p.layer];
   if (layer.refused) return Status::failed_precondition(fmt::format("{}: layer {} was refused", in_name(), layer.name));
   if (layer.processed) {
@@ -263,11 +271,16 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
         fmt::format("{}: piece {} arrives after layer {} was complete", in_name(), dst.to_string(), layer.name));
   }
   FERRY_RETURN_IF_ERROR(p.coverage[input].add(dst));
+  if (options_.delta_shadow && !shadow_stale_) {
+    FERRY_RETURN_IF_ERROR(shadow_write(param, input, dst, data, bytes, data_device).with_context(in_name()));
+  }
   // Row pieces are processed where their bytes are: host rows into host storage (or its scratch),
   // lent device rows straight into device storage.
   const bool rows = p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1 &&
                     p.kernel->can_process_rows(dst);
-  bool completes = true;
+  // Staging while serving, a complete layer waits for apply_staged(): its pieces are kept as if it
+  // were still incomplete.
+  bool completes = !stage_all_;
   for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
   const bool kept = owner != nullptr || completes || borrowed;
   if (!rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1) {

@@ -8,7 +8,8 @@
 #   kernels.png    kernel throughput beside the device-copy baseline
 #   colocated.png  the colocated update per scheme beside its floor and the PyTorch baselines
 # usage: bench/gpu/run.sh OUT_DIR [STEPS]
-#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi,trainers (default: all)
+#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta
+#          (default: all)
 #   trainers: ferry bench e2e --trainers 1,2,4 over the host transports (CPU processes; the GPU
 #   machine has the cores): a sharded trainer beside gather-then-send and the cost model
 #   sharded: the colocated 8B fp8_per_channel update from 4 trainer processes on the GPU (each
@@ -21,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
-steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded}
+steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta}
 want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off
@@ -150,6 +151,17 @@ if want sharded; then
     echo "=== colocated fp8_per_channel --trainers $n" >> "$out/tests.log"
     timeout 300 "$bin/ferry-bench-colocated" --scheme fp8_per_channel --trainers $n --updates "${FERRY_GPU_UPDATES:-10}" \
       --json >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "sharded --trainers $n failed" >> "$out/tests.log"; status=1; }
+  done
+fi
+# delta: the colocated 8B fp8_per_channel update whose weights follow Adam steps (lr 1e-6): direct
+# reads (dense, the default path), bytes over shm, deltas over shm, and deltas staged while serving.
+if want delta; then
+  for how in "FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=auto" \
+             "FERRY_DIRECT=off FERRY_DELTA=auto FERRY_STAGE=on"; do
+    echo "=== colocated adam $how" >> "$out/tests.log"
+    env $how timeout 500 "$bin/ferry-bench-colocated" --scheme fp8_per_channel --change adam \
+      --updates "${FERRY_GPU_DELTA_UPDATES:-3}" --json >> "$out/results.jsonl" 2>> "$out/tests.log" ||
+      { echo "colocated adam $how failed" >> "$out/tests.log"; status=1; }
   done
 fi
 if want colocated; then

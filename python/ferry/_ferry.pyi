@@ -227,6 +227,32 @@ class UpdateReport:
     def pause_seconds(self) -> float:
         ...
     @property
+    def pause_window_seconds(self) -> float:
+        """
+        the longest time a replica did not serve (staged: its apply)
+        """
+    @property
+    def staged(self) -> bool:
+        ...
+    @property
+    def delta_copy_bytes(self) -> int:
+        ...
+    @property
+    def wire_bytes(self) -> int:
+        """
+        payload bytes this trainer sent, over ranks
+        """
+    @property
+    def delta_bytes(self) -> int:
+        """
+        of wire_bytes, the delta pieces' encodings
+        """
+    @property
+    def changed_fraction(self) -> float:
+        """
+        of the elements compared against the version a rank held, the fraction that changed
+        """
+    @property
     def peak_staging_bytes(self) -> int:
         ...
     @property
@@ -296,7 +322,7 @@ class Trainer:
         """
         Sends one tensor of the manifest (torch, numpy, any DLPack tensor): the held box of it, a DTensor's to_local().
         """
-    def start_weight_update(self, version: int, manifest: typing.Any, pause_mode: str | None = None, clear_cache: bool | None = None, replicas: list[int] | None = None, holdings: typing.Any = None) -> None:
+    def start_weight_update(self, version: int, manifest: typing.Any, pause_mode: str | None = None, clear_cache: bool | None = None, replicas: list[int] | None = None, holdings: typing.Any = None, stage: bool = False) -> None:
         """
         Checks the manifest against every replica, pauses them and plans. Manifest: SourceTensor objects or (name, dtype, shape) tuples, global shapes. holdings: what this trainer rank holds, {name: None (whole) | (offset, size) box of the global tensor}, names left out not held (see ferry.holdings_from_state_dict); None: the manifest's .holdings if it has them, else every tensor whole. With several trainer ranks, every one starts the update (collective).
         """

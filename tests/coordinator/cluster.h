@@ -96,6 +96,20 @@ class Cluster {
   }
 
   Status add_rank(int r) {
+    FERRY_ASSIGN_OR_RETURN(auto rank, make_rank(r));
+    ranks_.push_back(std::move(rank));
+    return ok_status();
+  }
+
+  // Rank `r` restarts: its process ends (the worker and its storage go) and a new one joins in its
+  // place, holding nothing of any version.
+  Status restart_rank(int r) {
+    ranks_[static_cast<size_t>(r)].reset();
+    FERRY_ASSIGN_OR_RETURN(ranks_[static_cast<size_t>(r)], make_rank(r));
+    return ok_status();
+  }
+
+  Result<std::unique_ptr<Rank>> make_rank(int r) {
     auto rank = std::make_unique<Rank>();
     FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(scheme_));
     FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg_, r, tp_, scheme));
@@ -117,8 +131,7 @@ class Cluster {
       return ok_status();
     };
     FERRY_ASSIGN_OR_RETURN(rank->worker, coordinator::RolloutWorker::create(std::move(o)));
-    ranks_.push_back(std::move(rank));
-    return ok_status();
+    return rank;
   }
 
   sharding::Manifest manifest() const { return sharding::llama_manifest(cfg_); }

@@ -26,7 +26,7 @@ TEST(BucketSender, RefusesASenderIndexOutsideThePlan) {
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   BucketSender sender(BucketSenderSettings{}, [] {});
   const Status st = sender.prepare(1, std::make_shared<const sharding::Plan>(std::move(*plan)), ranks, {{}}, {"cpu"},
-                                   BucketSender::Identity{0, "", {}, 2});
+                                   BucketSender::Identity{0, "", {}, 2, {}});
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
   EXPECT_THAT(st.message(), ::testing::HasSubstr("sender 2 of a plan of 2 senders"));
 }

@@ -1,0 +1,196 @@
+#include "dataplane/delta.h"
+
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace ferry::dataplane {
+namespace {
+
+size_t varint_size(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+void put_varint(std::vector<uint8_t>& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(v));
+}
+
+// Reads one varint of at most 10 bytes from [*p, end); false when it runs off the end or is longer.
+bool get_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
+  uint64_t x = 0;
+  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+    const uint8_t b = *(*p)++;
+    x |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) {
+      *v = x;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The runs of changed elements, [start, start + length), in order.
+std::vector<std::pair<uint64_t, uint64_t>> changed_runs(const uint8_t* before, const uint8_t* after, size_t n,
+                                                        size_t elem) {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  const size_t total = n * elem;
+  size_t pos = 0;  // element-aligned byte position
+  for (;;) {
+    // Equal bytes are skipped a word at a time: most of a tensor does not change between steps.
+    size_t p = pos;
+    while (p + 8 <= total) {
+      uint64_t a, b;
+      std::memcpy(&a, before + p, 8);
+      std::memcpy(&b, after + p, 8);
+      if (a != b) break;
+      p += 8;
+    }
+    while (p < total && before[p] == after[p]) ++p;
+    if (p >= total) break;
+    const size_t first = p / elem;
+    size_t end = first + 1;
+    while (end < n && std::memcmp(before + end * elem, after + end * elem, elem) != 0) ++end;
+    runs.emplace_back(first, end - first);
+    pos = end * elem;
+  }
+  return runs;
+}
+
+Status bad(std::string_view what) { return Status::data_loss(fmt::format("delta piece: {}", what)); }
+
+// Walks an encoding's changed elements without trusting it: `visit(element, value)` for each, in
+// order, only after the whole encoding was checked (so a bad one writes nothing).
+template <typename Visit>
+Result<uint64_t> walk(DeltaEncoding encoding, const uint8_t* enc, size_t bytes, size_t n, size_t elem, Visit visit) {
+  if (elem == 0) return bad("elements of 0 bytes");
+  const uint8_t* end = enc + bytes;
+  if (encoding == DeltaEncoding::kBitmap) {
+    const size_t map = (n + 7) / 8;
+    if (bytes < map) return bad(fmt::format("bitmap of {} elements in {} bytes", n, bytes));
+    uint64_t k = 0;
+    for (size_t i = 0; i < map; ++i) k += static_cast<uint64_t>(__builtin_popcount(enc[i]));
+    if (n % 8 != 0 && (enc[map - 1] >> (n % 8)) != 0) return bad("bitmap marks elements past the piece");
+    if ((bytes - map) / elem != k || (bytes - map) % elem != 0) {
+      return bad(fmt::format("bitmap marks {} elements, {} bytes of values follow", k, bytes - map));
+    }
+    const uint8_t* v = enc + map;
+    for (size_t i = 0; i < map; ++i) {
+      for (uint8_t b = enc[i]; b != 0; b &= static_cast<uint8_t>(b - 1)) {
+        visit(i * 8 + static_cast<size_t>(__builtin_ctz(b)), v);
+        v += elem;
+      }
+    }
+    return k;
+  }
+  if (encoding != DeltaEncoding::kRuns) return bad(fmt::format("unknown encoding {}", static_cast<uint32_t>(encoding)));
+  const uint8_t* p = enc;
+  uint64_t r = 0;
+  if (!get_varint(&p, end, &r)) return bad("runs: no count");
+  if (r > bytes) return bad(fmt::format("{} runs in {} bytes", r, bytes));
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  runs.reserve(static_cast<size_t>(r));
+  uint64_t at = 0, k = 0;
+  for (uint64_t i = 0; i < r; ++i) {
+    uint64_t skip = 0, len = 0;
+    if (!get_varint(&p, end, &skip) || !get_varint(&p, end, &len)) return bad("runs: truncated");
+    if (len == 0 || skip > n - at || len > n - at - skip) {
+      return bad(fmt::format("run of {} elements after {} at element {} of {}", len, skip, at, n));
+    }
+    at += skip;
+    runs.emplace_back(at, len);
+    at += len;
+    k += len;
+  }
+  const size_t values = static_cast<size_t>(end - p);
+  if (values % elem != 0 || values / elem != k) {
+    return bad(fmt::format("runs cover {} elements, {} bytes of values follow", k, values));
+  }
+  for (const auto& [start, len] : runs) {
+    for (uint64_t e = 0; e < len; ++e) {
+      visit(static_cast<size_t>(start + e), p);
+      p += elem;
+    }
+  }
+  return k;
+}
+
+}  // namespace
+
+std::string_view encoding_name(DeltaEncoding encoding) {
+  switch (encoding) {
+    case DeltaEncoding::kDense:
+      return "dense";
+    case DeltaEncoding::kBitmap:
+      return "bitmap";
+    case DeltaEncoding::kRuns:
+      return "runs";
+  }
+  return "unknown";
+}
+
+DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool prefer_delta,
+                         std::vector<uint8_t>& out) {
+  out.clear();
+  const auto runs = changed_runs(before, after, n, elem);
+  uint64_t k = 0;
+  size_t run_bytes = varint_size(runs.size());
+  uint64_t at = 0;
+  for (const auto& [start, len] : runs) {
+    k += len;
+    run_bytes += varint_size(start - at) + varint_size(len);
+    at = start + len;
+  }
+  const size_t values = static_cast<size_t>(k) * elem;
+  const size_t bitmap = (n + 7) / 8 + values;
+  const size_t by_runs = run_bytes + values;
+  const size_t smallest = std::min(bitmap, by_runs);
+  DeltaChoice choice{DeltaEncoding::kDense, k};
+  if (!prefer_delta && smallest >= n * elem) return choice;
+  out.reserve(smallest);
+  if (by_runs <= bitmap) {
+    choice.encoding = DeltaEncoding::kRuns;
+    put_varint(out, runs.size());
+    at = 0;
+    for (const auto& [start, len] : runs) {
+      put_varint(out, start - at);
+      put_varint(out, len);
+      at = start + len;
+    }
+  } else {
+    choice.encoding = DeltaEncoding::kBitmap;
+    out.assign((n + 7) / 8, 0);
+    for (const auto& [start, len] : runs) {
+      for (uint64_t e = start; e < start + len; ++e) out[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+    }
+  }
+  for (const auto& [start, len] : runs) {
+    out.insert(out.end(), after + start * elem, after + (start + len) * elem);
+  }
+  return choice;
+}
+
+Result<uint64_t> delta_changed(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, size_t n,
+                               size_t elem) {
+  return walk(encoding, encoded, encoded_bytes, n, elem, [](size_t, const uint8_t*) {});
+}
+
+Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
+                   size_t elem) {
+  // Checked whole first: a bad encoding leaves the values as they were.
+  FERRY_RETURN_IF_ERROR(delta_changed(encoding, encoded, encoded_bytes, n, elem).status());
+  return walk(encoding, encoded, encoded_bytes, n, elem,
+              [&](size_t e, const uint8_t* v) { std::memcpy(values + e * elem, v, elem); })
+      .status();
+}
+
+}  // namespace ferry::dataplane

@@ -1,0 +1,79 @@
+#include "dataplane/delta_base.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/region_copy.h"
+#include "dataplane/delta.h"
+
+namespace ferry::dataplane {
+
+std::string DeltaBases::key(const std::string& name, const Region& held) { return name + held.to_string(); }
+
+const DeltaBases::Base* DeltaBases::find(const std::string& name, const Region& held, DType dtype,
+                                         const Shape& shape) const {
+  auto it = bases_.find(key(name, held));
+  if (it == bases_.end() || it->second.dtype != dtype || it->second.shape != shape) return nullptr;
+  return &it->second;
+}
+
+void DeltaBases::record(const std::string& name, const Region& held, const TensorView& host, uint64_t version) {
+  const std::string k = key(name, held);
+  auto it = bases_.find(k);
+  const uint64_t want = host.nbytes();
+  if (it != bases_.end() && it->second.values.size() != want) {
+    bytes_ -= it->second.values.size();
+    bases_.erase(it);
+    it = bases_.end();
+  }
+  if (it == bases_.end()) {
+    if (bytes_ + want > max_bytes_) {
+      if (!warned_) {
+        FERRY_LOG_WARN("{} ({} bytes) and later tensors are sent whole every update: the copies kept for deltas "
+                       "would pass FERRY_DELTA_MAX_BYTES={} bytes",
+                       name, want, max_bytes_);
+        warned_ = true;
+      }
+      return;
+    }
+    auto b = Buffer::allocate(want);
+    if (!b.ok()) {
+      FERRY_LOG_WARN("{} is sent whole every update: no host memory for its delta copy ({})", name,
+                     b.status().message());
+      return;
+    }
+    Base base;
+    base.values = std::move(*b);
+    it = bases_.emplace(k, std::move(base)).first;
+    bytes_ += want;
+  }
+  Base& base = it->second;
+  base.dtype = host.dtype();
+  base.shape = host.shape();
+  std::memcpy(base.values.data(), host.data(), want);
+  base.version = version;
+}
+
+void DeltaBases::clear() {
+  bases_.clear();
+  bytes_ = 0;
+}
+
+Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, const uint8_t* packed, size_t bytes,
+                              bool prefer_delta, std::vector<uint8_t>& scratch, std::vector<uint8_t>& encoded) {
+  const uint8_t* old = region_span(base.view(), src);
+  if (old == nullptr) {
+    scratch.resize(bytes);
+    FERRY_RETURN_IF_ERROR(pack_region(base.view(), src, scratch.data(), bytes));
+    old = scratch.data();
+  }
+  // Sub-byte elements (packed int4) compare byte by byte.
+  const size_t elem = std::max<size_t>(dtype_bits(base.dtype) / 8, 1);
+  const DeltaChoice c = encode_delta(old, packed, bytes / elem, elem, prefer_delta, encoded);
+  return PartDelta{static_cast<uint32_t>(c.encoding), c.changed};
+}
+
+}  // namespace ferry::dataplane

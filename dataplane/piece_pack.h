@@ -1,0 +1,52 @@
+// How a sender packs the rows of a piece into a bucket: dense bytes (from the host, or copied
+// straight from device memory into a device bucket), or a delta against the copy it kept of the
+// version the rank holds (delta.h, delta_base.h). BucketSender's packing, kept apart from its
+// connections and buffers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "dataplane/delta_base.h"
+
+namespace ferry::dataplane {
+
+class BucketBuilder;
+
+// Where the rows of `src` lie inside a contiguous tensor of `shape` and `dtype`: the first row's
+// byte offset and the bytes between rows, when every row of the box is one contiguous run.
+std::optional<std::pair<uint64_t, uint64_t>> row_runs(const Shape& shape, DType dtype, const Region& src);
+
+// `tensor` (on a device) copied into `host`, once, and viewed as `view` (a host `view` is left).
+Status host_copy(const TensorView& tensor, Buffer& host, TensorView& view);
+
+// What delta encoding did to the pieces of one destination.
+struct DeltaTally {
+  uint64_t dense_bytes = 0;        // payload of pieces sent whole
+  uint64_t delta_bytes = 0;        // payload of delta pieces (their encodings)
+  uint64_t delta_dense_bytes = 0;  // what those would have carried whole
+  uint64_t elements = 0;           // elements compared against a kept copy
+  uint64_t changed = 0;            // of those, changed
+};
+
+// Scratch a sender reuses across parts.
+struct PackScratch {
+  std::vector<uint8_t> packed, old, encoded;
+};
+
+// One part of a piece (rows [row, row + rows) of it, box `src` of the local tensor) into `bucket`
+// (memory on `bucket_device`) for parameter `param` at `dst`. With `base` (the copy of the version
+// the rank holds), as a delta when its encoding is smaller than the dense bytes, or whenever it
+// fits with `prefer_delta`; else dense: from `host` on the host, or on a device straight from
+// `tensor` when its rows are `runs`. Device copies land when the bucket is sealed.
+Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
+                 DType dtype, const std::optional<std::pair<uint64_t, uint64_t>>& runs, const TensorView& tensor,
+                 const TensorView& host, int64_t row, int64_t rows, size_t row_bytes, const DeltaBases::Base* base,
+                 bool prefer_delta, PackScratch& scratch, DeltaTally& tally);
+
+}  // namespace ferry::dataplane

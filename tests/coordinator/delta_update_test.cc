@@ -1,0 +1,227 @@
+// Delta updates end to end (FERRY_DELTA): a trainer and a TP replica over real tcp sockets, a
+// sequence of updates whose changes go from none to every element, with changes that move a
+// per-tensor, per-row and per-block amax, and a rank that restarts between two deltas. After every
+// update every storage byte of every rank must equal the reference of a dense update of that
+// version, built without ferry's sharding or kernels (scheme_bytes.h).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tests/common/scoped_env.h"
+#include "tests/coordinator/scheme_bytes.h"
+#include "transport/transport.h"
+
+namespace ferry::testutil {
+namespace {
+
+struct Case {
+  Scheme scheme;
+  const char* mode;  // FERRY_DELTA
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << scheme_name(c.scheme) << " " << c.mode; }
+
+// Changes `fraction` of every tensor's elements, each by one unit in the last place (what a step
+// at a small learning rate does to most changed bf16 weights).
+void nudge(Checkpoint& ck, double fraction, std::mt19937_64& rng) {
+  for (auto& [name, v] : ck.data) {
+    const size_t k = static_cast<size_t>(fraction * static_cast<double>(v.size()));
+    for (size_t i = 0; i < k; ++i) v[rng() % v.size()] ^= 1;
+  }
+}
+
+// One element of every matrix far above the rest: every scale whose group holds it moves.
+void move_amax(Checkpoint& ck, std::mt19937_64& rng) {
+  for (auto& [name, v] : ck.data) {
+    if (v.size() > 1000) v[rng() % v.size()] = 0x4248;  // 50.0 in bf16
+  }
+}
+
+void renew(Checkpoint& ck, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 0.1f);
+  for (auto& [name, v] : ck.data) {
+    for (auto& b : v) {
+      const float f = dist(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      const uint16_t old = b;
+      b = static_cast<uint16_t>(u >> 16);
+      if (b == old) b ^= 1;  // every element changes
+    }
+  }
+}
+
+class DeltaUpdate : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeltaUpdate, EveryUpdateMatchesADenseOneByteForByte) {
+  const Case tc = GetParam();
+  const bool always = std::string(tc.mode) == "always";
+  ScopedEnv delta("FERRY_DELTA", tc.mode);
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  const Config cfg = kv_above_tp();
+  const std::string name(scheme_name(tc.scheme));
+  const Layout layout = make_layout(cfg, name);
+  Cluster c(cfg.tp, name, cfg.llama);
+  Status st = c.start();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  scribble(c);
+  Checkpoint ck = make_checkpoint(c.manifest(), 100);
+  std::mt19937_64 rng(5);
+
+  uint64_t full = 0;  // one dense update's bytes on the wire
+  // What each rank got: dense (no base to compute against), or deltas.
+  enum class Got { kDense, kDelta };
+  const auto update = [&](uint64_t v, const std::string& what, const std::vector<Got>& got) -> coordinator::UpdateReport {
+    SCOPED_TRACE(fmt::format("{} FERRY_DELTA={} v{}: {}", name, tc.mode, v, what));
+    auto r = c.update(v, ck);
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status().to_string();
+      return {};
+    }
+    expect_storage(c, expected_storage(cfg, layout, tc.scheme, ck), what);
+    EXPECT_EQ(r->delta.size(), 2u);
+    for (size_t i = 0; i < got.size() && i < r->delta.size(); ++i) {
+      const coordinator::RankDelta& d = r->delta[i];
+      if (got[i] == Got::kDense) {
+        EXPECT_EQ(d.delta_bytes, 0u) << "rank " << i;
+        EXPECT_EQ(d.elements, 0u) << "rank " << i;
+        EXPECT_GT(d.dense_bytes, 0u) << "rank " << i;
+      } else {
+        EXPECT_GT(d.delta_bytes, 0u) << "rank " << i;
+        EXPECT_GT(d.elements, 0u) << "rank " << i;
+      }
+    }
+    if (v == 1) full = r->wire_bytes();
+    return *r;
+  };
+  const std::vector<Got> dense(2, Got::kDense), deltas(2, Got::kDelta);
+
+  update(1, "first update: dense", dense);
+  auto r = update(2, "nothing changed", deltas);
+  for (const auto& d : r.delta) EXPECT_EQ(d.changed, 0u);
+  EXPECT_LT(r.wire_bytes() * 50, full) << "an unchanged version costs next to nothing";
+
+  nudge(ck, 0.001, rng);
+  r = update(3, "0.1% changed", deltas);
+  for (const auto& d : r.delta) {
+    EXPECT_GT(d.changed_fraction(), 0.0);
+    EXPECT_LT(d.changed_fraction(), 0.01);
+    EXPECT_EQ(d.dense_bytes, 0u) << "every piece is smaller as a delta";
+  }
+  EXPECT_LT(r.wire_bytes() * 10, full);
+
+  nudge(ck, 0.03, rng);
+  move_amax(ck, rng);
+  update(4, "3% changed, amax moved", deltas);
+
+  renew(ck, rng);
+  // Auto compares every piece and sends its dense bytes; always sends the (larger) deltas.
+  r = update(5, "every element changed", always ? deltas : std::vector<Got>{});
+  for (const auto& d : r.delta) {
+    EXPECT_GT(d.changed_fraction(), 0.99);
+    if (always) {
+      EXPECT_GT(d.delta_bytes, d.delta_dense_bytes) << "a delta of everything is larger than the bytes";
+    } else {
+      EXPECT_EQ(d.delta_bytes, 0u) << "auto sends what is smaller: the dense bytes";
+    }
+  }
+
+  // Rank 1 restarts: it holds no version, so it gets dense bytes while rank 0 gets deltas.
+  st = c.restart_rank(1);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  nudge(ck, 0.001, rng);
+  update(6, "rank 1 restarted", {Got::kDelta, Got::kDense});
+  nudge(ck, 0.03, rng);
+  update(7, "both hold v6", deltas);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> out;
+  for (Scheme s : kAllSchemes) {
+    if (s == Scheme::kGptqInt4) continue;  // quantized reload, not an online scheme
+    out.push_back({s, "auto"});
+    out.push_back({s, "always"});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOnlineSchemes, DeltaUpdate, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string s(scheme_name(info.param.scheme));
+                           std::erase(s, '_');
+                           return s + "_" + info.param.mode;
+                         });
+
+// FERRY_DELTA=off: every update carries every byte, and the trainer keeps no copy.
+TEST(DeltaUpdateOff, EveryUpdateIsDense) {
+  ScopedEnv delta("FERRY_DELTA", "off");
+  const Config cfg = kv_above_tp();
+  Cluster c(cfg.tp, "fp8_block", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 1);
+  for (uint64_t v = 1; v <= 2; ++v) {
+    auto r = c.update(v, ck);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->delta_copy_bytes, 0u);
+    for (const auto& d : r->delta) EXPECT_EQ(d.delta_bytes, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::testutil
+
+namespace ferry::testutil {
+namespace {
+
+// Every host transport carries deltas, staged or not: a dense first update, then 0.1% and 3%
+// changes, storage checked against the reference after each.
+class DeltaTransport : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeltaTransport, DeltasAndStagingMatchTheReference) {
+  ScopedEnv transport("FERRY_TRANSPORT", GetParam());
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_tensor");
+  Cluster c(cfg.tp, "fp8_per_tensor", cfg.llama);
+  Status st = c.start();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  Checkpoint ck = make_checkpoint(c.manifest(), 9);
+  std::mt19937_64 rng(11);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    if (v > 1) nudge(ck, v == 3 ? 0.03 : 0.001, rng);
+    coordinator::UpdateOptions o;
+    o.stage = v >= 3;
+    ASSERT_TRUE(c.trainer().start_weight_update(v, c.manifest(), o).ok());
+    coordinator::MapSource src(ck.views);
+    ASSERT_TRUE(c.trainer().update_weights(src).ok());
+    auto r = c.trainer().finish_weight_update();
+    ASSERT_TRUE(r.ok()) << GetParam() << " v" << v << ": " << r.status().to_string();
+    EXPECT_EQ(r->staged, v >= 3);
+    uint64_t delta = 0;
+    for (const auto& d : r->delta) delta += d.delta_bytes;
+    if (v == 1) {
+      EXPECT_EQ(delta, 0u);
+    } else {
+      EXPECT_GT(delta, 0u) << GetParam() << " v" << v;
+    }
+    expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerTensor, ck), fmt::format("{} v{}", GetParam(), v));
+  }
+}
+
+std::vector<std::string> host_transports() {
+  std::vector<std::string> out;
+  for (const auto& f : transport::transport_factories()) {
+    if (f.name == "tcp" || f.name == "shm" || f.name == "ucx") out.emplace_back(f.name);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(HostTransports, DeltaTransport, ::testing::ValuesIn(host_transports()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace ferry::testutil
