@@ -15,9 +15,14 @@ __device__ float unit(unsigned long long x) {
   return static_cast<float>(static_cast<double>(x >> 11) * 0x1.0p-52 - 1.0);
 }
 
-__global__ void init_master(const __nv_bfloat16* w, float* master, __nv_bfloat16* m, __nv_bfloat16* v, size_t n) {
+// A model some way into training: each master weight somewhere within its bf16 value's rounding
+// interval, not on the grid where a fresh cast puts it.
+__global__ void init_master(const __nv_bfloat16* w, float* master, __nv_bfloat16* m, __nv_bfloat16* v, size_t n,
+                            unsigned long long tensor) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    master[i] = __bfloat162float(w[i]);
+    const float on_grid = __bfloat162float(w[i]);
+    const int e = max(static_cast<int>((__float_as_uint(on_grid) >> 23) & 0xff), 1);
+    master[i] = on_grid + 0.499f * unit((tensor << 40) ^ i ^ 0x2545f491ull) * ldexpf(1.0f, e - 127 - 7);
     m[i] = __float2bfloat16(0.0f);
     v[i] = __float2bfloat16(0.0f);
   }
@@ -52,7 +57,7 @@ class DeviceAdamImpl final : public DeviceAdam {
       FERRY_ASSIGN_OR_RETURN(s.m, Buffer::allocate(n * 2, w.device()));
       FERRY_ASSIGN_OR_RETURN(s.v, Buffer::allocate(n * 2, w.device()));
       init_master<<<1024, 256>>>(static_cast<const __nv_bfloat16*>(w.data()), s.master.data_as<float>(),
-                                 s.m.data_as<__nv_bfloat16>(), s.v.data_as<__nv_bfloat16>(), n);
+                                 s.m.data_as<__nv_bfloat16>(), s.v.data_as<__nv_bfloat16>(), n, states_.size() + 1);
       states_.push_back(std::move(s));
     }
     return sync();

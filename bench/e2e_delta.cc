@@ -1,5 +1,6 @@
 #include "bench/e2e_delta.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,14 @@ float from_bf16(uint16_t b) {
   return f;
 }
 
+// The spacing of bf16 values at `f` (8 significant bits).
+float ulp(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const int e = static_cast<int>((u >> 23) & 0xff);
+  return std::ldexp(1.0f, std::max(e, 1) - 127 - 7);
+}
+
 // A uniform value in [-1, 1) from a 64-bit hash of `x`.
 float unit(uint64_t x) {
   x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33, x *= 0xc4ceb9fe1a85ec53ull, x ^= x >> 33;
@@ -42,15 +51,22 @@ float unit(uint64_t x) {
 // fp32 master weights under Adam, and the bf16 the trainer sends after each step.
 class AdamTrajectory {
  public:
+  // Weights of a model some way into training: bf16 values ~ N(0, 0.02), each with an fp32 master
+  // somewhere within its rounding interval (not on the bf16 grid, where a fresh cast puts it).
   explicit AdamTrajectory(const sharding::Manifest& m) {
-    uint64_t x = 0x9e3779b97f4a7c15ull;
+    uint64_t k = 0;
     for (const auto& t : m) {
       Tensor& s = tensors_.emplace_back();
       const size_t n = static_cast<size_t>(shape_numel(t.shape));
       s.bf16.resize(n);
-      for (auto& e : s.bf16) e = e2e::next_bf16(x);
       s.w.resize(n);
-      for (size_t i = 0; i < n; ++i) s.w[i] = from_bf16(s.bf16[i]);
+      for (size_t i = 0; i < n; ++i, ++k) {
+        const float u1 = 0.5f * (unit(k * 3 + 1) + 1.0f) + 1e-7f, u2 = unit(k * 3 + 2);
+        const float w = 0.02f * std::sqrt(-2.0f * std::log(u1)) * std::cos(3.14159265f * u2);
+        s.bf16[i] = to_bf16(w);
+        const float on_grid = from_bf16(s.bf16[i]);
+        s.w[i] = on_grid + 0.499f * unit(k * 3 + 3) * ulp(on_grid);
+      }
       s.m.assign(n, 0.0f);
       s.v.assign(n, 0.0f);
     }
@@ -91,7 +107,7 @@ class AdamTrajectory {
 };
 
 struct CaseFigures {
-  std::vector<double> wire, seconds, window, apply;
+  std::vector<double> wire, seconds, window, apply, transfer;
   uint64_t changed = 0, elements = 0;
   bool staged = true;
 };
@@ -128,7 +144,9 @@ Status run_one(const E2eOptions& o, const std::string& transport, bool delta, bo
     out->wire.push_back(static_cast<double>(r.wire_bytes()));
     out->seconds.push_back(r.seconds);
     out->window.push_back(r.pause_window_seconds);
-    out->apply.push_back(r.process_seconds);
+    // The apply: staged, from a replica's Apply to its ranks' finalize; else the ranks' processing.
+    out->apply.push_back(r.staged ? r.apply_seconds : r.process_seconds);
+    out->transfer.push_back(r.transfer_seconds);
     out->staged = out->staged && r.staged;
     for (const auto& d : r.delta) {
       out->changed += d.changed;
@@ -186,8 +204,9 @@ Status run_delta_case(const E2eOptions& o, const std::string& transport) {
     fmt::print("e2e-delta {:<20} tp {} {} B, {:.3f}% of elements changed per Adam step (lr 1e-6)\n", name, o.tp, bytes,
                100 * changed);
     for (int k = 0; k < 4; ++k) {
-      fmt::print("    {:<13} wire {:>11.0f} B  update {:.4f} s  not serving {:.4f} s  apply {:.4f} s{}\n", names[k],
-                 e2e::median(f[k].wire), e2e::median(f[k].seconds), e2e::median(f[k].window), e2e::median(f[k].apply),
+      fmt::print("    {:<13} wire {:>11.0f} B  update {:.4f} s (sending {:.4f})  not serving {:.4f} s  apply {:.4f} s{}\n",
+                 names[k], e2e::median(f[k].wire), e2e::median(f[k].seconds), e2e::median(f[k].transfer),
+                 e2e::median(f[k].window), e2e::median(f[k].apply),
                  k >= 2 && !f[k].staged ? "  (fell back to pause first)" : "");
     }
     fmt::print("    delta vs dense: {:.1f}x fewer bytes, {:.2f}x faster; staged delta: not serving {:.2f}x its apply\n",

@@ -186,6 +186,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       // From here storage is being rewritten: the rank serves nothing until a complete version lands.
       if (!staging_) consistent_ = false;
       update_version_ = p.version();
+      completed_ = false;
       received_ = 0;
       expected_ = -1;
       finalized_ = false;
@@ -244,6 +245,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   // The caller holds mu_.
   Status finalize_engine(wire::Finalized* out) {
     auto r = engine_->finalize();
+    completed_ = r.ok();
     if (r.ok()) {
       out->set_moved(r->census.moved);
       out->set_registered(r->census.registered);
@@ -335,7 +337,12 @@ class RolloutWorkerImpl final : public RolloutWorker {
         return;
       }
       consistent_ = false;
-      if (engine_->rollback_mode() == reload::RollbackMode::kHost) {
+      if (completed_) {
+        // Its storage holds the aborted update complete (the engine let its snapshots go at
+        // finalize): there is nothing to restore, and claiming the previous version would let the
+        // replica resume on a mix of versions. It stays paused until a complete update lands.
+        FERRY_LOG_ERROR("update v{} aborted after this rank finalized it: no rollback; paused", a.version());
+      } else if (engine_->rollback_mode() == reload::RollbackMode::kHost) {
         // Storage goes back to the last complete version, in place; the coordinator resumes the
         // replica at it once every rank has done the same.
         Status st = engine_->rollback();
@@ -427,6 +434,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
   // The update in progress stages while the rank serves (Pause.stage) and has not been applied;
   // the pause hook's request waits for the Apply. Under hooks_mu_.
   std::atomic<bool> staging_{false};
+  bool completed_ = false;  // the update in progress finalized here (under mu_)
   PauseRequest pause_request_;
 
   // A rank serves nothing until its first complete version lands.

@@ -336,6 +336,7 @@ class TrainerImpl final : public Trainer {
     rep.resume_seconds = r.resume_seconds();
     rep.staged = r.staged();
     rep.pause_window_seconds = r.pause_window_seconds();
+    rep.apply_seconds = r.apply_seconds();
     return rep;
   }
 

@@ -113,6 +113,7 @@ struct UpdateReport {
   // Without staging that is nearly `seconds`; with it, the apply.
   double pause_window_seconds = 0;
   bool staged = false;  // the update staged while serving (false: it paused first)
+  double apply_seconds = 0;  // staged: the longest apply of a replica (pause hook, storage writes, finalize)
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 };
 

@@ -150,6 +150,9 @@ void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
   if (Status st = from_wire(f.status()); !st.ok()) return fail(on_rank(st, m, f.staged() ? "staging" : "finalize"));
   if (f.staged()) return on_staged(m);
   acked_.insert(m.id);
+  if (auto a = apply_sent_.find(m.spec.replica); a != apply_sent_.end()) {
+    report_.set_apply_seconds(std::max(report_.apply_seconds(), since(a->second)));
+  }
   m.state = "complete";
   m.delta_base = f.delta_base();
   report_.set_bytes(report_.bytes() + f.bytes());
@@ -182,6 +185,9 @@ void UpdateMachine::on_staged(Member& m) {
     replica.push_back(id);
   }
   if (!first_apply_) first_apply_ = Clock::now();
+  apply_sent_[m.spec.replica] = Clock::now();
+  // Each replica's apply (its pause hook, writing every staged layer) has its own deadline.
+  arm_timer("apply");
   wire::Envelope env;
   env.mutable_apply()->set_version(version_);
   for (int id : replica) {
@@ -325,7 +331,9 @@ void UpdateMachine::fail(const Status& why) {
     auto it = members_.find(id);
     if (it == members_.end()) continue;
     it->second.channel->send(abort);
-    if (it->second.state == "staging" || it->second.state == "staged") {
+    it->second.delta_base = 0;  // whatever its shadow held, this update's pieces went into it
+    const std::string& state = it->second.state;
+    if (stage_ && (state == "pausing" || state == "staging" || state == "staged")) {
       // Staging while serving, it never paused: it drops the staged version and serves on.
       it->second.state = "serving";
       aborted_.erase(id);

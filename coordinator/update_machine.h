@@ -71,6 +71,7 @@ class UpdateMachine {
   // The update cannot open (nothing was paused): every trainer rank that started it is told.
   void refuse_start(const Status& why);
   void send_start_replies();
+  // Staging needs every participant serving a complete version, and room for its whole input.
   bool can_stage() const;
   // A staged rank holds every byte: once all ranks of its replica do, the replica applies.
   void on_staged(Member& m);
@@ -116,6 +117,7 @@ class UpdateMachine {
   bool stage_ = false;
   std::set<int> staged_;
   std::optional<std::chrono::steady_clock::time_point> first_apply_;
+  std::map<int, std::chrono::steady_clock::time_point> apply_sent_;  // by replica
   // What the start path need not redo per update, per trainer: the last manifest it sent (by
   // digest), the participants it was checked against, and the members whose specs it holds.
   struct StartCache {

@@ -208,6 +208,7 @@ void UpdateMachine::open_update() {
   stage_ = group_start_.stage() && can_stage();
   staged_.clear();
   first_apply_.reset();
+  apply_sent_.clear();
   wire::Envelope pause;
   pause.mutable_pause()->set_stage(stage_);
   pause.mutable_pause()->set_version(version_);
@@ -230,6 +231,13 @@ void UpdateMachine::open_update() {
 bool UpdateMachine::can_stage() const {
   for (int id : participants_) {
     const Member& m = members_.at(id);
+    if (!m.consistent || m.state != "serving") {
+      // A rank that serves nothing (paused, inconsistent, resume-failed) has nothing to keep
+      // serving: the update pauses first, and the rank's state stays what it is.
+      FERRY_LOG_WARN("update v{} pauses first instead of staging while serving: {} is {}", version_, m.describe(),
+                     m.state);
+      return false;
+    }
     if (m.max_staging_bytes == 0) continue;
     uint64_t input = 0;
     for (const auto& p : m.spec.params) input += dtype_bytes(p.source_dtype, shape_numel(p.shape));

@@ -164,6 +164,10 @@ Status decode_bucket_header(const uint8_t* tail, size_t tail_bytes, size_t size,
     if (p.encoding() != 0 && p.base_version() == 0) {
       return Status::data_loss(fmt::format("delta piece for parameter #{} names no base version", p.param()));
     }
+    if (p.offset() % kPieceAlignment != 0) {
+      return Status::data_loss(fmt::format("piece for parameter #{} at {}, not {}-byte aligned", p.param(), p.offset(),
+                                           kPieceAlignment));
+    }
     if (p.offset() > payload || in_payload > payload - p.offset()) {
       return Status::data_loss(fmt::format("piece for parameter #{} at {}+{} lies outside a {}-byte payload", p.param(),
                                            p.offset(), in_payload, payload));

@@ -17,14 +17,6 @@ size_t varint_size(uint64_t v) {
   return n;
 }
 
-void put_varint(std::vector<uint8_t>& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<uint8_t>(v | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<uint8_t>(v));
-}
-
 // Reads one varint of at most 10 bytes from [*p, end); false when it runs off the end or is longer.
 bool get_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
   uint64_t x = 0;
@@ -39,31 +31,37 @@ bool get_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
   return false;
 }
 
-// The runs of changed elements, [start, start + length), in order.
-std::vector<std::pair<uint64_t, uint64_t>> changed_runs(const uint8_t* before, const uint8_t* after, size_t n,
-                                                        size_t elem) {
-  std::vector<std::pair<uint64_t, uint64_t>> runs;
-  const size_t total = n * elem;
-  size_t pos = 0;  // element-aligned byte position
-  for (;;) {
-    // Equal bytes are skipped a word at a time: most of a tensor does not change between steps.
-    size_t p = pos;
-    while (p + 8 <= total) {
+// The runs of changed elements, [start, start + length), in order, into `runs` (the caller's, so
+// that its memory is reused from piece to piece).
+void changed_runs(const uint8_t* before, const uint8_t* after, size_t n, size_t elem,
+                  std::vector<std::pair<uint64_t, uint64_t>>& runs) {
+  runs.clear();
+  uint64_t start = 0;
+  bool in_run = false;
+  const auto mark = [&](uint64_t e, bool changed) {
+    if (changed && !in_run) start = e, in_run = true;
+    if (!changed && in_run) runs.emplace_back(start, e - start), in_run = false;
+  };
+  size_t e = 0;
+  if (elem <= 8 && 8 % elem == 0) {
+    // A word (8 / elem elements) at a time: most of a tensor does not change between steps, and a
+    // word that did is split into its elements by lane.
+    const size_t lanes = 8 / elem;
+    const uint64_t lane_mask = elem == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * elem)) - 1;
+    for (; e + lanes <= n; e += lanes) {
       uint64_t a, b;
-      std::memcpy(&a, before + p, 8);
-      std::memcpy(&b, after + p, 8);
-      if (a != b) break;
-      p += 8;
+      std::memcpy(&a, before + e * elem, 8);
+      std::memcpy(&b, after + e * elem, 8);
+      const uint64_t x = a ^ b;
+      if (x == 0) {
+        if (in_run) runs.emplace_back(start, e - start), in_run = false;
+        continue;
+      }
+      for (size_t l = 0; l < lanes; ++l) mark(e + l, ((x >> (8 * elem * l)) & lane_mask) != 0);
     }
-    while (p < total && before[p] == after[p]) ++p;
-    if (p >= total) break;
-    const size_t first = p / elem;
-    size_t end = first + 1;
-    while (end < n && std::memcmp(before + end * elem, after + end * elem, elem) != 0) ++end;
-    runs.emplace_back(first, end - first);
-    pos = end * elem;
   }
-  return runs;
+  for (; e < n; ++e) mark(e, std::memcmp(before + e * elem, after + e * elem, elem) != 0);
+  if (in_run) runs.emplace_back(start, n - start);
 }
 
 Status bad(std::string_view what) { return Status::data_loss(fmt::format("delta piece: {}", what)); }
@@ -93,12 +91,12 @@ Result<uint64_t> walk(DeltaEncoding encoding, const uint8_t* enc, size_t bytes, 
     return k;
   }
   if (encoding != DeltaEncoding::kRuns) return bad(fmt::format("unknown encoding {}", static_cast<uint32_t>(encoding)));
+  // Two passes over the runs: every one checked first, then visited; nothing is allocated for them.
   const uint8_t* p = enc;
   uint64_t r = 0;
   if (!get_varint(&p, end, &r)) return bad("runs: no count");
-  if (r > bytes) return bad(fmt::format("{} runs in {} bytes", r, bytes));
-  std::vector<std::pair<uint64_t, uint64_t>> runs;
-  runs.reserve(static_cast<size_t>(r));
+  if (r > bytes / 2) return bad(fmt::format("{} runs in {} bytes", r, bytes));
+  const uint8_t* first_run = p;
   uint64_t at = 0, k = 0;
   for (uint64_t i = 0; i < r; ++i) {
     uint64_t skip = 0, len = 0;
@@ -106,20 +104,23 @@ Result<uint64_t> walk(DeltaEncoding encoding, const uint8_t* enc, size_t bytes, 
     if (len == 0 || skip > n - at || len > n - at - skip) {
       return bad(fmt::format("run of {} elements after {} at element {} of {}", len, skip, at, n));
     }
-    at += skip;
-    runs.emplace_back(at, len);
-    at += len;
+    at += skip + len;
     k += len;
   }
   const size_t values = static_cast<size_t>(end - p);
   if (values % elem != 0 || values / elem != k) {
     return bad(fmt::format("runs cover {} elements, {} bytes of values follow", k, values));
   }
-  for (const auto& [start, len] : runs) {
-    for (uint64_t e = 0; e < len; ++e) {
-      visit(static_cast<size_t>(start + e), p);
-      p += elem;
-    }
+  const uint8_t* v = p;
+  p = first_run;
+  at = 0;
+  for (uint64_t i = 0; i < r; ++i) {
+    uint64_t skip = 0, len = 0;
+    get_varint(&p, end, &skip);
+    get_varint(&p, end, &len);
+    at += skip;
+    for (uint64_t e = 0; e < len; ++e, v += elem) visit(static_cast<size_t>(at + e), v);
+    at += len;
   }
   return k;
 }
@@ -141,7 +142,8 @@ std::string_view encoding_name(DeltaEncoding encoding) {
 DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool prefer_delta,
                          std::vector<uint8_t>& out) {
   out.clear();
-  const auto runs = changed_runs(before, after, n, elem);
+  thread_local std::vector<std::pair<uint64_t, uint64_t>> runs;
+  changed_runs(before, after, n, elem, runs);
   uint64_t k = 0;
   size_t run_bytes = varint_size(runs.size());
   uint64_t at = 0;
@@ -155,27 +157,38 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
   const size_t by_runs = run_bytes + values;
   const size_t smallest = std::min(bitmap, by_runs);
   DeltaChoice choice{DeltaEncoding::kDense, k};
-  if (!prefer_delta && smallest >= n * elem) return choice;
-  out.reserve(smallest);
+  if (!prefer_delta && smallest >= n * elem) {
+    if (runs.capacity() > (size_t{1} << 22)) runs = {};
+    return choice;
+  }
+  // Written through a pointer into memory sized up front: a run costs a few stores, not calls.
+  out.assign(by_runs <= bitmap ? by_runs : bitmap, 0);
+  uint8_t* w = out.data();
+  const auto varint = [&w](uint64_t v) {
+    while (v >= 0x80) *w++ = static_cast<uint8_t>(v | 0x80), v >>= 7;
+    *w++ = static_cast<uint8_t>(v);
+  };
   if (by_runs <= bitmap) {
     choice.encoding = DeltaEncoding::kRuns;
-    put_varint(out, runs.size());
+    varint(runs.size());
     at = 0;
     for (const auto& [start, len] : runs) {
-      put_varint(out, start - at);
-      put_varint(out, len);
+      varint(start - at);
+      varint(len);
       at = start + len;
     }
   } else {
     choice.encoding = DeltaEncoding::kBitmap;
-    out.assign((n + 7) / 8, 0);
     for (const auto& [start, len] : runs) {
-      for (uint64_t e = start; e < start + len; ++e) out[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+      for (uint64_t e = start; e < start + len; ++e) w[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
     }
+    w += (n + 7) / 8;
   }
   for (const auto& [start, len] : runs) {
-    out.insert(out.end(), after + start * elem, after + (start + len) * elem);
+    std::memcpy(w, after + start * elem, len * elem);
+    w += len * elem;
   }
+  if (runs.capacity() > (size_t{1} << 22)) runs = {};  // keeps at most 64 MiB of runs between calls
   return choice;
 }
 

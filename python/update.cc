@@ -227,6 +227,7 @@ void init_update(py::module_& m) {
       .def_readonly("pause_window_seconds", &UpdateReport::pause_window_seconds,
                     "the longest time a replica did not serve (staged: its apply)")
       .def_readonly("staged", &UpdateReport::staged)
+      .def_readonly("apply_seconds", &UpdateReport::apply_seconds, "staged: the longest apply of a replica")
       .def_readonly("delta_copy_bytes", &UpdateReport::delta_copy_bytes)
       .def_property_readonly("wire_bytes", &UpdateReport::wire_bytes, "payload bytes this trainer sent, over ranks")
       .def_property_readonly(
@@ -251,7 +252,7 @@ void init_update(py::module_& m) {
              py::dict d;
              for (const char* k : {"version", "ranks", "bytes", "moved", "registered", "peak_staging_bytes", "seconds",
                                    "pause_seconds", "plan_seconds", "transfer_seconds", "process_seconds",
-                                   "resume_seconds", "pause_window_seconds", "staged", "wire_bytes", "delta_bytes",
+                                   "resume_seconds", "pause_window_seconds", "staged", "apply_seconds", "wire_bytes", "delta_bytes",
                                    "changed_fraction", "gbps"}) {
                d[k] = py::cast(r).attr(k);
              }

@@ -27,6 +27,12 @@ Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, boo
 
 Status ReloadEngine::shadow_write(uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
                                   Device data_device) {
+  // A delta applied in place: the bytes are the shadow's own.
+  if (!shadow_.empty() && input < shadow_[param].size() && shadow_[param][input].data() != nullptr) {
+    const Buffer& b = shadow_[param][input];
+    const auto* p = static_cast<const uint8_t*>(data);
+    if (p >= b.data_as<uint8_t>() && p < b.data_as<uint8_t>() + b.size()) return ok_status();
+  }
   if (!data_device.is_cpu()) {
     // A device bucket's piece (nccl, cuda_ipc): copying every byte back to the host would cost the
     // update more than a delta could save on such links. The shadow misses it; the next update
@@ -48,13 +54,28 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
         "{}: delta piece against v{} refused: this rank keeps no full-precision shadow (FERRY_DELTA_SHADOW=off)", name,
         base_version));
   }
-  if (base_version != shadow_base_ || shadow_stale_) {
+  // (Pieces of this update that bypassed the shadow left other regions stale, never this one:
+  // every region is written once per update.)
+  if (base_version != shadow_base_) {
     return Status::failed_precondition(
         fmt::format("{}: delta piece against v{} refused, not applied: this rank's shadow holds {}", name, base_version,
-                    shadow_base_ == 0 || shadow_stale_ ? std::string("no complete version")
-                                                      : fmt::format("v{}", shadow_base_)));
+                    shadow_base_ == 0 ? std::string("no complete version") : fmt::format("v{}", shadow_base_)));
   }
   FERRY_ASSIGN_OR_RETURN(TensorView shadow, shadow_view(param, input, /*allocate=*/false));
+  if (!dst.inside(shadow.shape())) {
+    return Status::invalid_argument(fmt::format("{}: delta piece {} outside {}", name, dst.to_string(),
+                                                shape_to_string(shadow.shape())));
+  }
+  // Whole rows are one run of the shadow: the delta lands there in place, and the engine is lent
+  // those bytes (they stay put until the update ends: every region is written once per update).
+  if (const uint8_t* span = region_span(shadow, dst); span != nullptr) {
+    auto* at = const_cast<uint8_t*>(span);
+    FERRY_RETURN_IF_ERROR(apply_delta(at, bytes).with_context(name));
+    static const std::shared_ptr<const void> kUntilTheUpdateEnds;
+    Status st = apply(param, input, dst, dtype, at, bytes, &kUntilTheUpdateEnds);
+    if (st.ok()) ++report_.delta_pieces;
+    return st;
+  }
   FERRY_ASSIGN_OR_RETURN(Buffer values, pool_.take(bytes));
   Status st = pack_region(shadow, dst, values.data(), bytes);
   if (st.ok()) st = apply_delta(static_cast<uint8_t*>(values.data()), bytes);

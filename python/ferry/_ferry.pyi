@@ -235,6 +235,11 @@ class UpdateReport:
     def staged(self) -> bool:
         ...
     @property
+    def apply_seconds(self) -> float:
+        """
+        staged: the longest apply of a replica
+        """
+    @property
     def delta_copy_bytes(self) -> int:
         ...
     @property

@@ -22,6 +22,18 @@ inline Config sharded_config(int tp) {
   return c;
 }
 
+// The checkpoint of version `v`: unrelated values per version, or (`small_steps`, as an RL step at
+// a small learning rate) one base checkpoint with about 0.1% of its elements moved by one unit in
+// the last place, a different 0.1% each version.
+inline Checkpoint version_checkpoint(const sharding::Manifest& m, uint64_t v, bool small_steps) {
+  if (!small_steps) return make_checkpoint(m, 100 + v);
+  Checkpoint ck = make_checkpoint(m, 101);
+  for (auto& [name, data] : ck.data) {
+    for (size_t i = v % 997; i < data.size(); i += 997) data[i] ^= 1;
+  }
+  return ck;
+}
+
 // A trainer rank's holdings of `m` under `layout` (sharding/trainer_layouts.h):
 //   fsdp      Shard(0) over all ranks;
 //   hsdp      Shard(0) over pairs, replicated across them (rank r holds shard r % 2 of 2);

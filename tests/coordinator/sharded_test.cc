@@ -78,9 +78,9 @@ class ShardedTrainer : public ::testing::Test {
     for (int r = 0; r < 8; ++r) std::remove(out(r).c_str());
   }
 
-  void expect_version(uint64_t v) {
+  void expect_version(uint64_t v, bool small_steps = false) {
     const Layout layout = make_layout(cfg_, std::string(scheme_name(scheme_)));
-    const Checkpoint ck = make_checkpoint(cluster_->manifest(), 100 + v);
+    const Checkpoint ck = version_checkpoint(cluster_->manifest(), v, small_steps);
     expect_storage(*cluster_, expected_storage(cfg_, layout, scheme_, ck), fmt::format("v{}", v));
     for (int i = 0; i < cluster_->tp(); ++i) {
       EXPECT_EQ(cluster_->rank(i).worker->weight_version(), v);
@@ -104,6 +104,27 @@ TEST_F(ShardedTrainer, FourFsdpRanksUpdateATp2Replica) {
     EXPECT_THAT(lines[r], HasSubstr("v2 ok")) << "trainer rank " << r << ": " << lines[r];
   }
   expect_version(2);
+}
+
+// Deltas from a sharded trainer: each trainer rank keeps the copy of its own rows and sends only
+// what changed in them; after the first (dense) update every rank's pieces travel as deltas, and
+// storage matches the reference each time. HSDP's replicated rows too: any holder's copy is the
+// version every rank holds.
+TEST_F(ShardedTrainer, EachTrainerRankSendsDeltasOfItsOwnRows) {
+  for (const char* layout : {"fsdp", "hsdp"}) {
+    SCOPED_TRACE(layout);
+    start(2, Scheme::kFp8PerChannel);
+    ScopedEnv steps("FERRY_TEST_SMALL_STEPS", "1");
+    const auto lines = run(4, layout, 1, 3);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_THAT(lines[r], HasSubstr("v1 ok")) << "trainer rank " << r << ": " << lines[r];
+      EXPECT_THAT(lines[r], HasSubstr("delta=0\n")) << "the first update is dense: " << lines[r];
+      EXPECT_THAT(lines[r], ::testing::ContainsRegex("v3 ok .* delta=[1-9]")) << "trainer rank " << r << ": " << lines[r];
+    }
+    expect_version(3, /*small_steps=*/true);
+    cluster_.reset();
+    coordinator_.reset();
+  }
 }
 
 // HSDP 2 x 2: shards replicated across two groups; each part is sent by one of its two holders,

@@ -77,7 +77,28 @@ struct BucketWatch {
 
 class StageTest : public ::testing::Test {
  protected:
-  void TearDown() override { dataplane::set_sealed_bucket_hook_for_testing({}); }
+  void TearDown() override {
+    dataplane::set_sealed_bucket_hook_for_testing({});
+    set_log_sink({});
+  }
+
+  // Warnings logged from now on, into warnings_ (the fixture's: it outlives every thread that logs).
+  void catch_warnings() {
+    set_log_sink([this](spdlog::level::level_enum level, std::string_view msg) {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      if (level == spdlog::level::warn) warnings_.emplace_back(msg);
+    });
+  }
+  bool warned(const std::string& a, const std::string& b) {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    for (const auto& w : warnings_) {
+      if (w.find(a) != std::string::npos && w.find(b) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  std::mutex log_mu_;
+  std::vector<std::string> warnings_;
 
   // Runs update `v` of `ck`, watching every bucket as it is sealed: whether the ranks had paused
   // for it by then, and whether they keep answering requests while it is on its way.
@@ -148,27 +169,19 @@ TEST_F(StageTest, AStagingBoundTooSmallPausesFirstWithAWarningNamingIt) {
   const Layout layout = make_layout(cfg, "int8_per_channel");
   Cluster c(cfg.tp, "int8_per_channel", cfg.llama);
   ASSERT_TRUE(c.start().ok());
-  std::mutex mu;
-  std::vector<std::string> warnings;
-  set_log_sink([&](spdlog::level::level_enum level, std::string_view msg) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (level == spdlog::level::warn) warnings.emplace_back(msg);
-  });
-  Checkpoint ck = make_checkpoint(c.manifest(), 1);
+  catch_warnings();
+  ASSERT_TRUE(c.update(1, make_checkpoint(c.manifest(), 1)).ok());  // the ranks serve v1
+  Checkpoint ck = make_checkpoint(c.manifest(), 2);
   coordinator::UpdateOptions o;
   o.stage = true;
-  ASSERT_TRUE(c.trainer().start_weight_update(1, c.manifest(), o).ok());
+  ASSERT_TRUE(c.trainer().start_weight_update(2, c.manifest(), o).ok());
   coordinator::MapSource src(ck.views);
   ASSERT_TRUE(c.trainer().update_weights(src).ok());
   auto r = c.trainer().finish_weight_update();
-  set_log_sink({});
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_FALSE(r->staged);
-  bool named = false;
-  for (const auto& w : warnings) named = named || (w.find("FERRY_MAX_STAGING_BYTES=307200") != std::string::npos &&
-                                                   w.find("pauses first") != std::string::npos);
-  EXPECT_TRUE(named) << "no warning names the bound";
-  expect_storage(c, expected_storage(cfg, layout, Scheme::kInt8PerChannel, ck), "v1 fell back");
+  EXPECT_TRUE(warned("FERRY_MAX_STAGING_BYTES=307200", "pauses first")) << "no warning names the bound";
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kInt8PerChannel, ck), "v2 fell back");
 }
 
 TEST_F(StageTest, AnUpdateThatFailsWhileStagingLeavesTheReplicaServingItsVersion) {

@@ -62,7 +62,9 @@ int main(int argc, char** argv) {
   }
   int failures = 0;
   for (uint64_t v = first; v <= last; ++v) {
-    const testutil::Checkpoint ck = testutil::make_checkpoint(manifest, 100 + v);
+    // FERRY_TEST_SMALL_STEPS (the test's, not ferry's): versions a small step apart, for deltas.
+    const testutil::Checkpoint ck =
+        testutil::version_checkpoint(manifest, v, std::getenv("FERRY_TEST_SMALL_STEPS") != nullptr);
     // Megatron's fused local tensors, or the boxes of the checkpoint tensors themselves.
     std::map<std::string, TensorView> views;
     std::optional<testutil::MegatronShards> fused;
@@ -94,7 +96,9 @@ int main(int argc, char** argv) {
       return finished;
     }();
     if (report.ok()) {
-      say(fmt::format("v{} ok bytes={} direct={}", v, report->bytes, report->direct_bytes));
+      uint64_t delta = 0;
+      for (const auto& d : report->delta) delta += d.delta_bytes;
+      say(fmt::format("v{} ok bytes={} direct={} delta={}", v, report->bytes, report->direct_bytes, delta));
     } else {
       say(fmt::format("v{} error: {}", v, report.status().to_string()));
       ++failures;
