@@ -225,3 +225,53 @@ INSTANTIATE_TEST_SUITE_P(HostTransports, DeltaTransport, ::testing::ValuesIn(hos
 
 }  // namespace
 }  // namespace ferry::testutil
+
+namespace ferry::testutil {
+namespace {
+
+// FERRY_ROLLBACK=host with deltas: an update that fails after deltas landed on some layers is
+// rolled back to the version before it, byte for byte; the ranks' shadows took those deltas, so
+// the next update goes to them dense (and lands exactly).
+TEST(DeltaRollback, AnAbortedDeltaUpdateRestoresThePreviousVersionAndTheNextGoesDense) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv rollback("FERRY_ROLLBACK", "host");
+  const Config cfg = kv_above_tp();
+  const Layout layout = make_layout(cfg, "int4_group");
+  Cluster c(cfg.tp, "int4_group", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 3);
+  std::mt19937_64 rng(4);
+  ASSERT_TRUE(c.update(1, ck).ok());
+  nudge(ck, 0.01, rng);
+  auto r = c.update(2, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const auto v2 = expected_storage(cfg, layout, Scheme::kInt4Group, ck);
+  expect_storage(c, v2, "v2");
+
+  // v3: every tensor but the last goes out as deltas (whole layers land), then the trainer aborts.
+  nudge(ck, 0.01, rng);
+  ASSERT_TRUE(c.trainer().start_weight_update(3, c.manifest()).ok());
+  const auto m = c.manifest();
+  for (size_t i = 0; i + 1 < m.size(); ++i) ASSERT_TRUE(c.trainer().send(m[i].name, ck.views.at(m[i].name)).ok());
+  ASSERT_TRUE(c.trainer().abort_weight_update("the step diverged").ok());
+  // The ranks restore v2 and resume on it.
+  for (int i = 0; i < c.tp(); ++i) {
+    ASSERT_TRUE(c.rank(i).worker->wait_serving(10'000).ok());
+    EXPECT_EQ(c.rank(i).worker->weight_version(), 2u);
+  }
+  expect_storage(c, v2, "v2 after v3 was rolled back");
+
+  nudge(ck, 0.01, rng);
+  r = c.update(4, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& d : r->delta) EXPECT_EQ(d.delta_bytes, 0u) << "a rolled-back rank gets dense bytes";
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kInt4Group, ck), "v4");
+  nudge(ck, 0.01, rng);
+  r = c.update(5, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& d : r->delta) EXPECT_GT(d.delta_bytes, 0u) << "and deltas again after";
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kInt4Group, ck), "v5");
+}
+
+}  // namespace
+}  // namespace ferry::testutil
