@@ -169,8 +169,9 @@ Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst,
   }
   const size_t elem = std::max<size_t>(dtype_bits(dtype) / 8, 1);
   return engine_.take_delta_piece(p.param(), 0, dst, dtype, p.bytes(), p.base_version(),
-                                  [&](uint8_t* values, size_t bytes) {
-                                    return apply_delta(encoding, encoded, p.encoded_bytes(), values, bytes / elem, elem);
+                                  [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
+                                    return apply_delta(encoding, encoded, p.encoded_bytes(), values, bytes / elem, elem,
+                                                       changed);
                                   });
 }
 

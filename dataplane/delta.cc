@@ -198,11 +198,20 @@ Result<uint64_t> delta_changed(DeltaEncoding encoding, const uint8_t* encoded, s
 }
 
 Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
-                   size_t elem) {
+                   size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
   // Checked whole first: a bad encoding leaves the values as they were.
   FERRY_RETURN_IF_ERROR(delta_changed(encoding, encoded, encoded_bytes, n, elem).status());
+  if (changed != nullptr) changed->clear();
   return walk(encoding, encoded, encoded_bytes, n, elem,
-              [&](size_t e, const uint8_t* v) { std::memcpy(values + e * elem, v, elem); })
+              [&](size_t e, const uint8_t* v) {
+                std::memcpy(values + e * elem, v, elem);
+                if (changed == nullptr) return;
+                if (!changed->empty() && changed->back().first + changed->back().second == e) {
+                  ++changed->back().second;
+                } else {
+                  changed->emplace_back(e, 1);
+                }
+              })
       .status();
 }
 

@@ -35,8 +35,9 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
 // Applies `encoded` (`encoding`, as encode_delta wrote it) onto `values`, n elements of `elem` bytes
 // holding the old ones. DataLoss, and nothing written, when the encoding does not describe exactly
 // n elements (a count, a run past the end, values too few or too many).
+// `changed`, when given, receives the runs [first, first + count) of the elements it wrote.
 Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
-                   size_t elem);
+                   size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr);
 
 // How many elements `encoded` says changed; the same checks as apply_delta, nothing written.
 Result<uint64_t> delta_changed(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, size_t n,

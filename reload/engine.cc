@@ -159,6 +159,8 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   }
   for (Param& p : params_) {
     for (Coverage& c : p.coverage) c.reset();
+    p.delta_only = true;
+    p.changed_rows.clear();
   }
   for (Layer& l : layers_) l.processed = l.refused = false;
   forked_ = false;

@@ -77,6 +77,7 @@ struct EngineReport {
   uint64_t out_of_order_layers = 0;  // layers that began while another was still staged
   double process_seconds = 0;        // time in processing kernels and copy-in
   uint64_t delta_pieces = 0;         // pieces that arrived as deltas
+  uint64_t kept_rows = 0;            // rows of delta-only parameters left as they were: nothing in them changed
   uint64_t shadow_bytes = 0;         // host memory of the delta shadow
   Census census;
 };
@@ -128,7 +129,9 @@ class ReloadEngine {
   // values of version `base_version`) into the new ones in place; the engine then takes them as a
   // copied piece. Refused (FailedPrecondition, nothing applied) unless the shadow holds exactly
   // `base_version`: a delta never lands on any other version.
-  using DeltaApply = std::function<Status(uint8_t* values, size_t bytes)>;
+  // `changed` receives the runs of elements (of the piece, packed) it changed.
+  using DeltaApply =
+      std::function<Status(uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed)>;
   Status take_delta_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
                           uint64_t base_version, const DeltaApply& apply);
   // The version the shadow holds complete (0: none, or the shadow is off): deltas against it apply.
@@ -220,6 +223,10 @@ class ReloadEngine {
     };
     std::vector<Lent> lent;  // processed at completion, straight into the target
     std::vector<Lent> whole;  // per input: a kept piece covering all of it, read in place of staging
+    // This update, every piece came as a delta (on top of the version storage holds), changing
+    // only these rows: a row-local kernel re-processes just them (engine_delta.cc).
+    bool delta_only = true;
+    std::vector<std::pair<int64_t, int64_t>> changed_rows;  // [begin, end), unsorted
   };
 
   ReloadEngine(sharding::RankSpec spec, ModelStorage& storage, EngineOptions options)
@@ -242,6 +249,10 @@ class ReloadEngine {
   Status shadow_write(uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
                       Device data_device);
   Result<TensorView> shadow_view(uint32_t param, uint32_t input, bool allocate);
+  // Processes only the changed rows of a delta-only parameter; false when it cannot (the kernel is
+  // not row-local for them, or its pieces were processed on arrival), and the caller processes all.
+  Result<bool> process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
+  void note_changed_rows(Param& p, const Region& dst, const std::vector<std::pair<uint64_t, uint64_t>>& runs);
   Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
               const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes,
               bool borrowed = false);
@@ -293,6 +304,7 @@ class ReloadEngine {
   uint64_t shadow_base_ = 0;
   bool shadow_stale_ = false;
   bool stage_all_ = false;  // this update stages while the rank serves (begin(..., stage))
+  bool in_delta_ = false;   // apply() is taking a delta piece's new values
 };
 
 }  // namespace ferry::reload

@@ -3,6 +3,8 @@
 // back into the piece's complete new values and processed as any other piece. Processing from the
 // complete values is what makes a delta update byte-identical to a dense one, for every scheme:
 // a per-tensor or per-block scale sees every element it would have seen.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -68,26 +70,93 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   }
   // Whole rows are one run of the shadow: the delta lands there in place, and the engine is lent
   // those bytes (they stay put until the update ends: every region is written once per update).
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
   if (const uint8_t* span = region_span(shadow, dst); span != nullptr) {
     auto* at = const_cast<uint8_t*>(span);
-    FERRY_RETURN_IF_ERROR(apply_delta(at, bytes).with_context(name));
+    FERRY_RETURN_IF_ERROR(apply_delta(at, bytes, &runs).with_context(name));
+    note_changed_rows(params_[param], dst, runs);
     static const std::shared_ptr<const void> kUntilTheUpdateEnds;
+    in_delta_ = true;
     Status st = apply(param, input, dst, dtype, at, bytes, &kUntilTheUpdateEnds);
+    in_delta_ = false;
     if (st.ok()) ++report_.delta_pieces;
     return st;
   }
   FERRY_ASSIGN_OR_RETURN(Buffer values, pool_.take(bytes));
   Status st = pack_region(shadow, dst, values.data(), bytes);
-  if (st.ok()) st = apply_delta(static_cast<uint8_t*>(values.data()), bytes);
+  if (st.ok()) st = apply_delta(static_cast<uint8_t*>(values.data()), bytes, &runs);
   if (!st.ok()) {
     pool_.give(std::move(values));
     return st.with_context(name);
   }
+  note_changed_rows(params_[param], dst, runs);
   // The new values go in as a copied piece: coverage, the shadow, and processing as for any other.
+  in_delta_ = true;
   st = apply(param, input, dst, dtype, values.data(), bytes, nullptr);
+  in_delta_ = false;
   pool_.give(std::move(values));
   if (st.ok()) ++report_.delta_pieces;
   return st;
+}
+
+void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
+                                     const std::vector<std::pair<uint64_t, uint64_t>>& runs) {
+  if (dst.rank() == 0 || dst.size[0] == 0) return;
+  // Element e of the packed piece lies in row dst.offset[0] + e / (elements per row of the piece).
+  const uint64_t per_row = static_cast<uint64_t>(dst.numel() / dst.size[0]);
+  for (const auto& [first, count] : runs) {
+    const int64_t r0 = dst.offset[0] + static_cast<int64_t>(first / per_row);
+    const int64_t r1 = dst.offset[0] + static_cast<int64_t>((first + count - 1) / per_row) + 1;
+    if (!p.changed_rows.empty() && p.changed_rows.back().second >= r0 && p.changed_rows.back().first <= r0) {
+      p.changed_rows.back().second = std::max(p.changed_rows.back().second, r1);
+    } else {
+      p.changed_rows.emplace_back(r0, r1);
+    }
+  }
+}
+
+// A parameter all of whose pieces came as deltas holds, outside the rows they changed, exactly the
+// input its storage was processed from last time (the shadow's base version; a delta is refused on
+// any other). A row-local kernel (none, per-channel, int4 groups) then writes the same bytes there
+// again: those rows are left as they are, and only the changed rows are processed, from the
+// shadow, straight into storage. Per-tensor and per-block scales, device storage, and pieces
+// processed on arrival take the whole path.
+Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
+  // (shadow_base_: storage holds that version processed; a first update, or one after a failure,
+  // has none and processes everything.)
+  if (shadow_base_ == 0 || !p.delta_only || !options_.delta_shadow || p.inputs.size() != 1 || !p.piecewise.empty() ||
+      !storage_.device().is_cpu() || !p.whole.empty() || p.inputs[0].shape.empty()) {
+    return false;
+  }
+  const uint32_t param = static_cast<uint32_t>(&p - params_.data());
+  if (shadow_.size() <= param || shadow_[param].empty() || shadow_[param][0].data() == nullptr) return false;
+  const auto& in = p.inputs[0];
+  std::sort(p.changed_rows.begin(), p.changed_rows.end());
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (const auto& r : p.changed_rows) {
+    if (!rows.empty() && r.first <= rows.back().second) {
+      rows.back().second = std::max(rows.back().second, r.second);
+    } else {
+      rows.push_back(r);
+    }
+  }
+  for (const auto& [r0, r1] : rows) {
+    Region region = Region::whole(in.shape);
+    region.offset[0] = r0;
+    region.size[0] = r1 - r0;
+    if (!p.kernel->can_process_rows(region)) return false;
+  }
+  const int64_t per_row = shape_numel(in.shape) / std::max<int64_t>(in.shape[0], 1);
+  int64_t changed = 0;
+  for (const auto& [r0, r1] : rows) {
+    Shape s = in.shape;
+    s[0] = r1 - r0;
+    TensorView v(shadow_[param][0].data_as<uint8_t>() + dtype_bytes(in.dtype, r0 * per_row), in.dtype, s);
+    FERRY_RETURN_IF_ERROR(p.kernel->process_rows(v, r0, p.storage, exec).with_context(ps.name));
+    changed += r1 - r0;
+  }
+  report_.kept_rows += static_cast<uint64_t>(in.shape[0] - changed);
+  return true;
 }
 
 }  // namespace ferry::reload

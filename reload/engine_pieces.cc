@@ -271,6 +271,7 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
         fmt::format("{}: piece {} arrives after layer {} was complete", in_name(), dst.to_string(), layer.name));
   }
   FERRY_RETURN_IF_ERROR(p.coverage[input].add(dst));
+  if (!in_delta_) p.delta_only = false;
   if (options_.delta_shadow && !shadow_stale_) {
     FERRY_RETURN_IF_ERROR(shadow_write(param, input, dst, data, bytes, data_device).with_context(in_name()));
   }

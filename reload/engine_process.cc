@@ -89,6 +89,8 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
 }
 
 Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
+  FERRY_ASSIGN_OR_RETURN(const bool done, process_changed_rows(p, ps, exec));
+  if (done) return ok_status();
   if (!p.piecewise.empty() || !p.lent.empty()) return process_rows(p, ps, exec);
   const Device dev = storage_.device();
   ScratchArena scratch(dev);
