@@ -1,6 +1,8 @@
 #include "dataplane/delta.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -62,6 +64,45 @@ void changed_runs(const uint8_t* before, const uint8_t* after, size_t n, size_t 
   }
   for (; e < n; ++e) mark(e, std::memcmp(before + e * elem, after + e * elem, elem) != 0);
   if (in_run) runs.emplace_back(start, n - start);
+}
+
+// changed_runs() over several threads for a large piece: each scans a slice (a multiple of 8
+// elements) into runs of its own, and a run that crosses a slice boundary is joined back. One slice
+// per Mi elements, at most the hardware's threads (8 at most): the compare is the trainer's share
+// of a delta update, and on one core it runs at about 1.2 GB/s of bf16.
+void changed_runs_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem,
+                           std::vector<std::pair<uint64_t, uint64_t>>& runs) {
+  constexpr size_t kSlice = size_t{1} << 20;
+  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
+  const size_t slices = std::min({hw, size_t{8}, n / kSlice});
+  if (slices < 2) return changed_runs(before, after, n, elem, runs);
+  // This thread's (a worker naming `parts` would get its own, empty one).
+  thread_local std::vector<std::vector<std::pair<uint64_t, uint64_t>>> mine;
+  mine.resize(slices);
+  auto& parts = mine;
+  const size_t step = (n / slices) & ~size_t{7};
+  {
+    std::vector<std::jthread> threads;
+    for (size_t t = 0; t < slices; ++t) {
+      const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
+      auto* slot = &parts[t];
+      threads.emplace_back([=] {
+        changed_runs(before + lo * elem, after + lo * elem, hi - lo, elem, *slot);
+        for (auto& r : *slot) r.first += lo;
+      });
+    }
+  }
+  runs.clear();
+  for (auto& part : parts) {
+    for (const auto& r : part) {
+      if (!runs.empty() && runs.back().first + runs.back().second == r.first) {
+        runs.back().second += r.second;
+      } else {
+        runs.push_back(r);
+      }
+    }
+    if (part.capacity() > (size_t{1} << 20)) part = {};
+  }
 }
 
 Status bad(std::string_view what) { return Status::data_loss(fmt::format("delta piece: {}", what)); }
@@ -143,7 +184,7 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
                          std::vector<uint8_t>& out) {
   out.clear();
   thread_local std::vector<std::pair<uint64_t, uint64_t>> runs;
-  changed_runs(before, after, n, elem, runs);
+  changed_runs_parallel(before, after, n, elem, runs);
   uint64_t k = 0;
   size_t run_bytes = varint_size(runs.size());
   uint64_t at = 0;

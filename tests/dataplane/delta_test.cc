@@ -85,6 +85,52 @@ TEST(Delta, PicksTheSmallerEncoding) {
   EXPECT_NE(encode_delta(b2.data(), a3.data(), n, elem, true, enc).encoding, DeltaEncoding::kDense);
 }
 
+// The runs encoding as the format defines it, from a plain element-by-element scan.
+Bytes reference_runs(const Bytes& before, const Bytes& after, size_t elem) {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  const size_t n = before.size() / elem;
+  for (size_t e = 0; e < n; ++e) {
+    if (std::memcmp(&before[e * elem], &after[e * elem], elem) == 0) continue;
+    if (!runs.empty() && runs.back().first + runs.back().second == e) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(e, 1);
+    }
+  }
+  Bytes out;
+  const auto varint = [&out](uint64_t v) {
+    for (; v >= 0x80; v >>= 7) out.push_back(static_cast<uint8_t>(v | 0x80));
+    out.push_back(static_cast<uint8_t>(v));
+  };
+  varint(runs.size());
+  uint64_t at = 0;
+  for (const auto& [first, len] : runs) {
+    varint(first - at);
+    varint(len);
+    at = first + len;
+  }
+  for (const auto& [first, len] : runs) out.insert(out.end(), after.data() + first * elem, after.data() + (first + len) * elem);
+  return out;
+}
+
+// A piece large enough to be compared by several threads: runs that cross the threads' slices
+// come out whole, and the encoding is the one an element-by-element scan gives.
+TEST(Delta, LargePiecesEncodeAsOneScanWould) {
+  const size_t n = size_t{9} << 20, elem = 2;
+  auto [before, after] = pair_with_changes(n, elem, n / 1000, 21);
+  // Runs across every multiple of 1 Mi elements, whatever the slices are.
+  for (size_t b = size_t{1} << 20; b < n; b += size_t{1} << 20) {
+    for (size_t e = b - 5; e < b + 5; ++e) after[e * elem] ^= 0x10;
+  }
+  Bytes enc;
+  const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, false, enc);
+  ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);
+  EXPECT_TRUE(enc == reference_runs(before, after, elem)) << "encoded " << enc.size() << " bytes";
+  Bytes got = before;
+  ASSERT_TRUE(apply_delta(c.encoding, enc.data(), enc.size(), got.data(), n, elem).ok());
+  EXPECT_TRUE(got == after);
+}
+
 // Every malformed encoding is refused with DataLoss, and the values stay as they were.
 TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
   const size_t n = 100, elem = 2;
