@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -86,10 +87,15 @@ void changed_runs_parallel(const uint8_t* before, const uint8_t* after, size_t n
     for (size_t t = 0; t < slices; ++t) {
       const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
       auto* slot = &parts[t];
-      threads.emplace_back([=] {
+      const auto scan = [=] {
         changed_runs(before + lo * elem, after + lo * elem, hi - lo, elem, *slot);
         for (auto& r : *slot) r.first += lo;
-      });
+      };
+      try {
+        threads.emplace_back(scan);
+      } catch (const std::system_error&) {
+        scan();  // no thread to be had: this one scans the slice
+      }
     }
   }
   runs.clear();
@@ -101,7 +107,7 @@ void changed_runs_parallel(const uint8_t* before, const uint8_t* after, size_t n
         runs.push_back(r);
       }
     }
-    if (part.capacity() > (size_t{1} << 20)) part = {};
+    if (part.capacity() > (size_t{1} << 18)) part = {};  // at most 4 MiB kept per slice
   }
 }
 

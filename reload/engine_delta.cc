@@ -4,6 +4,7 @@
 // complete values is what makes a delta update byte-identical to a dense one, for every scheme:
 // a per-tensor or per-block scale sees every element it would have seen.
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -12,6 +13,18 @@
 #include "reload/engine.h"
 
 namespace ferry::reload {
+namespace {
+
+// apply() takes a delta's new values while one lives, whatever leaves the scope.
+struct DeltaIntake {
+  explicit DeltaIntake(bool& flag) : flag_(flag) { flag_ = true; }
+  ~DeltaIntake() { flag_ = false; }
+  DeltaIntake(const DeltaIntake&) = delete;
+  DeltaIntake& operator=(const DeltaIntake&) = delete;
+  bool& flag_;
+};
+
+}  // namespace
 
 Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, bool allocate) {
   if (shadow_.size() != params_.size()) shadow_.resize(params_.size());
@@ -22,6 +35,8 @@ Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, boo
   if (b.data() == nullptr) {
     if (!allocate) return Status::internal(fmt::format("no shadow of {}", input_name(param, input)));
     FERRY_ASSIGN_OR_RETURN(b, Buffer::allocate(dtype_bytes(in.dtype, shape_numel(in.shape))));
+    // Padding no piece covers stays zero, as in staging: a row re-processed from the shadow holds it.
+    std::memset(b.data(), 0, b.size());
     report_.shadow_bytes += b.size();
   }
   return TensorView(b.data(), in.dtype, in.shape);
@@ -76,9 +91,8 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
     FERRY_RETURN_IF_ERROR(apply_delta(at, bytes, &runs).with_context(name));
     note_changed_rows(params_[param], dst, runs);
     static const std::shared_ptr<const void> kUntilTheUpdateEnds;
-    in_delta_ = true;
+    const DeltaIntake taking(in_delta_);
     Status st = apply(param, input, dst, dtype, at, bytes, &kUntilTheUpdateEnds);
-    in_delta_ = false;
     if (st.ok()) ++report_.delta_pieces;
     return st;
   }
@@ -91,9 +105,10 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   }
   note_changed_rows(params_[param], dst, runs);
   // The new values go in as a copied piece: coverage, the shadow, and processing as for any other.
-  in_delta_ = true;
-  st = apply(param, input, dst, dtype, values.data(), bytes, nullptr);
-  in_delta_ = false;
+  {
+    const DeltaIntake taking(in_delta_);
+    st = apply(param, input, dst, dtype, values.data(), bytes, nullptr);
+  }
   pool_.give(std::move(values));
   if (st.ok()) ++report_.delta_pieces;
   return st;
@@ -124,7 +139,9 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
 Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   // (shadow_base_: storage holds that version processed; a first update, or one after a failure,
   // has none and processes everything.)
-  if (shadow_base_ == 0 || !p.delta_only || !options_.delta_shadow || p.inputs.size() != 1 || !p.piecewise.empty() ||
+  // (A stale shadow missed pieces: it is not the input these rows were processed from.)
+  if (shadow_base_ == 0 || shadow_stale_ || !p.delta_only || !options_.delta_shadow || p.inputs.size() != 1 ||
+      !p.piecewise.empty() ||
       !storage_.device().is_cpu() || !p.whole.empty() || p.inputs[0].shape.empty()) {
     return false;
   }
