@@ -13,26 +13,13 @@
 #include "bench/e2e_probe.h"
 #include "core/settings.h"
 #include "coordinator/trainer.h"
+#include "core/float_convert.h"
 #include "sharding/llama.h"
 
 namespace ferry {
 namespace {
 
 using e2e::Child;
-
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (no NaN here)
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // The spacing of bf16 values at `f` (8 significant bits).
 float ulp(float f) {
@@ -63,8 +50,8 @@ class AdamTrajectory {
       for (size_t i = 0; i < n; ++i, ++k) {
         const float u1 = 0.5f * (unit(k * 3 + 1) + 1.0f) + 1e-7f, u2 = unit(k * 3 + 2);
         const float w = 0.02f * std::sqrt(-2.0f * std::log(u1)) * std::cos(3.14159265f * u2);
-        s.bf16[i] = to_bf16(w);
-        const float on_grid = from_bf16(s.bf16[i]);
+        s.bf16[i] = f32_to_bf16(w);
+        const float on_grid = bf16_to_f32(s.bf16[i]);
         s.w[i] = on_grid + 0.499f * unit(k * 3 + 3) * ulp(on_grid);
       }
       s.m.assign(n, 0.0f);
@@ -86,7 +73,7 @@ class AdamTrajectory {
         s.m[i] = kB1 * s.m[i] + (1 - kB1) * g;
         s.v[i] = kB2 * s.v[i] + (1 - kB2) * g * g;
         s.w[i] -= kLr * (s.m[i] / c1) / (std::sqrt(s.v[i] / c2) + kEps);
-        s.bf16[i] = to_bf16(s.w[i]);
+        s.bf16[i] = f32_to_bf16(s.w[i]);
       }
     }
   }

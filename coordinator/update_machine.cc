@@ -1,5 +1,7 @@
 #include "coordinator/update_machine.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -184,7 +186,6 @@ void UpdateMachine::on_staged(Member& m) {
     if (!staged_.count(id)) return;  // a rank of the replica still receiving: it serves on
     replica.push_back(id);
   }
-  if (!first_apply_) first_apply_ = Clock::now();
   apply_sent_[m.spec.replica] = Clock::now();
   // Each replica's apply (its pause hook, writing every staged layer) has its own deadline.
   arm_timer("apply");
@@ -229,7 +230,13 @@ void UpdateMachine::on_resume_ack(Member& m, const wire::ResumeAck& a) {
   report_.set_resume_seconds(since(phase_start_));
   report_.set_staged(stage_);
   // Not serving: from the pause (a staged update: the first replica's apply) to the last resume.
-  report_.set_pause_window_seconds(since(stage_ && first_apply_ ? *first_apply_ : started_));
+  auto paused = started_;
+  if (stage_ && !apply_sent_.empty()) {
+    paused = std::min_element(apply_sent_.begin(), apply_sent_.end(), [](const auto& a, const auto& b) {
+               return a.second < b.second;
+             })->second;
+  }
+  report_.set_pause_window_seconds(since(paused));
   report_.set_version(version_);
   report_.set_ranks(static_cast<int32_t>(participants_.size()));
   if (!resume_failures_.empty()) {

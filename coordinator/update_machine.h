@@ -14,7 +14,6 @@
 
 #include <deque>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -113,10 +112,9 @@ class UpdateMachine {
   std::chrono::steady_clock::time_point started_, phase_start_;
   wire::FinishReply report_;
   // Stage while serving (StartUpdate.stage, when every rank can hold its input): the ranks that
-  // hold every byte and serve on, and when the first replica was told to apply (its pause began).
+  // hold every byte and serve on, and when each replica was told to apply (its pause began).
   bool stage_ = false;
   std::set<int> staged_;
-  std::optional<std::chrono::steady_clock::time_point> first_apply_;
   std::map<int, std::chrono::steady_clock::time_point> apply_sent_;  // by replica
   // What the start path need not redo per update, per trainer: the last manifest it sent (by
   // digest), the participants it was checked against, and the members whose specs it holds.

@@ -207,7 +207,6 @@ void UpdateMachine::open_update() {
   report_ = wire::FinishReply{};
   stage_ = group_start_.stage() && can_stage();
   staged_.clear();
-  first_apply_.reset();
   apply_sent_.clear();
   wire::Envelope pause;
   pause.mutable_pause()->set_stage(stage_);

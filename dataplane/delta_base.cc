@@ -57,11 +57,6 @@ void DeltaBases::record(const std::string& name, const Region& held, const Tenso
   base.version = version;
 }
 
-void DeltaBases::clear() {
-  bases_.clear();
-  bytes_ = 0;
-}
-
 Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, const uint8_t* packed, size_t bytes,
                               bool prefer_delta, std::vector<uint8_t>& scratch, std::vector<uint8_t>& encoded) {
   const uint8_t* old = region_span(base.view(), src);

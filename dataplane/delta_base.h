@@ -33,8 +33,6 @@ class DeltaBases {
   // Keeps `host` (the local tensor, contiguous on the host) as sent at `version`. A tensor past the
   // bound is dropped, and warned about once.
   void record(const std::string& name, const Region& held, const TensorView& host, uint64_t version);
-  // Every copy is forgotten (the sender may no longer know what it sent: a failed send).
-  void clear();
   uint64_t bytes() const { return bytes_; }
   uint64_t max_bytes() const { return max_bytes_; }
 

@@ -111,7 +111,6 @@ class ReloadEngine {
   // Stage while serving: every complete layer held since begin(..., stage = true) into storage,
   // in order; from here the update goes on as one that did not stage (finalize() checks it).
   Status apply_staged();
-  bool staging_update() const { return stage_all_; }
   // Writes one piece (`bytes` packed elements of `dtype`) at `dst` inside input `input` of parameter
   // `param`: 0 for the full-precision input of an online scheme; a parameter whose kernel takes
   // several checkpoint tensors has one input each (gptq_int4: 0 qweight, 1 scales, 2 g_idx; see
