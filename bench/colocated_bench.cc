@@ -12,7 +12,7 @@
 // same run (link bandwidth and per-bucket cost, packing at device-copy speed, the ranks' processing
 // rate and the control round trip from the warm-up updates).
 //
-//   ferry-bench-colocated [--scheme fp8_per_channel] [--layers 32] [--updates 10] [--device cuda:0] [--json]
+//   ferry-bench-colocated [--scheme fp8_per_channel] [--layout ferry|vllm|sglang] [--layers 32] [--updates 10] [--device cuda:0] [--json]
 //   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1 --tp 2 --json
 //   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1,cuda:2 --tp 2 --json
 //
@@ -74,12 +74,28 @@ ferry::sharding::LlamaConfig llama3_8b(int layers) {
   return c;
 }
 
+// "SCHEME" or "SCHEME@LAYOUT" (--scheme with --layout): the linear layers' scheme and engine layout.
+struct Linear {
+  ferry::Scheme scheme;
+  ferry::EngineLayout layout;
+};
+ferry::Result<Linear> parse_linear(const std::string& s) {
+  const size_t at = s.find('@');
+  FERRY_ASSIGN_OR_RETURN(const ferry::Scheme scheme, ferry::parse_scheme(s.substr(0, at)));
+  ferry::EngineLayout layout = ferry::EngineLayout::kFerry;
+  if (at != std::string::npos) {
+    FERRY_ASSIGN_OR_RETURN(layout, ferry::parse_engine_layout(s.substr(at + 1)));
+  }
+  return Linear{scheme, layout};
+}
+
 int run_rank(const std::string& coordinator, const std::string& scheme, int layers, int tp_rank, int tp, int device) {
   ferry::set_log_identity(fmt::format("rank {}", tp_rank));
-  auto linear = ferry::parse_scheme(scheme);
+  auto linear = parse_linear(scheme);
   if (!linear.ok()) return std::cerr << linear.status().to_string() << "\n", 1;
-  auto spec = ferry::sharding::llama_rank_spec(llama3_8b(layers), tp_rank, tp, *linear);
+  auto spec = ferry::sharding::llama_rank_spec(llama3_8b(layers), tp_rank, tp, linear->scheme);
   if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
+  spec->layout = linear->layout;
   // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
   if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
   auto storage = ferry::reload::ModelStorage::allocate(*spec, ferry::Device::cuda(device));
@@ -287,13 +303,14 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   const auto manifest = ferry::sharding::llama_manifest(cfg);
   std::vector<ferry::sharding::RankSpec> specs;
   uint64_t storage_bytes = 0;
-  auto linear = ferry::parse_scheme(scheme);
+  auto linear = parse_linear(scheme);
   if (!linear.ok()) return std::cerr << linear.status().to_string() << "\n", 1;
   for (int r = 0; r < tp; ++r) {
-    auto spec = ferry::sharding::llama_rank_spec(cfg, r, tp, *linear);
+    auto spec = ferry::sharding::llama_rank_spec(cfg, r, tp, linear->scheme);
     if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
+    spec->layout = linear->layout;
     for (const auto& p : spec->params) {
-      auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16);
+      auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16, linear->layout);
       if (!layout.ok()) return std::cerr << layout.status().to_string() << "\n", 1;
       for (const auto& t : *layout) storage_bytes += ferry::dtype_bytes(t.dtype, ferry::shape_numel(t.shape));
     }
@@ -456,7 +473,7 @@ int main(int argc, char** argv) {
   std::string role = "trainer", coordinator, scheme = "fp8_per_channel", device_name = "cuda:0";
   std::string rank_device_name;
   int layers = 32, updates = 10, tp = 1, tp_rank = 0, trainers = 1, trainer_rank = 0;
-  std::string change = "all";
+  std::string change = "all", layout = "ferry";
   bool json = false;
   app.add_option("--role", role, "trainer (default), rollout, or trainer-rank (of a sharded trainer)")
       ->check(CLI::IsMember({"trainer", "rollout", "trainer-rank"}));
@@ -465,6 +482,8 @@ int main(int argc, char** argv) {
   app.add_option("--trainer-rank", trainer_rank, "trainer-rank role: this rank");
   app.add_option("--coordinator", coordinator, "rollout role: coordinator address");
   app.add_option("--scheme", scheme, "the rollout's linear-layer scheme");
+  app.add_option("--layout", layout, "the rollout's engine layout (docs/engines.md)")
+      ->check(CLI::IsMember({"ferry", "vllm", "sglang"}));
   app.add_option("--layers", layers, "decoder layers (32 for Llama-3-8B)")->check(CLI::Range(1, 128));
   app.add_option("--updates", updates, "timed updates after two warm-up updates")->check(CLI::Range(1, 1000));
   app.add_option("--device", device_name, "cuda:N: the trainer's weights (and the ranks' storage, unless --rank-device)");
@@ -479,6 +498,7 @@ int main(int argc, char** argv) {
                  "the change set of an RL step (FERRY_DELTA, FERRY_DIRECT, FERRY_STAGE choose the path)")
       ->check(CLI::IsMember({"all", "adam"}));
   CLI11_PARSE(app, argc, argv);
+  if (layout != "ferry" && scheme.find('@') == std::string::npos) scheme += "@" + layout;
   if (auto st = ferry::load_settings().status(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
   if (!device.ok() || !device->is_cuda()) return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;

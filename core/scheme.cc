@@ -28,6 +28,22 @@ Result<Scheme> parse_scheme(std::string_view name) {
                                   ")");
 }
 
+std::string_view engine_layout_name(EngineLayout layout) {
+  switch (layout) {
+    case EngineLayout::kFerry: return "ferry";
+    case EngineLayout::kVllm: return "vllm";
+    case EngineLayout::kSglang: return "sglang";
+  }
+  return "unknown";
+}
+
+Result<EngineLayout> parse_engine_layout(std::string_view name) {
+  for (EngineLayout l : kAllEngineLayouts) {
+    if (engine_layout_name(l) == name) return l;
+  }
+  return Status::invalid_argument("unknown engine layout '" + std::string(name) + "' (expected ferry, vllm or sglang)");
+}
+
 bool scheme_is_online(Scheme scheme) { return scheme != Scheme::kGptqInt4; }
 
 int64_t scheme_group_columns(Scheme scheme) {

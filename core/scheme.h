@@ -33,6 +33,21 @@ inline constexpr int64_t kGroupSize = 128;     // int4_group and gptq_int4: inpu
 std::string_view scheme_name(Scheme scheme);
 Result<Scheme> parse_scheme(std::string_view name);
 
+// Whose kernels read the storage: the layout of every scheme's tensors (names, shapes, fused-scale
+// policy) and the arithmetic that fills them. kernels/quantize.h defines each; docs/engines.md cites
+// the engines' source for the vLLM and SGLang ones.
+enum class EngineLayout : uint8_t {
+  kFerry,   // ferry's own kernels (kernels/quantize.h)
+  kVllm,    // vLLM's online quantization methods and the parameters its kernels read
+  kSglang,  // SGLang's
+};
+
+inline constexpr EngineLayout kAllEngineLayouts[] = {EngineLayout::kFerry, EngineLayout::kVllm, EngineLayout::kSglang};
+
+// "ferry", "vllm", "sglang".
+std::string_view engine_layout_name(EngineLayout layout);
+Result<EngineLayout> parse_engine_layout(std::string_view name);
+
 // False for gptq_int4, which takes a pre-quantized checkpoint instead of full-precision tensors.
 bool scheme_is_online(Scheme scheme);
 // Input columns per scale group (kGroupSize for int4_group and gptq_int4), 0 when the scheme has no

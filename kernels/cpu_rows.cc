@@ -73,6 +73,27 @@ FERRY_INLINE void fp8_loop(const void* __restrict in, uint8_t* __restrict out, i
   for (int64_t i = 0; i < n; ++i) out[i] = quant_fp8(widen<K>(in, i), scale);
 }
 
+// The quotient (or product) and the encode for every lane, NaN lanes replaced after, as above.
+template <In K, bool kReciprocal>
+FERRY_INLINE void fp8_rule_loop(const void* __restrict in, uint8_t* __restrict out, int64_t n, float scale, float inv,
+                                uint8_t nan_code) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = widen<K>(in, i);
+    const float v = kReciprocal ? x * inv : x / scale;
+    const uint8_t code = ops::e4m3_rne(v);
+    out[i] = v == v ? code : nan_code;
+  }
+}
+
+template <In K>
+FERRY_INLINE void fp8_rule_kind(const void* in, uint8_t* out, int64_t n, float scale, const ops::Fp8Rule& r) {
+  if (r.reciprocal) {
+    fp8_rule_loop<K, true>(in, out, n, scale, ops::fp8_multiplier(scale, r), r.nan_code);
+  } else {
+    fp8_rule_loop<K, false>(in, out, n, scale, 0.0f, r.nan_code);
+  }
+}
+
 template <In K>
 FERRY_INLINE void int8_loop(const void* __restrict in, int8_t* __restrict out, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int8_t>(quant_int(widen<K>(in, i), scale, -127.0f, 127.0f));
@@ -192,6 +213,10 @@ FERRY_CLONES void int4_groups(const void* in, In kind, uint8_t* out, uint16_t* s
 
 FERRY_CLONES void fp8_run(const void* in, In kind, uint8_t* out, int64_t n, float scale) {
   FERRY_BY_KIND(kind, fp8_loop, in, out, n, scale)
+}
+FERRY_CLONES void fp8_rule_run(const void* in, In kind, uint8_t* out, int64_t n, float scale,
+                               const ops::Fp8Rule& rule) {
+  FERRY_BY_KIND(kind, fp8_rule_kind, in, out, n, scale, rule)
 }
 FERRY_CLONES void int8_run(const void* in, In kind, int8_t* out, int64_t n, float scale) {
   FERRY_BY_KIND(kind, int8_loop, in, out, n, scale)

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/scalar_ops.h"
+
 namespace ferry::kernels::detail::cpu {
 
 // Input element types: 0 f32, 1 bf16, 2 f16 (matching with_float_dtype's three cases).
@@ -18,6 +20,8 @@ float amax_b16(const uint16_t* in, int64_t n, In kind);  // bf16 or f16
 
 // out[i] = e4m3fn(in[i] / scale) as ops::quant_fp8 defines it.
 void fp8_run(const void* in, In kind, uint8_t* out, int64_t n, float scale);
+// out[i] = ops::quant_fp8(in[i], scale, inv, rule): an engine layout's fp8 arithmetic.
+void fp8_rule_run(const void* in, In kind, uint8_t* out, int64_t n, float scale, const ops::Fp8Rule& rule);
 // out[i] = ops::quant_int8(in[i], scale).
 void int8_run(const void* in, In kind, int8_t* out, int64_t n, float scale);
 // int4_group over `groups` consecutive 128-element groups: scales[g] (f16 bits) and the packed codes.

@@ -12,7 +12,12 @@ namespace ferry::kernels {
 
 Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec) {
-  FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, input, shard_rows, outputs));
+  return quantize(scheme, EngineLayout::kFerry, input, shard_rows, outputs, exec);
+}
+
+Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std::span<const int64_t> shard_rows,
+                std::span<const TensorView> outputs, const Exec& exec) {
+  FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, layout, input, shard_rows, outputs));
   if (input.device().is_cuda()) return detail::cuda::quantize(args, exec.stream);
   return detail::cpu::quantize(args, exec.threads);
 }

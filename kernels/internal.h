@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/quantize.h"
+#include "kernels/scalar_ops.h"
 
 namespace ferry::kernels::detail {
 
@@ -35,6 +36,7 @@ struct QuantArgs {
   DType out_dtype = DType::kF32;
   void* scale = nullptr;             // null for none
   std::vector<int64_t> shard_begin;  // S + 1 row boundaries: 0, ..., rows
+  ops::Fp8Rule fp8;                  // the fp8 schemes' arithmetic (an engine layout's, or ferry's)
 };
 
 // A scheme's stored weight, for dequantize and the GEMMs. Logical weight is rows x cols ([N, K]).
@@ -77,10 +79,24 @@ struct GptqArgs {
 // kernel arguments.
 inline constexpr size_t kMaxShards = 64;
 
+// A scheme as an engine layout stores it (engine_layouts.cc): its tensors, and the ferry layout that
+// holds the same bytes, given by the shards it is quantized with and the engine's fp8 arithmetic.
+struct EngineFormat {
+  std::vector<StorageTensor> tensors;  // the engine's names and shapes
+  std::vector<int64_t> shard_rows;     // the shards of the ferry layout with these bytes
+  ops::Fp8Rule fp8;
+};
+Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Shape& shape,
+                                   std::span<const int64_t> shard_rows, DType none_dtype);
+
 // Validation (validate.cc). Every message names the tensor and what was wrong.
 Result<std::vector<int64_t>> shard_bounds(std::span<const int64_t> shard_rows, int64_t rows);
 Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
                                  std::span<const TensorView> outputs);
+// The same for an engine layout's outputs: checked against its tensors, then viewed as the ferry
+// layout with the same bytes, with the engine's arithmetic in the result.
+Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const TensorView& input,
+                                 std::span<const int64_t> shard_rows, std::span<const TensorView> outputs);
 // `shape`: the logical weight ([N, K] for the GEMMs, the dequantize output's shape otherwise).
 Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
                                 const Shape& shape, Device device);

@@ -27,6 +27,31 @@
 //    NaN becomes the quiet NaN of the storage dtype with its sign.
 //    Same dtype in and out is a plain copy (NaN payloads kept).
 //  - gptq_int4 is not an online scheme: see gptq_reload() in kernels/gptq.h. quantize() refuses it.
+//
+// Engine layouts (EngineLayout, core/scheme.h): the same schemes as vLLM's and SGLang's kernels read
+// them, filled with the engines' own arithmetic (docs/engines.md cites each definition). Every
+// engine layout holds the same bytes as a ferry layout; only names, shapes, the fused-scale policy
+// and the fp8 arithmetic differ. Amax leaves NaN and +-inf out in every layout.
+//   vllm fp8_per_tensor (vLLM's online fp8_per_tensor / Fp8LinearMethod, scaled_fp8_quant): one
+//     scale for the whole fused parameter, weight_scale f32[1] (f32[E] for stacked experts: one per
+//     expert over its merged matrix, E <= 64). scale = amax / 448, with no guard for 0; code =
+//     e4m3(clamp(x * (1 / scale), +-448)) by fminf/fmaxf, so NaN (also 0 * inf) codes +448.
+//   vllm fp8_per_channel (online fp8_per_channel): weight_scale f32[rows, 1]; scale = max(amax /
+//     448, 1 / (448 * 512)); code = e4m3(x / scale).
+//   vllm and sglang fp8_block (per_block_cast_to_fp8, the online fp8_per_block and DeepSeek-style
+//     checkpoints): weight_scale_inv f32[ceil(rows/128), ceil(cols/128)] ([E, ...] stacked; each
+//     logical shard of a stacked matrix a multiple of 128 rows); scale = max(amax, 1e-4) / 448;
+//     code = e4m3(x * (1 / scale)).
+//   sglang fp8_per_channel (SGLang's online fp8 on sm_89+, per_token_quant_fp8): weight_scale
+//     f32[1, rows]; scale = amax / 448; code = e4m3(clamp(x * m)), m = 0 for a zero scale, else
+//     1 / scale. sglang fp8_per_tensor only for stacked experts (scaled_fp8_quant per expert,
+//     w13_weight_scale f32[E]), with vLLM's arithmetic; SGLang quantizes dense layers per channel.
+//   int8_per_channel (both): weight_scale f32[rows, 1] (sglang stacked: [E, rows, 1]), ferry's
+//     arithmetic (the engines load int8 checkpoints as they are).
+//   none: as ferry. int4_group and gptq_int4: refused (the engines' int4 kernels read Marlin's or
+//     Machete's repacked layouts).
+//   The weight tensor is the row-major [rows, cols] buffer in every case; vLLM and SGLang keep a
+//   transposed view of it as the parameter, which shares these bytes.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +95,12 @@ struct StorageTensor {
 Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& shape, std::span<const int64_t> shard_rows,
                                                   DType none_dtype = DType::kBF16);
 
+// The storage of `scheme` as engine `layout` names and shapes it; kFerry is the overload above.
+// Refuses, naming the engine and the reason, a scheme the engine's layout does not define here.
+Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, EngineLayout layout, const Shape& shape,
+                                                  std::span<const int64_t> shard_rows,
+                                                  DType none_dtype = DType::kBF16);
+
 // Where a kernel runs. On CUDA, `stream` is a cudaStream_t; on the CPU, `threads` bounds the workers
 // (0: all cores).
 struct Exec {
@@ -81,6 +112,10 @@ struct Exec {
 // storage_layout() in order. All views on one device. `shard_rows` must sum to rows when given
 // (only fp8_per_tensor uses it). On CUDA the work is enqueued on exec.stream and not waited for.
 Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
+                std::span<const TensorView> outputs, const Exec& exec = {});
+
+// quantize() into an engine layout's storage (storage_layout(scheme, layout, ...)), with its arithmetic.
+Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec = {});
 
 // The inverse, to f32 (tests and reference GEMMs). `output_f32` is f32 [rows, cols] in the

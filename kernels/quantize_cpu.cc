@@ -28,6 +28,15 @@ struct Rows {
   float amax(int64_t i, int64_t n) const { return amax_run(at(i), kind, n); }
 };
 
+// The codes of n elements from element i of `in` with one scale, by the arguments' fp8 rule.
+void fp8_codes(const Rows& in, int64_t i, uint8_t* out, int64_t n, float scale, const ops::Fp8Rule& r) {
+  if (r.is_ferry()) {
+    fp8_run(in.at(i), in.kind, out, n, scale);
+  } else {
+    fp8_rule_run(in.at(i), in.kind, out, n, scale, r);
+  }
+}
+
 void none(const QuantArgs& a, int threads) {
   const int64_t n = a.rows * a.cols;
   const In kind = kind_of(a.in_dtype);
@@ -63,7 +72,7 @@ void fp8_per_tensor(const QuantArgs& a, int threads) {
   for (size_t s = 0; s < shards; ++s) {
     float m = 0.0f;
     for (int64_t r = a.shard_begin[s]; r < a.shard_begin[s + 1]; ++r) m = std::max(m, row_amax[static_cast<size_t>(r)]);
-    scale[s] = ops::fp8_scale(m);
+    scale[s] = ops::fp8_scale(m, a.fp8);
     for (int64_t r = a.shard_begin[s]; r < a.shard_begin[s + 1]; ++r) row_scale[static_cast<size_t>(r)] = scale[s];
   }
   uint8_t* out = static_cast<uint8_t*>(a.out);
@@ -72,7 +81,7 @@ void fp8_per_tensor(const QuantArgs& a, int threads) {
     for (int64_t r = b; r < e;) {
       int64_t r1 = r + 1;
       while (r1 < e && row_scale[static_cast<size_t>(r1)] == row_scale[static_cast<size_t>(r)]) ++r1;
-      fp8_run(in.at(r * a.cols), in.kind, out + r * a.cols, (r1 - r) * a.cols, row_scale[static_cast<size_t>(r)]);
+      fp8_codes(in, r * a.cols, out + r * a.cols, (r1 - r) * a.cols, row_scale[static_cast<size_t>(r)], a.fp8);
       r = r1;
     }
   });
@@ -91,8 +100,8 @@ void per_channel(const QuantArgs& a, int threads) {
         scale[r] = ops::int8_scale(m);
         int8_run(in.at(i), in.kind, static_cast<int8_t*>(a.out) + i, a.cols, scale[r]);
       } else {
-        scale[r] = ops::fp8_scale(m);
-        fp8_run(in.at(i), in.kind, static_cast<uint8_t*>(a.out) + i, a.cols, scale[r]);
+        scale[r] = ops::fp8_scale(m, a.fp8);
+        fp8_codes(in, i, static_cast<uint8_t*>(a.out) + i, a.cols, scale[r], a.fp8);
       }
     }
   });
@@ -122,13 +131,13 @@ void fp8_block(const QuantArgs& a, int threads) {
         }
       }
       for (int64_t bc = 0; bc < bcols; ++bc) {
-        m[static_cast<size_t>(bc)] = ops::fp8_scale(m[static_cast<size_t>(bc)]);
+        m[static_cast<size_t>(bc)] = ops::fp8_scale(m[static_cast<size_t>(bc)], a.fp8);
         scale[band * bcols + bc] = m[static_cast<size_t>(bc)];
       }
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t bc = 0; bc < bcols; ++bc) {
           const int64_t i = r * cols + bc * kFp8BlockSize, n = std::min(cols - bc * kFp8BlockSize, kFp8BlockSize);
-          fp8_run(in.at(i), in.kind, out + i, n, m[static_cast<size_t>(bc)]);
+          fp8_codes(in, i, out + i, n, m[static_cast<size_t>(bc)], a.fp8);
         }
       }
     }

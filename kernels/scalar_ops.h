@@ -30,6 +30,30 @@ FERRY_HOST_DEVICE float fp8_scale(float amax) {
   return s > 0.0f ? s : 1.0f;
 }
 
+// How an engine makes an fp8 scale and its codes (kernels/quantize.h, "Engine layouts"). The
+// default is ferry's own rule, which fp8_scale() and quant_fp8() above and below implement.
+struct Fp8Rule {
+  float amax_floor = 0.0f;         // amax = max(amax, amax_floor)
+  float scale_floor = 0.0f;        // scale = max(amax / 448, scale_floor)
+  bool one_if_zero = true;         // a scale that is not > 0 becomes 1
+  bool reciprocal = false;         // code of x * (1 / scale) instead of x / scale
+  bool zero_inverse_zero = false;  // with reciprocal: a zero scale multiplies by 0, not by 1/0
+  uint8_t nan_code = 0x7F;         // the code of a NaN quotient (0x7E: clamped to +448 by fminf)
+  FERRY_HOST_DEVICE bool is_ferry() const {
+    return amax_floor == 0.0f && scale_floor == 0.0f && one_if_zero && !reciprocal && nan_code == 0x7F;
+  }
+};
+
+FERRY_HOST_DEVICE float fp8_scale(float amax, const Fp8Rule& r) {
+  const float s = fmaxf(fmaxf(amax, r.amax_floor) / 448.0f, r.scale_floor);
+  return r.one_if_zero && !(s > 0.0f) ? 1.0f : s;
+}
+
+// The multiplier of a reciprocal rule's codes (unused by a dividing one).
+FERRY_HOST_DEVICE float fp8_multiplier(float scale, const Fp8Rule& r) {
+  return r.zero_inverse_zero && scale == 0.0f ? 0.0f : 1.0f / scale;
+}
+
 FERRY_HOST_DEVICE float int8_scale(float amax) {
   const float s = amax / 127.0f;
   return s > 0.0f ? s : 1.0f;
@@ -66,6 +90,12 @@ FERRY_HOST_DEVICE uint8_t e4m3_rne(float x) {
 FERRY_HOST_DEVICE uint8_t quant_fp8(float x, float scale) {
   const float v = x / scale;
   return v == v ? e4m3_rne(v) : static_cast<uint8_t>(0x7F);
+}
+
+// quant_fp8 under an engine's rule; `inv` = fp8_multiplier(scale, r).
+FERRY_HOST_DEVICE uint8_t quant_fp8(float x, float scale, float inv, const Fp8Rule& r) {
+  const float v = r.reciprocal ? x * inv : x / scale;
+  return v == v ? e4m3_rne(v) : r.nan_code;
 }
 
 FERRY_HOST_DEVICE int32_t quant_int(float x, float scale, float lo, float hi) {

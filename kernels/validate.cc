@@ -91,6 +91,25 @@ Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::sp
   return a;
 }
 
+Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const TensorView& input,
+                                 std::span<const int64_t> shard_rows, std::span<const TensorView> outputs) {
+  if (layout == EngineLayout::kFerry) return check_quantize(scheme, input, shard_rows, outputs);
+  if (outputs.empty()) return Status::invalid_argument("quantize: no output tensors given");
+  FERRY_ASSIGN_OR_RETURN(EngineFormat f, engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
+  FERRY_RETURN_IF_ERROR(check_outputs(
+      [&] { return fmt::format("quantize {} output ({} layout)", scheme_name(scheme), engine_layout_name(layout)); },
+      f.tensors, outputs, input.device()));
+  FERRY_ASSIGN_OR_RETURN(auto ferry, storage_layout(scheme, input.shape(), f.shard_rows, outputs[0].dtype()));
+  std::vector<TensorView> views;
+  views.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    views.emplace_back(outputs[i].data(), ferry[i].dtype, ferry[i].shape, outputs[i].device());
+  }
+  FERRY_ASSIGN_OR_RETURN(QuantArgs a, check_quantize(scheme, input, f.shard_rows, views));
+  a.fp8 = f.fp8;
+  return a;
+}
+
 Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
                                 const Shape& shape, Device device) {
   if (storage.empty()) return Status::invalid_argument("weight storage: no tensors given");

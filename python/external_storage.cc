@@ -11,7 +11,7 @@ namespace ferry::python {
 Result<std::vector<StorageEntry>> storage_entries(const sharding::RankSpec& spec, DType none_dtype) {
   std::vector<StorageEntry> out;
   for (const auto& p : spec.params) {
-    FERRY_ASSIGN_OR_RETURN(auto layout, reload::param_layout(p, none_dtype));
+    FERRY_ASSIGN_OR_RETURN(auto layout, reload::param_layout(p, none_dtype, spec.layout));
     for (const auto& t : layout) {
       out.push_back({reload::storage_name(p.name, t.suffix), p.name, t.suffix, t.dtype, t.shape, t.runtime});
     }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/scheme.h"
+#include "kernels/quantize.h"
 #include "python/bindings.h"
 #include "sharding/layout.h"
 #include "sharding/llama.h"
@@ -35,6 +36,17 @@ void scheme_property(py::class_<C>& cls, const char* name, Scheme C::*member) {
   cls.def_property(
       name, [member](const C& c) { return std::string(scheme_name(c.*member)); },
       [member](C& c, const std::string& v) { c.*member = take(parse_scheme(v)); });
+}
+
+// Sets a spec's engine layout after checking that every parameter has one in it: a scheme the
+// engine's layout does not define fails here, naming the parameter, not when storage is allocated.
+void set_layout(RankSpec& s, const std::string& name) {
+  const EngineLayout layout = take(parse_engine_layout(name));
+  for (const auto& p : s.params) {
+    auto t = kernels::storage_layout(p.scheme, layout, p.shape, p.shard_rows, DType::kBF16);
+    if (!t.ok()) check(t.status().with_context(p.name));
+  }
+  s.layout = layout;
 }
 
 // Keyword construction for plain structs: Config(hidden_size=64, ...).
@@ -105,6 +117,10 @@ void init_model(py::module_& m) {
   scheme_property(ps, "scheme", &ParamSpec::scheme);
 
   py::class_<RankSpec>(m, "RankSpec", "One rank of one replica: its parameters and the sources it takes.")
+      .def_property(
+          "layout", [](const RankSpec& s) { return std::string(engine_layout_name(s.layout)); },
+          [](RankSpec& s, const std::string& v) { set_layout(s, v); },
+          "Whose kernels read the storage: 'ferry', 'vllm' or 'sglang' (names, shapes and arithmetic).")
       .def_readwrite("replica", &RankSpec::replica)
       .def_readwrite("tp_rank", &RankSpec::tp_rank)
       .def_readwrite("tp_size", &RankSpec::tp_size)
@@ -147,21 +163,28 @@ void init_model(py::module_& m) {
       .def_readonly("name", &ModelDesc::name)
       .def("manifest", [](const ModelDesc& d) { return sharding::model_manifest(d); })
       .def("rank_spec",
-           [](const ModelDesc& d, int tp_rank, int tp_size, const std::string& scheme, int ep_size, int replica) {
-             return take(sharding::model_rank_spec(d, tp_rank, tp_size, ep_size, take(parse_scheme(scheme)), replica));
+           [](const ModelDesc& d, int tp_rank, int tp_size, const std::string& scheme, int ep_size, int replica,
+              const std::string& layout) {
+             RankSpec s =
+                 take(sharding::model_rank_spec(d, tp_rank, tp_size, ep_size, take(parse_scheme(scheme)), replica));
+             set_layout(s, layout);
+             return s;
            },
            py::arg("tp_rank"), py::arg("tp_size"), py::arg("scheme") = "none", py::arg("ep_size") = 1,
-           py::arg("replica") = 0);
+           py::arg("replica") = 0, py::arg("layout") = "ferry");
 
   m.def("llama_manifest", &sharding::llama_manifest, "Every tensor a trainer sends for this model.");
   m.def(
       "llama_rank_spec",
-      [](const sharding::LlamaConfig& c, int tp_rank, int tp_size, const std::string& scheme, int replica) {
+      [](const sharding::LlamaConfig& c, int tp_rank, int tp_size, const std::string& scheme, int replica,
+         const std::string& layout) {
         RankSpec s = take(sharding::llama_rank_spec(c, tp_rank, tp_size, take(parse_scheme(scheme))));
         s.replica = replica;
+        set_layout(s, layout);
         return s;
       },
-      py::arg("config"), py::arg("tp_rank"), py::arg("tp_size"), py::arg("scheme") = "none", py::arg("replica") = 0);
+      py::arg("config"), py::arg("tp_rank"), py::arg("tp_size"), py::arg("scheme") = "none", py::arg("replica") = 0,
+      py::arg("layout") = "ferry");
   m.def("parse_hf_config", [](const std::string& text) { return take(sharding::parse_hf_config(text)); });
   m.def("load_hf_config", [](const std::string& path) { return take(sharding::load_hf_config(path)); });
   m.def("to_llama_config", [](const ModelConfig& c) { return take(sharding::to_llama_config(c)); });

@@ -65,7 +65,8 @@ Status ReloadEngine::init() {
   }
   if (!options_.kernel_factory) {
     const DType nd = options_.none_dtype;
-    options_.kernel_factory = [nd](const sharding::ParamSpec& p) { return scheme_kernel(p, nd); };
+    const EngineLayout layout = spec_.layout;
+    options_.kernel_factory = [nd, layout](const sharding::ParamSpec& p) { return scheme_kernel(p, nd, layout); };
   }
   std::map<std::string, uint32_t> layer_index;
   for (uint32_t i = 0; i < spec_.params.size(); ++i) {
@@ -96,7 +97,7 @@ Status ReloadEngine::init() {
       }
     }
     // Storage identity is recorded once, here; it must never change.
-    FERRY_ASSIGN_OR_RETURN(auto layout, param_layout(p, options_.none_dtype));
+    FERRY_ASSIGN_OR_RETURN(auto layout, param_layout(p, options_.none_dtype, spec_.layout));
     for (const auto& t : layout) {
       const std::string name = storage_name(p.name, t.suffix);
       auto view = storage_.get(name);

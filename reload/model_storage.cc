@@ -13,8 +13,9 @@ std::string storage_name(const std::string& param, const std::string& suffix) {
   return (dot == std::string::npos ? param : param.substr(0, dot)) + "." + suffix;
 }
 
-Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSpec& p, DType none_dtype) {
-  auto layout = kernels::storage_layout(p.scheme, p.shape, p.shard_rows, none_dtype);
+Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSpec& p, DType none_dtype,
+                                                         EngineLayout engine) {
+  auto layout = kernels::storage_layout(p.scheme, engine, p.shape, p.shard_rows, none_dtype);
   if (!layout.ok()) return layout.status().with_context(p.name);
   return layout;
 }
@@ -24,7 +25,7 @@ Result<ModelStorage> ModelStorage::allocate(const sharding::RankSpec& spec, Devi
   s.device_ = device;
   s.none_dtype_ = none_dtype;
   for (const auto& p : spec.params) {
-    FERRY_ASSIGN_OR_RETURN(auto layout, param_layout(p, none_dtype));
+    FERRY_ASSIGN_OR_RETURN(auto layout, param_layout(p, none_dtype, spec.layout));
     for (const auto& t : layout) {
       const std::string name = storage_name(p.name, t.suffix);
       FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(dtype_bytes(t.dtype, shape_numel(t.shape)), device));

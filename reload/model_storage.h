@@ -18,7 +18,9 @@ namespace ferry::reload {
 std::string storage_name(const std::string& param, const std::string& suffix);
 
 // The storage tensors of one parameter, in kernels::storage_layout order.
-Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSpec& p, DType none_dtype);
+// `layout`: the rank's engine layout (RankSpec::layout).
+Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSpec& p, DType none_dtype,
+                                                         EngineLayout layout = EngineLayout::kFerry);
 
 class ModelStorage {
  public:

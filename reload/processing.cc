@@ -137,7 +137,14 @@ namespace {
 
 class OnlineKernel final : public ProcessingKernel {
  public:
-  explicit OnlineKernel(sharding::ParamSpec param) : scheme_(param.scheme), param_(std::move(param)) {}
+  OnlineKernel(sharding::ParamSpec param, EngineLayout layout)
+      : scheme_(param.scheme), layout_(layout), param_(std::move(param)) {
+    // An engine layout keeps one fp8_per_tensor scale for the whole fused parameter: only the whole
+    // parameter is processed on its own then.
+    if (layout_ != EngineLayout::kFerry && scheme_ == Scheme::kFp8PerTensor) param_.shard_rows.clear();
+    // SGLang's per-channel scales lie in one row ([1, rows]): no row views of them.
+    rows_apart_ = !(layout_ == EngineLayout::kSglang && scheme_ == Scheme::kFp8PerChannel);
+  }
 
   std::string name() const override { return std::string(scheme_name(scheme_)); }
   std::vector<kernels::StorageTensor> inputs() const override {
@@ -145,10 +152,11 @@ class OnlineKernel final : public ProcessingKernel {
   }
   Status process(std::span<const TensorView> inputs, std::span<const TensorView> storage, ScratchArena&,
                  const kernels::Exec& exec) override {
-    return kernels::quantize(scheme_, inputs[0], param_.shard_rows, storage, exec);
+    return kernels::quantize(scheme_, layout_, inputs[0], param_.shard_rows, storage, exec);
   }
   bool can_process_rows(const Region& dst) const override {
     const Shape& s = param_.shape;
+    if (!rows_apart_) return false;
     for (size_t d = 1; d < s.size(); ++d) {
       if (dst.offset[d] != 0 || dst.size[d] != s[d]) return false;
     }
@@ -212,10 +220,10 @@ class OnlineKernel final : public ProcessingKernel {
         shards.assign(param_.shard_rows.begin() + s0, param_.shard_rows.begin() + s1);
       }
       const TensorView views[] = {c, sc};
-      return kernels::quantize(scheme_, input, shards, views, exec);
+      return kernels::quantize(scheme_, layout_, input, shards, views, exec);
     }
     FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, out, row0, input.dim(0)));
-    return kernels::quantize(scheme_, input, {}, rows, exec);
+    return kernels::quantize(scheme_, layout_, input, {}, rows, exec);
   }
 
  private:
@@ -235,6 +243,8 @@ class OnlineKernel final : public ProcessingKernel {
   }
 
   Scheme scheme_;
+  EngineLayout layout_;
+  bool rows_apart_ = true;  // every storage tensor has the parameter's rows as dim 0
   sharding::ParamSpec param_;
 };
 
@@ -256,13 +266,18 @@ class GptqKernel final : public ProcessingKernel {
 
 }  // namespace
 
-Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpec& param, DType /*none_dtype*/) {
+Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpec& param, DType /*none_dtype*/,
+                                                        EngineLayout layout) {
   if (param.scheme == Scheme::kGptqInt4) {
+    if (layout != EngineLayout::kFerry) {
+      return Status::invalid_argument(fmt::format("{}: gptq_int4 has no {} layout in ferry", param.name,
+                                                  engine_layout_name(layout)));
+    }
     auto in = kernels::gptq_checkpoint_layout(param.shape);
     if (!in.ok()) return in.status().with_context(param.name);
     return std::unique_ptr<ProcessingKernel>(new GptqKernel(std::move(*in)));
   }
-  return std::unique_ptr<ProcessingKernel>(new OnlineKernel(param));
+  return std::unique_ptr<ProcessingKernel>(new OnlineKernel(param, layout));
 }
 
 }  // namespace ferry::reload

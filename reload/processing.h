@@ -62,8 +62,10 @@ class ProcessingKernel {
 // The kernel ferry uses for `param`'s scheme: online quantization for every online scheme, and
 // quantized reload for gptq_int4 (inputs qweight, scales, g_idx; the permutation and the zeroed
 // workspace are written in place into their registered runtime tensors).
+// `layout`: whose kernels read the storage (kernels/quantize.h "Engine layouts").
 Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpec& param,
-                                                        DType none_dtype = DType::kBF16);
+                                                        DType none_dtype = DType::kBF16,
+                                                        EngineLayout layout = EngineLayout::kFerry);
 
 // Chooses a kernel per parameter; tests plug in their own.
 using KernelFactory = std::function<Result<std::unique_ptr<ProcessingKernel>>(const sharding::ParamSpec&)>;

@@ -49,6 +49,9 @@ struct RankSpec {
   int tp_rank = 0;
   int tp_size = 1;
   int ep_size = 1;   // expert-parallel groups inside the replica's tp_size ranks (1: experts TP-sharded)
+  // Whose kernels read this rank's storage (kernels/quantize.h "Engine layouts"): the names, shapes
+  // and arithmetic of every quantized parameter. Local to the rank: the plan does not depend on it.
+  EngineLayout layout = EngineLayout::kFerry;
   Manifest expects;  // every source tensor this rank's model takes, with its full shape
   std::vector<ParamSpec> params;
 };

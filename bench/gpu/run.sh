@@ -8,8 +8,10 @@
 #   kernels.png    kernel throughput beside the device-copy baseline
 #   colocated.png  the colocated update per scheme beside its floor and the PyTorch baselines
 # usage: bench/gpu/run.sh OUT_DIR [STEPS]
-#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta
-#          (default: all)
+#   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta,
+#          layouts (default: all)
+#   layouts: the colocated 8B update into vLLM's and SGLang's layouts (docs/engines.md) beside ferry's own,
+#   per fp8 scheme, in the same run
 #   trainers: ferry bench e2e --trainers 1,2,4 over the host transports (CPU processes; the GPU
 #   machine has the cores): a sharded trainer beside gather-then-send and the cost model
 #   sharded: the colocated 8B fp8_per_channel update from 4 trainer processes on the GPU (each
@@ -22,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
-steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta}
+steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta,layouts}
 want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off
@@ -59,7 +61,8 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
 }
 
 if want tests; then
-for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test core_buffer_test dataplane_bucket_test \
+for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test \
+         kernels_engine_layout_test core_buffer_test dataplane_bucket_test \
          reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
@@ -123,7 +126,7 @@ fi
 # compute-sanitizer on the CUDA paths (the tests compare CUDA against the CPU bit for bit).
 if want sanitizer && command -v compute-sanitizer > /dev/null; then
   for t in "kernels_quantize_test --gtest_filter=*Cuda*:*PerTensorLargerThanL2*:*PerTensorOnePiece*" "kernels_gptq_test --gtest_filter=*Cuda*" \
-           "kernels_gemm_test --gtest_filter=*Cuda*" "reload_gpu_test"; do
+           "kernels_gemm_test --gtest_filter=*Cuda*" "kernels_engine_layout_test --gtest_filter=*Cuda*" "reload_gpu_test"; do
     set -- $t
     [ -x "$bin/$1" ] || continue
     echo "=== compute-sanitizer memcheck $t" >> "$out/sanitizer.log"
@@ -169,6 +172,14 @@ if want colocated; then
     echo "=== colocated $s" >> "$out/tests.log"
     timeout 300 "$bin/ferry-bench-colocated" --scheme "$s" --updates "${FERRY_GPU_UPDATES:-10}" --json \
       >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "colocated $s failed" >> "$out/tests.log"; status=1; }
+  done
+fi
+if want layouts; then
+  for sl in fp8_per_tensor:ferry fp8_per_tensor:vllm fp8_per_channel:ferry fp8_per_channel:vllm fp8_per_channel:sglang \
+            fp8_block:ferry fp8_block:vllm; do
+    echo "=== colocated ${sl%%:*} --layout ${sl#*:}" >> "$out/tests.log"
+    timeout 300 "$bin/ferry-bench-colocated" --scheme "${sl%%:*}" --layout "${sl#*:}" --updates "${FERRY_GPU_UPDATES:-10}" \
+      --json >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "colocated $sl failed" >> "$out/tests.log"; status=1; }
   done
 fi
 if want torch && [ -f bench/gpu/torch_baseline.py ]; then

@@ -270,6 +270,14 @@ Status launch_int4(const QuantArgs& a, cudaStream_t st) {
 
 template <DType D>
 Status launch(const QuantArgs& a, cudaStream_t st) {
+  if (!a.fp8.is_ferry()) {  // an engine layout's fp8 arithmetic: the generic kernels take its rule
+    switch (a.scheme) {
+      case Scheme::kFp8PerChannel: return generic_rows(a, st);
+      case Scheme::kFp8PerTensor: return generic_per_tensor(a, st);
+      case Scheme::kFp8Block: return generic_block(a, st);
+      default: break;
+    }
+  }
   switch (a.scheme) {
     case Scheme::kNone: return launch_none<D>(a, st);
     case Scheme::kFp8PerChannel: return quantize_per_channel(a, false, st);

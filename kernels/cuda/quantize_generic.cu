@@ -1,6 +1,7 @@
 // The generic CUDA quantize kernels: one block per row (per 128x128 tile), any alignment, rows of
 // any length (values beyond what registers hold are read again, from L1/L2). The vectorized kernels
-// of quantize_rows.cu and quantize.cu hand over to these when they cannot run.
+// of quantize_rows.cu and quantize.cu hand over to these when they cannot run, and the fp8 schemes of
+// an engine layout run here with its arithmetic (QuantArgs::fp8; ferry's own rule is the default).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quantize_kernels.cuh"
 #include "kernels/internal.h"
@@ -18,14 +19,15 @@ struct RowParams {
   int64_t row0;  // first row handled (shards)
   int64_t cols;
   bool vec;  // input and output rows are 16-byte aligned and cols % 16 == 0
+  ops::Fp8Rule fp8;
 };
 
 template <int kMode>
-__device__ __forceinline__ uint8_t quant_byte(float x, float s) {
+__device__ __forceinline__ uint8_t quant_byte(float x, float s, float inv, const ops::Fp8Rule& r) {
   if constexpr (kMode == kInt8Channel) {
     return static_cast<uint8_t>(ops::quant_int8(x, s));
   } else {
-    return ops::quant_fp8(x, s);
+    return ops::quant_fp8(x, s, inv, r);
   }
 }
 
@@ -61,9 +63,10 @@ __global__ void __launch_bounds__(kThreads) row_kernel(RowParams p) {
     if constexpr (kMode == kFp8Given) {
       scale = *p.scale;
     } else {
-      scale = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m);
+      scale = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m, p.fp8);
       if (threadIdx.x == 0) p.scale[r] = scale;
     }
+    const float inv = ops::fp8_multiplier(scale, p.fp8);
     uint8_t* out = static_cast<uint8_t*>(p.out) + base;
     int slot = 0;
     for (int64_t s = threadIdx.x; s < segs; s += blockDim.x, ++slot) {
@@ -78,22 +81,22 @@ __global__ void __launch_bounds__(kThreads) row_kernel(RowParams p) {
       }
       uint8_t b[kVec];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) b[j] = quant_byte<kMode>(v[j], scale);
+      for (int j = 0; j < kVec; ++j) b[j] = quant_byte<kMode>(v[j], scale, inv, p.fp8);
       store16_bytes(out + c, p.vec, n, b);
     }
   }
 }
 
-__global__ void finalize_fp8_scale(float* scale, int n) {
+__global__ void finalize_fp8_scale(float* scale, int n, ops::Fp8Rule rule) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = ops::fp8_scale(scale[i]);  // the slot holds amax until here
+  if (i < n) scale[i] = ops::fp8_scale(scale[i], rule);  // the slot holds amax until here
 }
 
 // One block per 128x128 tile; each thread keeps its 4 segments in registers.
 // blockIdx.y counts the 128-row bands of all stacked matrices; bands restart at each matrix.
 template <DType D>
 __global__ void __launch_bounds__(kThreads) block_kernel(const void* in, uint8_t* out, float* scale, int64_t mrows,
-                                                         int64_t cols, bool vec) {
+                                                         int64_t cols, bool vec, ops::Fp8Rule rule) {
   constexpr int kSegsPerRow = kFp8BlockSize / kVec;                         // 8
   constexpr int kPerThread = kFp8BlockSize * kSegsPerRow / kThreads;        // 4
   const int64_t bands = (mrows + kFp8BlockSize - 1) / kFp8BlockSize;
@@ -116,13 +119,14 @@ __global__ void __launch_bounds__(kThreads) block_kernel(const void* in, uint8_t
 #pragma unroll
     for (int j = 0; j < kVec; ++j) m = fmaxf(m, ops::finite_abs(v[t][j]));
   }
-  const float s = ops::fp8_scale(block_max(m));
+  const float s = ops::fp8_scale(block_max(m), rule);
+  const float inv = ops::fp8_multiplier(s, rule);
   if (threadIdx.x == 0) scale[blockIdx.y * gridDim.x + blockIdx.x] = s;
 #pragma unroll
   for (int t = 0; t < kPerThread; ++t) {
     uint8_t b[kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) b[j] = ops::quant_fp8(v[t][j], s);
+    for (int j = 0; j < kVec; ++j) b[j] = ops::quant_fp8(v[t][j], s, inv, rule);
     if (cnt[t] > 0) store16_bytes(out + at[t], vec && cnt[t] == kVec, cnt[t], b);
   }
 }
@@ -137,9 +141,9 @@ Status rows_typed(const QuantArgs& a, cudaStream_t st) {
   // Grids are limited to 2^31 - 1 blocks in x: far beyond any weight's rows.
   if (a.rows == 0) return ok_status();
   if (a.scheme == Scheme::kInt8PerChannel) {
-    row_kernel<D, kInt8Channel><<<blocks_for(a.rows, 1), kThreads, 0, st>>>({a.in, out, scale, 0, a.cols, vec});
+    row_kernel<D, kInt8Channel><<<blocks_for(a.rows, 1), kThreads, 0, st>>>({a.in, out, scale, 0, a.cols, vec, a.fp8});
   } else {
-    row_kernel<D, kFp8Channel><<<blocks_for(a.rows, 1), kThreads, 0, st>>>({a.in, out, scale, 0, a.cols, vec});
+    row_kernel<D, kFp8Channel><<<blocks_for(a.rows, 1), kThreads, 0, st>>>({a.in, out, scale, 0, a.cols, vec, a.fp8});
   }
   FERRY_CUDA_LAUNCH_CHECK();
   return ok_status();
@@ -154,14 +158,18 @@ Status per_tensor_typed(const QuantArgs& a, cudaStream_t st) {
   FERRY_CUDA_CHECK(cudaMemsetAsync(scale, 0, shards * sizeof(float), st));
   for (size_t s = 0; s < shards; ++s) {
     const int64_t r0 = a.shard_begin[s], n = a.shard_begin[s + 1] - r0;
-    if (n > 0) row_kernel<D, kAmaxOnly><<<blocks_for(n, 1), kThreads, 0, st>>>({a.in, out, scale + s, r0, a.cols, vec});
+    if (n > 0) {
+      row_kernel<D, kAmaxOnly><<<blocks_for(n, 1), kThreads, 0, st>>>({a.in, out, scale + s, r0, a.cols, vec, a.fp8});
+    }
   }
   FERRY_CUDA_LAUNCH_CHECK();
-  finalize_fp8_scale<<<1, static_cast<unsigned>(kMaxShards), 0, st>>>(scale, static_cast<int>(shards));
+  finalize_fp8_scale<<<1, static_cast<unsigned>(kMaxShards), 0, st>>>(scale, static_cast<int>(shards), a.fp8);
   FERRY_CUDA_LAUNCH_CHECK();
   for (size_t s = 0; s < shards; ++s) {
     const int64_t r0 = a.shard_begin[s], n = a.shard_begin[s + 1] - r0;
-    if (n > 0) row_kernel<D, kFp8Given><<<blocks_for(n, 1), kThreads, 0, st>>>({a.in, out, scale + s, r0, a.cols, vec});
+    if (n > 0) {
+      row_kernel<D, kFp8Given><<<blocks_for(n, 1), kThreads, 0, st>>>({a.in, out, scale + s, r0, a.cols, vec, a.fp8});
+    }
   }
   FERRY_CUDA_LAUNCH_CHECK();
   return ok_status();
@@ -175,7 +183,7 @@ Status block_typed(const QuantArgs& a, cudaStream_t st) {
                   static_cast<unsigned>(batch * ((a.matrix_rows + kFp8BlockSize - 1) / kFp8BlockSize)));
   if (grid.x > 0 && grid.y > 0) {
     block_kernel<D><<<grid, kThreads, 0, st>>>(a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale),
-                                               a.matrix_rows, a.cols, vec);
+                                               a.matrix_rows, a.cols, vec, a.fp8);
     FERRY_CUDA_LAUNCH_CHECK();
   }
   return ok_status();

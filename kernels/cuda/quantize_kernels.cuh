@@ -25,7 +25,7 @@ enum class FusedResult { kUsed, kNotUsed, kFailed };
 FusedResult quantize_per_tensor_fused(const QuantArgs& a, const int64_t* begin, size_t shards, cudaStream_t st,
                                       cudaError_t* error);
 
-// One block per row (per 128x128 tile), any alignment, rows of any length.
+// One block per row (per 128x128 tile), any alignment, rows of any length; any fp8 rule.
 Status generic_rows(const QuantArgs& a, cudaStream_t st);  // fp8_per_channel, int8_per_channel
 Status generic_per_tensor(const QuantArgs& a, cudaStream_t st);
 Status generic_block(const QuantArgs& a, cudaStream_t st);

@@ -315,13 +315,28 @@ def distributed_trainer(group=None, **keywords):
     return Trainer(value, **keywords)
 
 
+def _as_stored(tensor, shape):
+    """`tensor` as the row-major [rows, cols] buffer ferry writes: vLLM and SGLang keep a quantized
+    weight as a transposed view of that buffer (qweight.t()), which is transposed back, no copy."""
+    shape = tuple(shape)
+    if (len(shape) == 2 and getattr(tensor, "dim", lambda: 0)() == 2 and tuple(tensor.shape) == shape[::-1]
+            and shape[1] != 1 and tensor.stride() == (1, shape[1])):
+        return tensor.t()
+    return tensor
+
+
 def wrap_module(spec, module, none_dtype="bf16"):
     """ModelStorage over a torch module's parameters and buffers, by their names, without copies.
 
     Every storage tensor of `spec` (see storage_tensors) must be a parameter or buffer of `module`
     under the same name; other parameters and buffers are left alone. f8 storage may be a float8
-    or uint8 tensor; packed int4 storage a uint8 tensor of the same bytes.
+    or uint8 tensor; packed int4 storage a uint8 tensor of the same bytes. A 2-D parameter that is
+    the transposed view of the [rows, cols] storage (as vLLM and SGLang keep quantized weights) is
+    taken through its transpose, which shares its memory.
     """
     tensors = dict(module.named_buffers())
     tensors.update((name, p.detach()) for name, p in module.named_parameters())
+    for t in storage_tensors(spec, none_dtype=none_dtype):
+        if t.name in tensors:
+            tensors[t.name] = _as_stored(tensors[t.name], t.shape)
     return ModelStorage.wrap(spec, tensors, none_dtype=none_dtype, strict=False)

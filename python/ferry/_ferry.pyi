@@ -100,6 +100,7 @@ class RankSpec:
     """
     ep_size: int
     expects: list[SourceTensor]
+    layout: str
     params: list[ParamSpec]
     replica: int
     tp_rank: int
@@ -144,7 +145,7 @@ class ModelDesc:
     """
     def manifest(self) -> list[SourceTensor]:
         ...
-    def rank_spec(self, tp_rank: int, tp_size: int, scheme: str = 'none', ep_size: int = 1, replica: int = 0) -> RankSpec:
+    def rank_spec(self, tp_rank: int, tp_size: int, scheme: str = 'none', ep_size: int = 1, replica: int = 0, layout: str = 'ferry') -> RankSpec:
         ...
     @property
     def name(self) -> str:
@@ -402,7 +403,7 @@ def llama_manifest(arg0: ModelConfig) -> list[SourceTensor]:
     """
     Every tensor a trainer sends for this model.
     """
-def llama_rank_spec(config: ModelConfig, tp_rank: int, tp_size: int, scheme: str = 'none', replica: int = 0) -> RankSpec:
+def llama_rank_spec(config: ModelConfig, tp_rank: int, tp_size: int, scheme: str = 'none', replica: int = 0, layout: str = 'ferry') -> RankSpec:
     ...
 def load_hf_config(arg0: str) -> ModelConfig:
     ...

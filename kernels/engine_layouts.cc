@@ -1,0 +1,114 @@
+// Engine layouts: the storage of each scheme as vLLM's and SGLang's kernels read it, and the fp8
+// arithmetic those engines quantize with (kernels/quantize.h; sources cited in docs/engines.md).
+// Every engine layout is a ferry layout's bytes under other names and shapes, so the kernels are
+// ferry's, given the engine's rule and shards.
+#include <fmt/format.h>
+
+#include <string>
+
+#include "kernels/internal.h"
+#include "kernels/quantize.h"
+
+namespace ferry::kernels {
+namespace detail {
+namespace {
+
+// vLLM scaled_fp8_quant (csrc/quantization/w8a8/fp8/common.cuh): scale = amax / 448, then
+// fmaxf(-448, fminf(x * (1 / scale), 448)), converted with satfinite round-to-nearest.
+constexpr ops::Fp8Rule kScaledFp8Quant{0.0f, 0.0f, false, true, false, 0x7E};
+// vLLM online fp8_per_channel (_fp8_channel_scale, _fp8_quant_per_channel): true division by a scale
+// clamped to at least 1 / (448 * 512).
+constexpr ops::Fp8Rule kVllmPerChannel{0.0f, 1.0f / (448.0f * 512.0f), false, false, false, 0x7F};
+// per_block_cast_to_fp8 (DeepGEMM's, used by vLLM): amax clamped to 1e-4, codes of x * (1 / scale).
+constexpr ops::Fp8Rule kPerBlockCast{1e-4f, 0.0f, false, true, false, 0x7F};
+// SGLang per_token_quant_fp8: a zero row's scale multiplies by 0.
+constexpr ops::Fp8Rule kSglangPerToken{0.0f, 0.0f, false, true, true, 0x7E};
+
+}  // namespace
+
+Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Shape& shape,
+                                   std::span<const int64_t> shard_rows, DType none_dtype) {
+  EngineFormat f;
+  f.shard_rows.assign(shard_rows.begin(), shard_rows.end());
+  if (layout == EngineLayout::kFerry) {
+    FERRY_ASSIGN_OR_RETURN(f.tensors, storage_layout(scheme, shape, shard_rows, none_dtype));
+    return f;
+  }
+  const std::string_view engine = engine_layout_name(layout);
+  const bool vllm = layout == EngineLayout::kVllm;
+  auto refuse = [&](std::string_view why) {
+    return Status::invalid_argument(
+        fmt::format("{} layout: {} of shape {}: {}", engine, scheme_name(scheme), shape_to_string(shape), why));
+  };
+  if (shape.empty()) return refuse("a weight needs rank >= 1");
+  const bool stacked = shape.size() >= 3;
+  // The ferry layout with these shards holds the bytes; below, the engine's names and shapes.
+  switch (scheme) {
+    case Scheme::kNone: break;
+    case Scheme::kFp8PerTensor:
+      if (!vllm && !stacked) {
+        return refuse(
+            "SGLang quantizes dense layers online per channel (Fp8LinearMethod on sm_89 and later): use "
+            "fp8_per_channel");
+      }
+      // One scale for the whole fused parameter, or one per stacked expert over its merged matrix.
+      f.shard_rows.clear();
+      if (stacked) {
+        if (shape[0] > static_cast<int64_t>(kMaxShards)) {
+          return refuse(fmt::format("one scale per expert takes at most {} experts per rank", kMaxShards));
+        }
+        f.shard_rows.assign(static_cast<size_t>(shape[0]), 1);
+      }
+      f.fp8 = kScaledFp8Quant;
+      break;
+    case Scheme::kFp8PerChannel:
+      if (stacked) return refuse("fused experts are not defined for this scheme in this layout");
+      f.fp8 = vllm ? kVllmPerChannel : kSglangPerToken;
+      break;
+    case Scheme::kFp8Block:
+      if (stacked) {
+        for (int64_t r : shard_rows) {
+          if (r % kFp8BlockSize != 0) {
+            return refuse(fmt::format("each logical shard of a stacked expert must be a multiple of {} rows, one is {}",
+                                      kFp8BlockSize, r));
+          }
+        }
+      }
+      f.fp8 = kPerBlockCast;
+      break;
+    case Scheme::kInt8PerChannel:
+      if (stacked && vllm) return refuse("fused experts are not defined for this scheme in this layout");
+      break;
+    case Scheme::kInt4Group:
+    case Scheme::kGptqInt4:
+      return refuse("the engine's int4 kernels read Marlin's or Machete's repacked layouts, which ferry does not write");
+  }
+  FERRY_ASSIGN_OR_RETURN(f.tensors, storage_layout(scheme, shape, f.shard_rows, none_dtype));
+  const Geometry g = geometry(scheme, shape);
+  switch (scheme) {
+    case Scheme::kFp8PerTensor:
+      if (!stacked) f.tensors[1].shape = {1};
+      break;
+    case Scheme::kFp8PerChannel:
+      f.tensors[1].shape = vllm ? Shape{g.rows, 1} : Shape{1, g.rows};
+      break;
+    case Scheme::kFp8Block:
+      f.tensors[1].suffix = "weight_scale_inv";
+      break;
+    case Scheme::kInt8PerChannel:
+      f.tensors[1].shape = stacked ? Shape{g.batch, g.rows, 1} : Shape{g.rows, 1};
+      break;
+    default: break;
+  }
+  return f;
+}
+
+}  // namespace detail
+
+Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, EngineLayout layout, const Shape& shape,
+                                                  std::span<const int64_t> shard_rows, DType none_dtype) {
+  FERRY_ASSIGN_OR_RETURN(detail::EngineFormat f, detail::engine_format(scheme, layout, shape, shard_rows, none_dtype));
+  return std::move(f.tensors);
+}
+
+}  // namespace ferry::kernels

@@ -1,0 +1,201 @@
+"""Engine layouts: replicas whose ranks name vLLM's or SGLang's layout get every quantized parameter
+under the engine's names and shapes, filled with the engine's arithmetic, bit for bit against the
+independent references of engine_reference.py, at TP 1 and 2, over real sockets. One trainer
+updates every (layout, scheme) replica at once; the ranks wrap numpy arrays, so a reallocation
+would leave them unchanged and fail the comparison."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import engine_reference
+import ferry
+import reference
+
+CONFIG = dict(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=384, vocab_size=300, num_layers=2,
+              dtype="f32", vocab_pad_multiple=64)
+REF_CONFIG = dict(hidden=256, heads=4, kv_heads=2, inter=384, vocab=300, layers=2, pad=64)
+COMBOS = [("vllm", "fp8_per_tensor"), ("vllm", "fp8_per_channel"), ("vllm", "fp8_block"), ("vllm", "int8_per_channel"),
+          ("sglang", "fp8_per_channel"), ("sglang", "fp8_block"), ("sglang", "int8_per_channel")]
+NUMPY_DTYPES = {"bf16": np.uint16, "f8_e4m3fn": np.uint8, "f32": np.float32, "i8": np.int8}
+TIMEOUT_MS = 120_000
+
+
+def config():
+    return ferry.LlamaConfig(**CONFIG)
+
+
+class Replica:
+    """The ranks of one replica, each a RolloutWorker over numpy arrays, serving on a thread."""
+
+    def __init__(self, address, replica, tp, layout, scheme):
+        self.layout, self.scheme, self.tp = layout, scheme, tp
+        self.arrays, self.workers, self.threads, self.errors = [], [], [], []
+        for r in range(tp):
+            spec = ferry.llama_rank_spec(config(), r, tp, scheme, replica=replica, layout=layout)
+            assert spec.layout == layout
+            tensors = ferry.storage_tensors(spec)
+            arrays = {t.name: np.zeros(t.shape, NUMPY_DTYPES[t.dtype]) for t in tensors}
+            storage = ferry.ModelStorage.wrap(spec, {t.name: ferry.view_as(arrays[t.name], t.dtype) for t in tensors})
+            worker = ferry.RolloutWorker(spec, storage, coordinator=address)
+            thread = threading.Thread(target=self._serve, args=(worker,), daemon=True)
+            thread.start()
+            self.arrays.append(arrays)
+            self.workers.append(worker)
+            self.threads.append(thread)
+
+    def _serve(self, worker):
+        try:
+            worker.serve()
+        except Exception as e:  # noqa: BLE001 (reported by the test)
+            self.errors.append(e)
+
+    def expected(self, weights, rank):
+        """{storage name: array} of one rank, from the references alone."""
+        out = {}
+        for name, (x, _shards, quantized) in reference.llama_rank_params(REF_CONFIG, weights, rank, self.tp).items():
+            if not quantized:
+                out[name] = reference.bf16_bits(x)
+                continue
+            base = name[:-len("weight")]
+            for suffix, array in engine_reference.engine_storage(self.layout, self.scheme, x).items():
+                out[base + suffix] = array
+        return out
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def cluster(request):
+    tp = request.param
+    trainer = ferry.Trainer()
+    replicas = []
+    try:
+        for i, (layout, scheme) in enumerate(COMBOS):
+            replicas.append(Replica(trainer.coordinator_address, i, tp, layout, scheme))
+        trainer.wait_for_ranks(len(COMBOS) * tp, timeout_ms=TIMEOUT_MS)
+        yield trainer, replicas
+    finally:
+        trainer.close()
+        for rep in replicas:
+            for w in rep.workers:
+                w.close()
+            for t in rep.threads:
+                t.join(timeout=TIMEOUT_MS / 1000)
+
+
+def make_weights(manifest, seed):
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for t in manifest:
+        x = rng.standard_normal(t.shape).astype(np.float32) * np.float32(0.05)
+        if "norm" in t.name:
+            x = 1.0 + x
+        weights[t.name] = x
+    q = weights["model.layers.0.self_attn.q_proj.weight"]
+    q[0, :] = 0.0  # a zero row: a zero per-channel scale (SGLang multiplies by 0, vLLM floors the scale)
+    q[1, :4] = [1e-6, -2e-5, 0.0, -0.0]
+    q[2, :] *= 1e4  # one row far above the rest: per-tensor codes of the others go subnormal
+    weights["model.layers.1.self_attn.o_proj.weight"][:] = 0.0  # a zero tensor: vLLM's scale 0, codes 448
+    weights["model.layers.0.self_attn.k_proj.weight"][:, :128] = 0.0  # zero blocks: amax floored at 1e-4
+    return weights
+
+
+def test_every_layout_and_scheme_lands_bit_exact(cluster):
+    trainer, replicas = cluster
+    manifest = ferry.llama_manifest(config())
+    for version in (1, 2):
+        weights = make_weights(manifest, seed=10 + version)
+        trainer.start_weight_update(version, manifest)
+        trainer.update_weights(weights)
+        report = trainer.finish_weight_update()
+        assert report.version == version
+        assert report.moved == 0
+        for rep in replicas:
+            assert not rep.errors, rep.errors
+            for rank, arrays in enumerate(rep.arrays):
+                want = rep.expected(weights, rank)
+                assert sorted(arrays) == sorted(want), (rep.layout, rep.scheme)
+                for name, w in want.items():
+                    g = arrays[name]
+                    where = f"v{version} {rep.layout} {rep.scheme} tp{rep.tp} rank {rank} {name}"
+                    assert g.shape == w.shape, f"{where}: shape {g.shape}, engine's {w.shape}"
+                    diff = np.flatnonzero(g.view(np.uint8) != np.ascontiguousarray(w).view(np.uint8))
+                    assert diff.size == 0, f"{where}: {diff.size} bytes differ, first at {diff[:5]}"
+
+
+def test_engine_names_and_shapes():
+    spec = ferry.llama_rank_spec(config(), 0, 2, "fp8_block", layout="vllm")
+    names = {t.name: (t.dtype, list(t.shape)) for t in ferry.storage_tensors(spec)}
+    assert names["model.layers.0.self_attn.qkv_proj.weight_scale_inv"] == ("f32", [2, 2])
+    assert "model.layers.0.self_attn.qkv_proj.weight_scale" not in names
+    spec = ferry.llama_rank_spec(config(), 0, 2, "fp8_per_tensor", layout="vllm")
+    names = {t.name: (t.dtype, list(t.shape)) for t in ferry.storage_tensors(spec)}
+    assert names["model.layers.0.self_attn.qkv_proj.weight_scale"] == ("f32", [1])  # one for q, k and v
+    spec = ferry.llama_rank_spec(config(), 0, 2, "fp8_per_tensor")
+    names = {t.name: (t.dtype, list(t.shape)) for t in ferry.storage_tensors(spec)}
+    assert names["model.layers.0.self_attn.qkv_proj.weight_scale"] == ("f32", [3])  # ferry's: one per shard
+    spec = ferry.llama_rank_spec(config(), 1, 2, "fp8_per_channel", layout="sglang")
+    names = {t.name: (t.dtype, list(t.shape)) for t in ferry.storage_tensors(spec)}
+    assert names["model.layers.1.mlp.gate_up_proj.weight_scale"] == ("f32", [1, 384])
+
+
+def test_layouts_an_engine_does_not_define_are_refused_naming_the_parameter():
+    with pytest.raises(ferry.Error) as e:
+        ferry.llama_rank_spec(config(), 0, 1, "fp8_per_tensor", layout="sglang")
+    assert "model.layers.0.self_attn.qkv_proj.weight" in str(e.value)
+    assert "per channel" in str(e.value)
+    with pytest.raises(ferry.Error) as e:
+        ferry.llama_rank_spec(config(), 0, 1, "int4_group", layout="vllm")
+    assert "Marlin" in str(e.value)
+    with pytest.raises(ferry.Error) as e:
+        ferry.llama_rank_spec(config(), 0, 1, "none", layout="trtllm")
+    assert "'trtllm'" in str(e.value) and "vllm" in str(e.value)
+    spec = ferry.llama_rank_spec(config(), 0, 1, "fp8_per_tensor")
+    with pytest.raises(ferry.Error):
+        spec.layout = "sglang"
+    assert spec.layout == "ferry"  # a refused layout leaves the spec as it was
+
+
+class _EngineModule:
+    """Parameters by name, as a torch module's named_parameters() gives them."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def named_buffers(self):
+        return iter(())
+
+    def named_parameters(self):
+        return iter(self.params.items())
+
+
+def test_a_vllm_style_module_is_updated_through_its_transposed_weights():
+    """vLLM keeps a quantized weight as qweight.t(), a transposed view of the [N, K] buffer its
+    kernels read; wrap_module takes such a view through its transpose and ferry writes in place."""
+    torch = pytest.importorskip("torch")
+    dtypes = {"bf16": torch.bfloat16, "f8_e4m3fn": torch.float8_e4m3fn, "f32": torch.float32}
+    spec = ferry.llama_rank_spec(config(), 0, 1, "fp8_per_tensor", layout="vllm")
+    buffers, params = {}, {}
+    for t in ferry.storage_tensors(spec):
+        buffers[t.name] = torch.zeros(t.shape, dtype=dtypes[t.dtype])
+        view = buffers[t.name].t() if t.dtype == "f8_e4m3fn" else buffers[t.name]
+        params[t.name] = torch.nn.Parameter(view, requires_grad=False)
+    assert not params["model.layers.0.self_attn.qkv_proj.weight"].is_contiguous()
+    storage = ferry.wrap_module(spec, _EngineModule(params))
+    manifest = ferry.llama_manifest(config())
+    weights = make_weights(manifest, seed=3)
+    with ferry.Trainer() as trainer:
+        with ferry.RolloutWorker(spec, storage, coordinator=trainer.coordinator_address) as worker:
+            thread = threading.Thread(target=worker.serve, daemon=True)
+            thread.start()
+            trainer.wait_for_ranks(1, timeout_ms=TIMEOUT_MS)
+            trainer.start_weight_update(1, manifest)
+            trainer.update_weights(weights)
+            assert trainer.finish_weight_update().moved == 0
+    thread.join(timeout=TIMEOUT_MS / 1000)
+    qkv = "model.layers.0.self_attn.qkv_proj."
+    x, _, _ = reference.llama_rank_params(REF_CONFIG, weights, 0, 1)[qkv + "weight"]
+    want = engine_reference.vllm_fp8_per_tensor(x)
+    got = params[qkv + "weight"].t().contiguous().view(torch.uint8).numpy()
+    assert np.array_equal(got, want["weight"])
+    assert np.array_equal(params[qkv + "weight_scale"].numpy(), want["weight_scale"])
