@@ -1,5 +1,5 @@
 // An in-process cluster for coordinator tests: a trainer with the embedded coordinator and the TP
-// ranks of one replica as RolloutWorkers, all over real sockets on 127.0.0.1.
+// ranks of one replica (or several) as RolloutWorkers, all over real sockets on 127.0.0.1.
 #pragma once
 
 #include <atomic>
@@ -78,13 +78,15 @@ struct Rank {
 
 class Cluster {
  public:
-  explicit Cluster(int tp, std::string scheme = "fp8_per_tensor", sharding::LlamaConfig cfg = tiny_llama())
-      : cfg_(cfg), tp_(tp), scheme_(std::move(scheme)) {}
+  // `replicas` replicas of `tp` ranks each: rank r is TP rank r % tp of replica r / tp.
+  explicit Cluster(int tp, std::string scheme = "fp8_per_tensor", sharding::LlamaConfig cfg = tiny_llama(),
+                   int replicas = 1)
+      : cfg_(cfg), tp_(tp), replicas_(replicas), scheme_(std::move(scheme)) {}
 
   Status start(const coordinator::TrainerOptions& options = {}) {
     FERRY_ASSIGN_OR_RETURN(trainer_, coordinator::Trainer::create(options));
-    for (int r = 0; r < tp_; ++r) FERRY_RETURN_IF_ERROR(add_rank(r));
-    return trainer_->wait_for_ranks(tp_, 10'000);
+    for (int r = 0; r < tp_ * replicas_; ++r) FERRY_RETURN_IF_ERROR(add_rank(r));
+    return trainer_->wait_for_ranks(tp_ * replicas_, 10'000);
   }
 
   // The replica's ranks alone, joining the coordinator at `address` (a standalone one, or the
@@ -112,7 +114,8 @@ class Cluster {
   Result<std::unique_ptr<Rank>> make_rank(int r) {
     auto rank = std::make_unique<Rank>();
     FERRY_ASSIGN_OR_RETURN(const Scheme scheme, parse_scheme(scheme_));
-    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg_, r, tp_, scheme));
+    FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg_, r % tp_, tp_, scheme));
+    spec.replica = r / tp_;
     FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
     rank->storage = std::make_unique<reload::ModelStorage>(std::move(storage));
     coordinator::RolloutOptions o;
@@ -150,6 +153,7 @@ class Cluster {
  private:
   sharding::LlamaConfig cfg_;
   int tp_;
+  int replicas_ = 1;
   std::string scheme_;
   std::unique_ptr<coordinator::Trainer> trainer_;
   std::string address_;  // the coordinator, without a trainer of the cluster's own

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -209,6 +210,48 @@ TEST_P(DeltaTransport, DeltasAndStagingMatchTheReference) {
       EXPECT_GT(delta, 0u) << GetParam() << " v" << v;
     }
     expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerTensor, ck), fmt::format("{} v{}", GetParam(), v));
+  }
+}
+
+// Rolling updates with deltas: two replicas take versions at different times, so each rank's base
+// is its own. Every replica must hold exactly the version it was last given, whatever the trainer
+// sent to the other one in between (a delta against the wrong base would leave a mix of versions).
+TEST(DeltaRolling, EachReplicaGetsTheChangesFromItsOwnVersion) {
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_tensor");
+  Cluster c(cfg.tp, "fp8_per_tensor", cfg.llama, /*replicas=*/2);
+  Status st = c.start();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  std::mt19937_64 rng(21);
+  Checkpoint ck = make_checkpoint(c.manifest(), 5);
+  std::map<uint64_t, std::vector<RankBytes>> want;  // each version's storage, from the reference
+  // (version, replicas it goes to (empty: every replica), whether deltas travel). v3 goes dense to
+  // replica 1, which holds v1 while the trainer's copy is v2; at v4 replica 1 holds v3, the copy.
+  struct Step {
+    uint64_t v;
+    std::vector<int> replicas;
+    bool deltas;
+  };
+  const std::vector<Step> steps = {{1, {}, false}, {2, {0}, true}, {3, {1}, false}, {4, {}, true}, {5, {0}, true}};
+  uint64_t held[2] = {0, 0};
+  for (const auto& [v, replicas, deltas] : steps) {
+    if (v > 1) nudge(ck, 0.002, rng);
+    want[v] = expected_storage(cfg, layout, Scheme::kFp8PerTensor, ck);
+    coordinator::UpdateOptions o;
+    o.replicas = replicas;
+    ASSERT_TRUE(c.trainer().start_weight_update(v, c.manifest(), o).ok());
+    coordinator::MapSource src(ck.views);
+    ASSERT_TRUE(c.trainer().update_weights(src).ok());
+    auto r = c.trainer().finish_weight_update();
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status().to_string();
+    uint64_t delta = 0;
+    for (const auto& d : r->delta) delta += d.delta_bytes;
+    EXPECT_EQ(delta > 0, deltas) << "v" << v << ": " << delta << " delta bytes";
+    for (int rep = 0; rep < 2; ++rep) {
+      if (replicas.empty() || replicas[0] == rep) held[rep] = v;
+      expect_storage(c, want[held[rep]], fmt::format("after v{}: replica {} at v{}", v, rep, held[rep]), rep);
+      EXPECT_EQ(c.rank(rep * cfg.tp).worker->weight_version(), held[rep]);
+    }
   }
 }
 

@@ -281,10 +281,10 @@ void scribble(Cluster& c) {
   }
 }
 
-void expect_storage(Cluster& c, const std::vector<RankBytes>& want, const std::string& what) {
+void expect_storage(Cluster& c, const std::vector<RankBytes>& want, const std::string& what, int replica) {
   for (int r = 0; r < c.tp(); ++r) {
-    const std::string diff = compare(want[static_cast<size_t>(r)], storage_bytes(c.rank(r)));
-    EXPECT_EQ(diff, "") << what << ", rank " << r << ":\n" << diff;
+    const std::string diff = compare(want[static_cast<size_t>(r)], storage_bytes(c.rank(replica * c.tp() + r)));
+    EXPECT_EQ(diff, "") << what << ", replica " << replica << " rank " << r << ":\n" << diff;
   }
 }
 

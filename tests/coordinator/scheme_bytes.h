@@ -71,6 +71,6 @@ std::string compare(const RankBytes& want, const RankBytes& got);
 size_t differing(const Bytes& a, const Bytes& b);
 // Fills every storage tensor of every rank with garbage, so that an update must write each byte.
 void scribble(Cluster& c);
-void expect_storage(Cluster& c, const std::vector<RankBytes>& want, const std::string& what);
+void expect_storage(Cluster& c, const std::vector<RankBytes>& want, const std::string& what, int replica = 0);
 
 }  // namespace ferry::testutil
