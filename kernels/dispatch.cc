@@ -15,11 +15,50 @@ Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t>
   return quantize(scheme, EngineLayout::kFerry, input, shard_rows, outputs, exec);
 }
 
+namespace {
+
+Status run_quantize(const detail::QuantArgs& args, Device device, const Exec& exec) {
+  if (device.is_cuda()) return detail::cuda::quantize(args, exec.stream);
+  return detail::cpu::quantize(args, exec.threads);
+}
+
+// An engine layout's stacked matrices with one scale each (EngineFormat::per_matrix): matrix by
+// matrix, each as the layout's 2-D parameter.
+Status quantize_per_matrix(Scheme scheme, EngineLayout layout, const detail::EngineFormat& f, const TensorView& input,
+                           std::span<const TensorView> outputs, const Exec& exec) {
+  FERRY_RETURN_IF_ERROR(detail::check_storage(
+      fmt::format("quantize {} output ({} layout)", scheme_name(scheme), engine_layout_name(layout)), f.tensors,
+      outputs, input.device()));
+  if (!input.is_contiguous() || (input.numel() > 0 && input.empty())) {
+    return Status::invalid_argument(fmt::format("quantize input: {} must be contiguous", input.describe()));
+  }
+  const int64_t batch = input.dim(0);
+  const Shape matrix{input.dim(1), batch && input.dim(1) ? input.numel() / batch / input.dim(1) : 0};
+  const int64_t per = shape_numel(matrix);
+  const size_t in_bytes = dtype_bytes(input.dtype(), per), out_bytes = dtype_bytes(outputs[0].dtype(), per);
+  for (int64_t e = 0; e < batch; ++e) {
+    const TensorView in(static_cast<char*>(input.data()) + e * in_bytes, input.dtype(), matrix, input.device());
+    const TensorView views[] = {
+        TensorView(static_cast<char*>(outputs[0].data()) + e * out_bytes, outputs[0].dtype(), matrix, input.device()),
+        TensorView(outputs[1].data_as<float>() + e, DType::kF32, {1}, input.device())};
+    // Each matrix as ferry's per-tensor layout of one shard (the same bytes), by the engine's rule.
+    FERRY_ASSIGN_OR_RETURN(detail::QuantArgs args, detail::check_quantize(scheme, in, {}, views));
+    args.fp8 = f.fp8;
+    FERRY_RETURN_IF_ERROR(run_quantize(args, input.device(), exec));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec) {
+  if (layout != EngineLayout::kFerry && !outputs.empty()) {
+    FERRY_ASSIGN_OR_RETURN(auto f, detail::engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
+    if (f.per_matrix) return quantize_per_matrix(scheme, layout, f, input, outputs, exec);
+  }
   FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, layout, input, shard_rows, outputs));
-  if (input.device().is_cuda()) return detail::cuda::quantize(args, exec.stream);
-  return detail::cpu::quantize(args, exec.threads);
+  return run_quantize(args, input.device(), exec);
 }
 
 Status dequantize(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,

@@ -51,15 +51,15 @@ Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Sha
             "SGLang quantizes dense layers online per channel (Fp8LinearMethod on sm_89 and later): use "
             "fp8_per_channel");
       }
-      // One scale for the whole fused parameter, or one per stacked expert over its merged matrix.
+      // One scale for the whole fused parameter, or one per stacked expert over its merged matrix
+      // (quantize() takes the experts one by one then).
       f.shard_rows.clear();
-      if (stacked) {
-        if (shape[0] > static_cast<int64_t>(kMaxShards)) {
-          return refuse(fmt::format("one scale per expert takes at most {} experts per rank", kMaxShards));
-        }
-        f.shard_rows.assign(static_cast<size_t>(shape[0]), 1);
-      }
       f.fp8 = kScaledFp8Quant;
+      if (stacked) {
+        f.tensors = {{"weight", DType::kF8E4M3FN, shape, false}, {"weight_scale", DType::kF32, {shape[0]}, false}};
+        f.per_matrix = true;
+        return f;
+      }
       break;
     case Scheme::kFp8PerChannel:
       if (stacked) return refuse("fused experts are not defined for this scheme in this layout");

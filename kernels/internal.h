@@ -85,6 +85,9 @@ struct EngineFormat {
   std::vector<StorageTensor> tensors;  // the engine's names and shapes
   std::vector<int64_t> shard_rows;     // the shards of the ferry layout with these bytes
   ops::Fp8Rule fp8;
+  // Stacked matrices with one scale each: quantized matrix by matrix, each as this layout's 2-D
+  // parameter (a per-tensor scale per expert).
+  bool per_matrix = false;
 };
 Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Shape& shape,
                                    std::span<const int64_t> shard_rows, DType none_dtype);
@@ -93,6 +96,9 @@ Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Sha
 Result<std::vector<int64_t>> shard_bounds(std::span<const int64_t> shard_rows, int64_t rows);
 Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::span<const int64_t> shard_rows,
                                  std::span<const TensorView> outputs);
+// `views` against `layout` (count, dtype, shape, contiguity, device); errors name them by `what`.
+Status check_storage(std::string_view what, const std::vector<StorageTensor>& layout, std::span<const TensorView> views,
+                     Device device);
 // The same for an engine layout's outputs: checked against its tensors, then viewed as the ferry
 // layout with the same bytes, with the engine's arithmetic in the result.
 Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const TensorView& input,

@@ -34,7 +34,7 @@
 // and the fp8 arithmetic differ. Amax leaves NaN and +-inf out in every layout.
 //   vllm fp8_per_tensor (vLLM's online fp8_per_tensor / Fp8LinearMethod, scaled_fp8_quant): one
 //     scale for the whole fused parameter, weight_scale f32[1] (f32[E] for stacked experts: one per
-//     expert over its merged matrix, E <= 64). scale = amax / 448, with no guard for 0; code =
+//     expert over its merged matrix, quantized expert by expert). scale = amax / 448, with no guard for 0; code =
 //     e4m3(clamp(x * (1 / scale), +-448)) by fminf/fmaxf, so NaN (also 0 * inf) codes +448.
 //   vllm fp8_per_channel (online fp8_per_channel): weight_scale f32[rows, 1]; scale = max(amax /
 //     448, 1 / (448 * 512)); code = e4m3(x / scale).

@@ -38,6 +38,11 @@ Status check_outputs(const What& what, const std::vector<StorageTensor>& layout,
 
 }  // namespace
 
+Status check_storage(std::string_view what, const std::vector<StorageTensor>& layout, std::span<const TensorView> views,
+                     Device device) {
+  return check_outputs([&] { return std::string(what); }, layout, views, device);
+}
+
 Result<std::vector<int64_t>> shard_bounds(std::span<const int64_t> shard_rows, int64_t rows) {
   std::vector<int64_t> bounds{0};
   if (shard_rows.empty()) {

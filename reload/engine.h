@@ -237,7 +237,8 @@ class ReloadEngine {
   // What account() holds bytes for; names the held bytes only when the staging limit refuses them.
   enum class Held : uint8_t { kStaging, kScratch, kLent };
   Status account(Layer& layer, uint32_t param, uint32_t input, Held held, uint64_t bytes);
-  Status stage_input(Layer& layer, Param& p, uint32_t input);
+  // Staging for `input`, on `where` (the host, or the storage's device for device pieces).
+  Status stage_input(Layer& layer, Param& p, uint32_t input, Device where);
   Status stage_piecewise(Layer& layer, Param& p);
   // `owner` non-null: lent; `borrowed`: valid until release_borrowed(); neither: during the call.
   Status apply(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes,

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/device_copy.h"
 #include "core/log.h"
 #include "core/region_copy.h"
 
@@ -62,16 +63,48 @@ Status ReloadEngine::account(Layer& layer, uint32_t param, uint32_t input, Held 
   return ok_status();
 }
 
-Status ReloadEngine::stage_input(Layer& layer, Param& p, uint32_t input) {
+Status ReloadEngine::stage_input(Layer& layer, Param& p, uint32_t input, Device where) {
   if (p.staging.size() != p.inputs.size()) p.staging.resize(p.inputs.size());
   if (p.staging[input].data() != nullptr) return ok_status();
   const auto& in = p.inputs[input];
   const uint64_t bytes = dtype_bytes(in.dtype, shape_numel(in.shape));
   FERRY_RETURN_IF_ERROR(account(layer, static_cast<uint32_t>(&p - params_.data()), input, Held::kStaging, bytes));
-  FERRY_ASSIGN_OR_RETURN(p.staging[input], pool_.take(bytes));
+  FERRY_ASSIGN_OR_RETURN(p.staging[input], pool_.take(bytes, where));
+  if (!where.is_cpu()) return p.padding.empty() ? ok_status() : p.staging[input].zero();
   for (const auto& [at, n] : p.padding) std::memset(static_cast<char*>(p.staging[input].data()) + at, 0, n);
   return ok_status();
 }
+
+namespace {
+
+// Copies a packed piece into its region of `staged`, a device tensor, when the region is rows of a
+// [dim 0, dim 1, whole rest] view (every piece a plan makes of a 1-D or 2-D parameter): one strided
+// copy on the device, complete on return. False when the region has another shape.
+Result<bool> unpack_rows_on_device(const TensorView& staged, const Region& dst, const void* data, size_t bytes) {
+  const Shape& shape = staged.shape();
+  const int rank = static_cast<int>(shape.size());
+  if (rank == 0 || dst.rank() != rank) return false;
+  for (int d = 2; d < rank; ++d) {
+    if (dst.offset[static_cast<size_t>(d)] != 0 || dst.size[static_cast<size_t>(d)] != shape[static_cast<size_t>(d)]) {
+      return false;
+    }
+  }
+  int64_t inner = 1;
+  for (int d = 2; d < rank; ++d) inner *= shape[static_cast<size_t>(d)];
+  const int64_t cols = rank >= 2 ? shape[1] : 1, c0 = rank >= 2 ? dst.offset[1] : 0, n = rank >= 2 ? dst.size[1] : 1;
+  const int64_t rows = rank >= 2 ? dst.size[0] : 1;
+  const size_t row_bytes = dtype_bytes(staged.dtype(), (rank >= 2 ? n : dst.size[0]) * inner);
+  if (row_bytes * static_cast<size_t>(rows) != bytes) return false;
+  const int64_t first = rank >= 2 ? (dst.offset[0] * cols + c0) * inner : dst.offset[0];
+  char* out = static_cast<char*>(staged.data()) + dtype_bytes(staged.dtype(), first);
+  const size_t pitch = dtype_bytes(staged.dtype(), cols * inner);
+  const int device = staged.device().index;
+  FERRY_RETURN_IF_ERROR(copy_rows_async(device, out, pitch, data, row_bytes, row_bytes, static_cast<size_t>(rows)));
+  FERRY_RETURN_IF_ERROR(wait_copies(device));
+  return true;
+}
+
+}  // namespace
 
 Status ReloadEngine::stage_piecewise(Layer& layer, Param& p) {
   if (!p.piecewise.empty()) return ok_status();
@@ -106,7 +139,9 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
   const Hold how = rows ? (kept ? Hold::kKept : Hold::kScratch) : (kept && whole ? Hold::kWhole : Hold::kStaged);
   Status st = ok_status();
   if (how == Hold::kStaged) {
-    st = stage_input(layer, p, input);
+    // A device piece into device storage is staged on the device (a whole fused parameter that one
+    // scale covers, say): it never goes through host memory.
+    st = stage_input(layer, p, input, on_device && data_device == storage_.device() ? data_device : Device::cpu());
   } else if (how == Hold::kScratch) {
     st = stage_piecewise(layer, p);
   } else if (!completes && !borrowed) {
@@ -138,11 +173,28 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     p.rows_done.emplace_back(dst.offset[0], dst.offset[0] + dst.size[0]);
     ++report_.piecewise_pieces;
+  } else if (const Device staged_on = p.staging[input].device(); !staged_on.is_cpu()) {
+    TensorView staged(p.staging[input].data(), in.dtype, in.shape, staged_on);
+    auto copied = unpack_rows_on_device(staged, dst, data, bytes);
+    if (!copied.ok()) return copied.status().with_context(input_name(param, input));
+    if (!*copied) {
+      // A region no strided copy describes: packed into place through host memory.
+      ++report_.device_staged_pieces;
+      FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));
+      FERRY_ASSIGN_OR_RETURN(Buffer image, pool_.take(staged.nbytes()));
+      Status st2 = copy_bytes(image.data(), Device::cpu(), staged.data(), staged_on, staged.nbytes());
+      if (st2.ok()) st2 = copy_bytes(host.data(), Device::cpu(), data, data_device, bytes);
+      if (st2.ok()) st2 = unpack_region(TensorView(image.data(), in.dtype, in.shape), dst, host.data(), bytes);
+      if (st2.ok()) st2 = copy_bytes(staged.data(), staged_on, image.data(), Device::cpu(), staged.nbytes());
+      pool_.give(std::move(host));
+      pool_.give(std::move(image));
+      if (!st2.ok()) return st2.with_context(input_name(param, input));
+    }
   } else {
     TensorView staged(p.staging[input].data(), in.dtype, in.shape);
     if (on_device) {
-      // A device piece no kernel can take on its own (part of a per-tensor shard, a band of blocks):
-      // through host memory, like any other staged piece.
+      // A device piece no kernel can take on its own (part of a per-tensor shard, a band of blocks)
+      // into host staging (host storage, or staging a host piece started): through host memory.
       FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));
       FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), data, data_device, bytes));
       Status unpacked = unpack_region(staged, dst, host.data(), bytes);

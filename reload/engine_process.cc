@@ -43,8 +43,9 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
   const int64_t rows = in.shape[0], per_row = rows ? shape_numel(in.shape) / rows : 0;
   int64_t next = 0;
   const Device dev = storage_.device();
-  ScratchArena uploads(dev);
+  ScratchArena uploads(dev), downloads(Device::cpu());
   const bool staged = !p.staging.empty() && p.staging[0].data() != nullptr;
+  const bool staged_on_device = staged && !p.staging[0].device().is_cpu();
   auto run = [&](int64_t r0, int64_t r1) -> Status {
     if (r1 <= r0) return ok_status();
     Shape s = in.shape;
@@ -62,8 +63,13 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
       std::memset(zeros.data(), 0, bytes);
       src = zeros.data();
     }
-    TensorView v(src, in.dtype, s);
-    if (!scratch && !dev.is_cpu()) {
+    TensorView v(src, in.dtype, s, staged_on_device ? dev : Device::cpu());
+    if (staged_on_device && scratch) {
+      // Scratch is host memory: the staged device rows come down first.
+      FERRY_ASSIGN_OR_RETURN(TensorView h, downloads.allocate(in.dtype, s));
+      FERRY_RETURN_IF_ERROR(copy_bytes(h.data(), Device::cpu(), v.data(), dev, h.nbytes()));
+      v = h;
+    } else if (!scratch && !dev.is_cpu() && !staged_on_device) {
       // Device storage beside lent device rows: the staged rows go up first.
       FERRY_ASSIGN_OR_RETURN(TensorView d, uploads.allocate(in.dtype, s));
       FERRY_RETURN_IF_ERROR(copy_bytes(d.data(), dev, v.data(), Device::cpu(), d.nbytes()));
@@ -108,6 +114,10 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps, cons
     } else {
       FERRY_ASSIGN_OR_RETURN(const Buffer* b, input_buffer(p, i));
       src = b->data();
+      if (!dev.is_cpu() && b->device() == dev) {  // staged on the device: read in place
+        inputs.emplace_back(b->data(), p.inputs[i].dtype, p.inputs[i].shape, dev);
+        continue;
+      }
     }
     const auto& in = p.inputs[i];
     if (dev.is_cpu()) {

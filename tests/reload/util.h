@@ -28,9 +28,11 @@ struct Rank {
   std::unique_ptr<ReloadEngine> engine;
 };
 
-inline std::unique_ptr<Rank> make_rank(const tiny::Config& cfg, Scheme scheme, EngineOptions o = {}) {
+inline std::unique_ptr<Rank> make_rank(const tiny::Config& cfg, Scheme scheme, EngineOptions o = {},
+                                       EngineLayout layout = EngineLayout::kFerry) {
   auto spec = tiny::rank_spec(cfg, scheme);
   EXPECT_TRUE(spec.ok()) << spec.status().to_string();
+  spec->layout = layout;
   auto storage = ModelStorage::allocate(*spec, Device::cpu());
   EXPECT_TRUE(storage.ok()) << storage.status().to_string();
   auto r = std::make_unique<Rank>(Rank{*spec, std::move(*storage), nullptr});

@@ -4,6 +4,7 @@
 // where the rank spec places it; with fp8 the update completes with the census at 0 moved.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -97,9 +98,10 @@ struct Replica {
   std::vector<std::unique_ptr<reload::ModelStorage>> storage;
   std::vector<std::unique_ptr<coordinator::RolloutWorker>> workers;
 
-  Status start(const ModelDesc& model, int tp, int ep, Scheme scheme) {
+  Status start(const ModelDesc& model, int tp, int ep, Scheme scheme, EngineLayout layout = EngineLayout::kFerry) {
     FERRY_ASSIGN_OR_RETURN(trainer, coordinator::Trainer::create({}));
     FERRY_ASSIGN_OR_RETURN(specs, model_rank_specs(model, 1, tp, ep, scheme));
+    for (auto& spec : specs) spec.layout = layout;
     for (const auto& spec : specs) {
       FERRY_ASSIGN_OR_RETURN(auto s, reload::ModelStorage::allocate(spec, Device::cpu()));
       storage.push_back(std::make_unique<reload::ModelStorage>(std::move(s)));
@@ -181,6 +183,43 @@ TEST(DeepseekV3Update, Fp8PerChannel) {
   ASSERT_TRUE(report.ok()) << report.status().to_string();
   EXPECT_EQ(report->moved, 0u);
   EXPECT_GT(report->registered, 0u);
+}
+
+// vLLM's layout of per-tensor fp8 for stacked experts: one scale per local expert over its merged
+// gate and up matrix (w13_weight_scale [E]), as Fp8PerTensorOnlineMoEMethod keeps it: each equals
+// the largest |x| of the trainer's tensors the spec places in that expert, / 448.
+TEST(DeepseekV3Update, VllmLayoutKeepsOnePerTensorScalePerExpert) {
+  auto model = model_from_json(kTinyDeepseekV3);
+  ASSERT_TRUE(model.ok());
+  const Manifest manifest = model_manifest(*model);
+  Replica r;
+  const Status started = r.start(*model, 2, 2, Scheme::kFp8PerTensor, EngineLayout::kVllm);
+  ASSERT_TRUE(started.ok()) << started.to_string();
+  const Weights w(manifest);
+  auto report = r.update(1, manifest, w);
+  ASSERT_TRUE(report.ok()) << report.status().to_string();
+  EXPECT_EQ(report->moved, 0u);
+  int checked = 0;
+  for (size_t i = 0; i < r.specs.size(); ++i) {
+    for (const auto& p : r.specs[i].params) {
+      if (!p.name.ends_with("experts.w13_weight") && !p.name.ends_with("experts.w2_weight")) continue;
+      auto scale = r.storage[i]->get(p.name + "_scale");  // w13_weight -> w13_weight_scale
+      ASSERT_TRUE(scale.ok()) << scale.status().to_string();
+      ASSERT_EQ(scale->shape(), Shape{p.shape[0]}) << p.name;
+      std::vector<float> amax(static_cast<size_t>(p.shape[0]), 0.0f);
+      for (const auto& sl : p.slices) {
+        const TensorView& src = w.views.at(sl.source);
+        for (int64_t k = 0; k < sl.src.numel(); ++k) {
+          float& m = amax[static_cast<size_t>(sl.dst_offset[0])];
+          m = std::max(m, std::fabs(element(src, box_index(src.shape(), sl.src, k))));
+        }
+      }
+      for (int64_t e = 0; e < p.shape[0]; ++e, ++checked) {
+        EXPECT_EQ(scale->data_as<float>()[e], amax[static_cast<size_t>(e)] / 448.0f) << p.name << " expert " << e;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 // An expert-parallel trainer of two ranks (routed experts split between them, every other tensor
