@@ -498,7 +498,10 @@ int main(int argc, char** argv) {
                  "the change set of an RL step (FERRY_DELTA, FERRY_DIRECT, FERRY_STAGE choose the path)")
       ->check(CLI::IsMember({"all", "adam"}));
   CLI11_PARSE(app, argc, argv);
-  if (layout != "ferry" && scheme.find('@') == std::string::npos) scheme += "@" + layout;
+  if (scheme.find('@') != std::string::npos && role == "trainer") {
+    return std::cerr << "--scheme " << scheme << ": give the layout with --layout\n", 2;
+  }
+  if (layout != "ferry") scheme += "@" + layout;  // the ranks' --scheme carries it
   if (auto st = ferry::load_settings().status(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
   if (!device.ok() || !device->is_cuda()) return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;

@@ -53,11 +53,13 @@ Status quantize_per_matrix(Scheme scheme, EngineLayout layout, const detail::Eng
 
 Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec) {
-  if (layout != EngineLayout::kFerry && !outputs.empty()) {
-    FERRY_ASSIGN_OR_RETURN(auto f, detail::engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
-    if (f.per_matrix) return quantize_per_matrix(scheme, layout, f, input, outputs, exec);
+  if (layout == EngineLayout::kFerry || outputs.empty()) {
+    FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, input, shard_rows, outputs));
+    return run_quantize(args, input.device(), exec);
   }
-  FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, layout, input, shard_rows, outputs));
+  FERRY_ASSIGN_OR_RETURN(auto f, detail::engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
+  if (f.per_matrix) return quantize_per_matrix(scheme, layout, f, input, outputs, exec);
+  FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, layout, f, input, outputs));
   return run_quantize(args, input.device(), exec);
 }
 

@@ -86,9 +86,6 @@ Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Sha
   FERRY_ASSIGN_OR_RETURN(f.tensors, storage_layout(scheme, shape, f.shard_rows, none_dtype));
   const Geometry g = geometry(scheme, shape);
   switch (scheme) {
-    case Scheme::kFp8PerTensor:
-      if (!stacked) f.tensors[1].shape = {1};
-      break;
     case Scheme::kFp8PerChannel:
       f.tensors[1].shape = vllm ? Shape{g.rows, 1} : Shape{1, g.rows};
       break;

@@ -99,10 +99,11 @@ Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::sp
 // `views` against `layout` (count, dtype, shape, contiguity, device); errors name them by `what`.
 Status check_storage(std::string_view what, const std::vector<StorageTensor>& layout, std::span<const TensorView> views,
                      Device device);
-// The same for an engine layout's outputs: checked against its tensors, then viewed as the ferry
-// layout with the same bytes, with the engine's arithmetic in the result.
-Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const TensorView& input,
-                                 std::span<const int64_t> shard_rows, std::span<const TensorView> outputs);
+// The same for an engine layout's outputs, given its format (engine_format()): checked against its
+// tensors, then viewed as the ferry layout with the same bytes, with the engine's arithmetic in the
+// result.
+Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const EngineFormat& f, const TensorView& input,
+                                 std::span<const TensorView> outputs);
 // `shape`: the logical weight ([N, K] for the GEMMs, the dequantize output's shape otherwise).
 Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
                                 const Shape& shape, Device device);

@@ -96,11 +96,9 @@ Result<QuantArgs> check_quantize(Scheme scheme, const TensorView& input, std::sp
   return a;
 }
 
-Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const TensorView& input,
-                                 std::span<const int64_t> shard_rows, std::span<const TensorView> outputs) {
-  if (layout == EngineLayout::kFerry) return check_quantize(scheme, input, shard_rows, outputs);
+Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const EngineFormat& f, const TensorView& input,
+                                 std::span<const TensorView> outputs) {
   if (outputs.empty()) return Status::invalid_argument("quantize: no output tensors given");
-  FERRY_ASSIGN_OR_RETURN(EngineFormat f, engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
   FERRY_RETURN_IF_ERROR(check_outputs(
       [&] { return fmt::format("quantize {} output ({} layout)", scheme_name(scheme), engine_layout_name(layout)); },
       f.tensors, outputs, input.device()));

@@ -57,7 +57,8 @@ struct EngineOptions {
   int process_streams = 4;
   // A rank's RolloutWorker sets it from FERRY_ROLLBACK (off|host).
   RollbackMode rollback = RollbackMode::kOff;
-  // Bound on out-of-order staging (FERRY_MAX_STAGING_BYTES at a rank); 0: none beyond one layer.
+  // Bound on out-of-order staging (FERRY_MAX_STAGING_BYTES at a rank), host and device staging
+  // together; 0: none beyond one layer.
   uint64_t max_staging_bytes = 0;
   // Keep a full-precision host copy of every input (the shadow), so that delta pieces apply on top
   // of the version it holds (FERRY_DELTA_SHADOW=host at a rank).
@@ -71,6 +72,7 @@ struct EngineReport {
   uint64_t piecewise_pieces = 0;  // processed on arrival, without full-precision staging
   uint64_t direct_pieces = 0;     // processed at completion straight into storage (no scratch)
   uint64_t device_staged_pieces = 0;  // device pieces that had to be staged through host memory
+  uint64_t staged_on_device_pieces = 0;  // device pieces staged on the device (no kernel takes them alone)
   uint64_t snapshot_bytes = 0;    // host snapshot held for rollback at the end of the update
   uint64_t layers = 0;            // layers processed
   uint64_t peak_staging_bytes = 0;

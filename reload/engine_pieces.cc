@@ -69,7 +69,16 @@ Status ReloadEngine::stage_input(Layer& layer, Param& p, uint32_t input, Device 
   const auto& in = p.inputs[input];
   const uint64_t bytes = dtype_bytes(in.dtype, shape_numel(in.shape));
   FERRY_RETURN_IF_ERROR(account(layer, static_cast<uint32_t>(&p - params_.data()), input, Held::kStaging, bytes));
-  FERRY_ASSIGN_OR_RETURN(p.staging[input], pool_.take(bytes, where));
+  auto taken = pool_.take(bytes, where);
+  if (!taken.ok() && !where.is_cpu()) {
+    // No room on the device (an engine that reserved its memory): host staging instead.
+    FERRY_LOG_WARN("staging {} ({:.1f} MB) on the host: {}", input_name(static_cast<uint32_t>(&p - params_.data()), input),
+                   static_cast<double>(bytes) / 1e6, taken.status().message());
+    where = Device::cpu();
+    taken = pool_.take(bytes, where);
+  }
+  if (!taken.ok()) return taken.status();
+  p.staging[input] = std::move(*taken);
   if (!where.is_cpu()) return p.padding.empty() ? ok_status() : p.staging[input].zero();
   for (const auto& [at, n] : p.padding) std::memset(static_cast<char*>(p.staging[input].data()) + at, 0, n);
   return ok_status();
@@ -77,29 +86,37 @@ Status ReloadEngine::stage_input(Layer& layer, Param& p, uint32_t input, Device 
 
 namespace {
 
-// Copies a packed piece into its region of `staged`, a device tensor, when the region is rows of a
-// [dim 0, dim 1, whole rest] view (every piece a plan makes of a 1-D or 2-D parameter): one strided
-// copy on the device, complete on return. False when the region has another shape.
+// Copies a packed piece into its region of `staged`, a device tensor, when the region is whole in
+// every dimension after the third (every piece a plan makes of a parameter of rank 1 to 3): one
+// strided copy per index of dim 0 on the device, complete on return. False for another region.
+// The copies are ordered after the work queued on the legacy stream: the zeroing of the staging, a
+// gather that filled the piece, a kernel still reading the buffer's previous contents.
 Result<bool> unpack_rows_on_device(const TensorView& staged, const Region& dst, const void* data, size_t bytes) {
   const Shape& shape = staged.shape();
-  const int rank = static_cast<int>(shape.size());
-  if (rank == 0 || dst.rank() != rank) return false;
-  for (int d = 2; d < rank; ++d) {
-    if (dst.offset[static_cast<size_t>(d)] != 0 || dst.size[static_cast<size_t>(d)] != shape[static_cast<size_t>(d)]) {
-      return false;
-    }
+  const size_t rank = shape.size();
+  if (rank == 0 || static_cast<size_t>(dst.rank()) != rank) return false;
+  for (size_t d = 3; d < rank; ++d) {
+    if (dst.offset[d] != 0 || dst.size[d] != shape[d]) return false;
   }
+  // As [d0, d1, d2, inner]: leading unit dimensions for ranks 1 and 2.
+  const size_t lead = rank >= 3 ? 0 : 3 - rank;
+  auto dim = [&](size_t i) { return i < lead ? int64_t{1} : shape[i - lead]; };
+  auto off = [&](size_t i) { return i < lead ? int64_t{0} : dst.offset[i - lead]; };
+  auto len = [&](size_t i) { return i < lead ? int64_t{1} : dst.size[i - lead]; };
   int64_t inner = 1;
-  for (int d = 2; d < rank; ++d) inner *= shape[static_cast<size_t>(d)];
-  const int64_t cols = rank >= 2 ? shape[1] : 1, c0 = rank >= 2 ? dst.offset[1] : 0, n = rank >= 2 ? dst.size[1] : 1;
-  const int64_t rows = rank >= 2 ? dst.size[0] : 1;
-  const size_t row_bytes = dtype_bytes(staged.dtype(), (rank >= 2 ? n : dst.size[0]) * inner);
-  if (row_bytes * static_cast<size_t>(rows) != bytes) return false;
-  const int64_t first = rank >= 2 ? (dst.offset[0] * cols + c0) * inner : dst.offset[0];
-  char* out = static_cast<char*>(staged.data()) + dtype_bytes(staged.dtype(), first);
-  const size_t pitch = dtype_bytes(staged.dtype(), cols * inner);
+  for (size_t d = 3; d < rank; ++d) inner *= shape[d];
+  const size_t row_bytes = dtype_bytes(staged.dtype(), len(2) * inner);
+  const size_t block_bytes = row_bytes * static_cast<size_t>(len(1));
+  if (block_bytes * static_cast<size_t>(len(0)) != bytes) return false;
+  const size_t pitch = dtype_bytes(staged.dtype(), dim(2) * inner);
   const int device = staged.device().index;
-  FERRY_RETURN_IF_ERROR(copy_rows_async(device, out, pitch, data, row_bytes, row_bytes, static_cast<size_t>(rows)));
+  FERRY_RETURN_IF_ERROR(order_default_before_copies(device));
+  for (int64_t i = 0; i < len(0); ++i) {
+    const int64_t first = (((off(0) + i) * dim(1) + off(1)) * dim(2) + off(2)) * inner;
+    char* out = static_cast<char*>(staged.data()) + dtype_bytes(staged.dtype(), first);
+    const char* in = static_cast<const char*>(data) + static_cast<size_t>(i) * block_bytes;
+    FERRY_RETURN_IF_ERROR(copy_rows_async(device, out, pitch, in, row_bytes, row_bytes, static_cast<size_t>(len(1))));
+  }
   FERRY_RETURN_IF_ERROR(wait_copies(device));
   return true;
 }
@@ -177,7 +194,9 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     TensorView staged(p.staging[input].data(), in.dtype, in.shape, staged_on);
     auto copied = unpack_rows_on_device(staged, dst, data, bytes);
     if (!copied.ok()) return copied.status().with_context(input_name(param, input));
-    if (!*copied) {
+    if (*copied) {
+      ++report_.staged_on_device_pieces;
+    } else {
       // A region no strided copy describes: packed into place through host memory.
       ++report_.device_staged_pieces;
       FERRY_ASSIGN_OR_RETURN(Buffer host, pool_.take(bytes));

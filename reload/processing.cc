@@ -125,6 +125,12 @@ Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const Tens
     }
     Shape shape = t.shape();
     if (shape.empty()) return Status::invalid_argument("storage_rows: scalar storage tensor");
+    if (!blocks && i > 0 && shape.size() == 2 && shape[0] == 1 && shape[1] == total && total > 1) {
+      // Scales of all rows in one row ([1, rows], SGLang's per-channel layout): columns of it.
+      out.emplace_back(static_cast<char*>(t.data()) + dtype_bytes(t.dtype(), row0), t.dtype(), Shape{1, rows},
+                       t.device());
+      continue;
+    }
     const int64_t per_row = shape[0] ? t.numel() / shape[0] : 0;
     shape[0] = n;
     char* base = static_cast<char*>(t.data()) + dtype_bytes(t.dtype(), r0 * per_row);
@@ -142,8 +148,6 @@ class OnlineKernel final : public ProcessingKernel {
     // An engine layout keeps one fp8_per_tensor scale for the whole fused parameter: only the whole
     // parameter is processed on its own then.
     if (layout_ != EngineLayout::kFerry && scheme_ == Scheme::kFp8PerTensor) param_.shard_rows.clear();
-    // SGLang's per-channel scales lie in one row ([1, rows]): no row views of them.
-    rows_apart_ = !(layout_ == EngineLayout::kSglang && scheme_ == Scheme::kFp8PerChannel);
   }
 
   std::string name() const override { return std::string(scheme_name(scheme_)); }
@@ -156,7 +160,6 @@ class OnlineKernel final : public ProcessingKernel {
   }
   bool can_process_rows(const Region& dst) const override {
     const Shape& s = param_.shape;
-    if (!rows_apart_) return false;
     for (size_t d = 1; d < s.size(); ++d) {
       if (dst.offset[d] != 0 || dst.size[d] != s[d]) return false;
     }
@@ -244,7 +247,6 @@ class OnlineKernel final : public ProcessingKernel {
 
   Scheme scheme_;
   EngineLayout layout_;
-  bool rows_apart_ = true;  // every storage tensor has the parameter's rows as dim 0
   sharding::ParamSpec param_;
 };
 

@@ -71,7 +71,8 @@ Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpe
 using KernelFactory = std::function<Result<std::unique_ptr<ProcessingKernel>>(const sharding::ParamSpec&)>;
 
 // Views of rows [row0, row0 + rows) of every tensor of an online scheme's storage `full` (which
-// follows storage_layout for `shape`). Fails when the rows do not align with the scheme's grouping.
+// follows storage_layout for `shape`, in any engine layout: a [1, rows] scale gives its columns).
+// Fails when the rows do not align with the scheme's grouping.
 Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const TensorView> full, int64_t row0,
                                              int64_t rows);
 
