@@ -30,7 +30,7 @@ struct Rows {
 
 // The codes of n elements from element i of `in` with one scale, by the arguments' fp8 rule.
 void fp8_codes(const Rows& in, int64_t i, uint8_t* out, int64_t n, float scale, const ops::Fp8Rule& r) {
-  if (r.is_ferry()) {
+  if (r.encodes_as_ferry()) {
     fp8_run(in.at(i), in.kind, out, n, scale);
   } else {
     fp8_rule_run(in.at(i), in.kind, out, n, scale, r);

@@ -39,9 +39,11 @@ struct Fp8Rule {
   bool reciprocal = false;         // code of x * (1 / scale) instead of x / scale
   bool zero_inverse_zero = false;  // with reciprocal: a zero scale multiplies by 0, not by 1/0
   uint8_t nan_code = 0x7F;         // the code of a NaN quotient (0x7E: clamped to +448 by fminf)
+  // Codes as ferry's quant_fp8 makes them (x / scale, NaN 0x7F): only the scale may differ.
+  FERRY_HOST_DEVICE bool encodes_as_ferry() const { return !reciprocal && nan_code == 0x7F; }
   // zero_inverse_zero matters only with reciprocal, so it does not tell the rules apart here.
   FERRY_HOST_DEVICE bool is_ferry() const {
-    return amax_floor == 0.0f && scale_floor == 0.0f && one_if_zero && !reciprocal && nan_code == 0x7F;
+    return amax_floor == 0.0f && scale_floor == 0.0f && one_if_zero && encodes_as_ferry();
   }
 };
 

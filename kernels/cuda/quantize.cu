@@ -272,7 +272,8 @@ template <DType D>
 Status launch(const QuantArgs& a, cudaStream_t st) {
   if (!a.fp8.is_ferry()) {  // an engine layout's fp8 arithmetic: the generic kernels take its rule
     switch (a.scheme) {
-      case Scheme::kFp8PerChannel: return generic_rows(a, st);
+      case Scheme::kFp8PerChannel:  // the vectorized row kernels take a rule that encodes as ferry's
+        return a.fp8.encodes_as_ferry() ? quantize_per_channel(a, false, st) : generic_rows(a, st);
       case Scheme::kFp8PerTensor: return generic_per_tensor(a, st);
       case Scheme::kFp8Block: return generic_block(a, st);
       default: break;

@@ -38,6 +38,7 @@ struct RowsParams {
   int64_t rows;
   int64_t cols;
   int tpr;  // threads per row: 32, 64, 128 or 256
+  ops::Fp8Rule fp8;  // its scale (the codes are ferry's: encodes_as_ferry())
 };
 
 // One group of rows per block (the grid covers every row): registers stay few enough for six
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, (D == DType::kBF16 && kVecs == 4) ? 
   const int w0 = g * (tpr >> 5);
   for (int w = 0; w < (tpr >> 5); ++w) m = fmaxf(m, warp_amax[w0 + w]);
   if (!live) return;
-  const float s = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m);
+  const float s = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m, p.fp8);
   [[maybe_unused]] const float rs = fast_recip(s);  // int8
   if (lane == 0) p.scale[r] = s;
   uint8_t* dst = p.out + r * p.cols;
@@ -160,7 +161,7 @@ __global__ void finalize_fp8_scale(float* scale, int n) {
 
 template <DType D, int kMode, int kVecs>
 Status launch_rows(const QuantArgs& a, int tpr, cudaStream_t st) {
-  const RowsParams p{a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), a.rows, a.cols, tpr};
+  const RowsParams p{a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), a.rows, a.cols, tpr, a.fp8};
   const auto kernel = rows_kernel<D, kMode, kVecs>;
   // One group of rows per block: short-lived blocks keep the memory system busier than a persistent
   // grid whose blocks alternate between loading and a barrier (measured on the H200).
