@@ -4,12 +4,6 @@ ticker coroutine runs beside every await and records when it ran: the loop was n
 ticks kept coming while the update was finishing. Every rank's storage is checked bit for bit."""
 
 import asyncio
-import json
-import os
-import queue
-import subprocess
-import sys
-import threading
 import time
 
 import numpy as np
@@ -17,20 +11,14 @@ import pytest
 
 import ferry
 import reference
-from test_update import CONFIG, HERE, REF_CONFIG, TIMEOUT_S, TP, Rank, check_rank_storage, make_weights
+from test_update import CONFIG, REF_CONFIG, TIMEOUT_S, TP, Rank, check_rank_storage, make_weights
 
 RESUME_DELAY_S = 0.5
 TICK_S = 0.005
 
 
-class SlowRank(Rank):
-    def __init__(self, address, rank, out):  # Rank's, with --resume-delay-s
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "rollout_rank.py"), "--coordinator", address, "--rank", str(rank), "--tp",
-             str(TP), "--config", json.dumps(CONFIG), "--out", str(out), "--resume-delay-s", str(RESUME_DELAY_S)],
-            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+def SlowRank(address, rank, out):  # noqa: N802 (Rank's, with --resume-delay-s)
+    return Rank(address, rank, out, "--resume-delay-s", str(RESUME_DELAY_S))
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +34,7 @@ def cluster(tmp_path_factory):
     finally:
         trainer.close()
         for r in ranks:
-            try:
-                r.proc.wait(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                r.proc.kill()
-                raise
+            r.wait()
 
 
 class Ticker:

@@ -6,11 +6,8 @@ shapes and offsets on 2-D meshes (nested Shard, Replicate, empty chunks, Partial
 import json
 import os
 import pathlib
-import queue
 import socket
-import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("torch without torch.distributed", allow_module_level=True)
 
+import children  # noqa: E402
 import ferry  # noqa: E402
 import reference  # noqa: E402
 from fsdp_trainer import CONFIG, make_weights  # noqa: E402
@@ -32,27 +30,6 @@ VERSIONS = 2
 TIMEOUT_S = 180
 
 
-class Proc:
-    """A child process whose stdout lines are read as lists of words."""
-
-    def __init__(self, argv, env):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.put(line.split())
-        self.lines.put(["eof"])
-
-    def next(self):
-        return self.lines.get(timeout=TIMEOUT_S)
-
-    def expect(self, *words):
-        got = self.next()
-        assert got == [str(w) for w in words]
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,14 +37,8 @@ def free_port():
 
 
 def check_rank_storage(out, version, rank, weights):
-    got = np.load(out / f"v{version}_rank{rank}.npz")
     want = reference.expected_storage(REF_CONFIG, weights, rank, TP)
-    assert sorted(got.files) == sorted(want)
-    for name, w in want.items():
-        g = got[name]
-        assert g.shape == w.shape, name
-        mismatch = np.flatnonzero(g.view(np.uint8) != w.view(np.uint8))
-        assert mismatch.size == 0, f"v{version} rank {rank} {name}: {mismatch.size} bytes differ, first {mismatch[:5]}"
+    children.check_saved_storage(out / f"v{version}_rank{rank}.npz", want, f"v{version} rank {rank}")
 
 
 def test_fsdp2_trainer_ranks_update_a_replica_bit_exact(tmp_path):
@@ -78,8 +49,8 @@ def test_fsdp2_trainer_ranks_update_a_replica_bit_exact(tmp_path):
         for r in range(TRAINERS):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(TRAINERS), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-            trainers.append(Proc([sys.executable, str(HERE / "fsdp_trainer.py"), "--tp", str(TP), "--versions",
-                                  str(VERSIONS)], env))
+            trainers.append(children.Child([sys.executable, str(HERE / "fsdp_trainer.py"), "--tp", str(TP),
+                                            "--versions", str(VERSIONS)], TIMEOUT_S, env))
         boxes = [{} for _ in range(TRAINERS)]
         address = None
         while address is None:
@@ -90,9 +61,7 @@ def test_fsdp2_trainer_ranks_update_a_replica_bit_exact(tmp_path):
             elif words[0] == "box":
                 boxes[0][words[1]] = (json.loads(words[2]), json.loads(words[3]))
         for r in range(TP):
-            ranks.append(Proc([sys.executable, str(HERE / "rollout_rank.py"), "--coordinator", address, "--rank",
-                               str(r), "--tp", str(TP), "--config", json.dumps(CONFIG), "--out", str(tmp_path)],
-                              dict(os.environ)))
+            ranks.append(children.rollout_rank(address, r, TP, CONFIG, tmp_path, TIMEOUT_S))
         for rank in ranks:
             rank.expect("ready")
 
@@ -130,15 +99,13 @@ def test_fsdp2_trainer_ranks_update_a_replica_bit_exact(tmp_path):
 
         for t in trainers:
             assert t.next() == ["closed"]
-            assert t.proc.wait(timeout=TIMEOUT_S) == 0
+            assert t.wait() == 0
         for rank in ranks:
             rank.expect("closed", VERSIONS)
-            assert rank.proc.wait(timeout=TIMEOUT_S) == 0
+            assert rank.wait() == 0
     finally:
         for p in trainers + ranks:
-            if p.proc.poll() is None:
-                p.proc.kill()
-                p.proc.wait()
+            p.kill()
 
 
 # ferry.dtensor_box against torch on a 2x2 mesh of a fake process group: every rank's box, without

@@ -1,21 +1,13 @@
 """A trainer (this process) and a TP-2 replica of two rollout processes, over real sockets. Every
 rank's storage is compared bit for bit with an independent numpy reference of fp8_per_tensor."""
 
-import json
-import os
-import pathlib
-import queue
-import subprocess
-import sys
-import threading
-
 import numpy as np
 import pytest
 
+import children
 import ferry
 import reference
 
-HERE = pathlib.Path(__file__).resolve().parent
 CONFIG = dict(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=200, num_layers=2,
               dtype="f32", vocab_pad_multiple=64)
 REF_CONFIG = dict(hidden=64, heads=4, kv_heads=2, inter=128, vocab=200, layers=2, pad=64)
@@ -23,23 +15,8 @@ TP = 2
 TIMEOUT_S = 120
 
 
-class Rank:
-    def __init__(self, address, rank, out):
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "rollout_rank.py"), "--coordinator", address, "--rank", str(rank), "--tp",
-             str(TP), "--config", json.dumps(CONFIG), "--out", str(out)],
-            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.put(line.split())
-        self.lines.put(["eof"])
-
-    def expect(self, *words):
-        got = self.lines.get(timeout=TIMEOUT_S)
-        assert got == [str(w) for w in words]
+def Rank(address, rank, out, *extra):  # noqa: N802 (a rank process of the replica)
+    return children.rollout_rank(address, rank, TP, CONFIG, out, TIMEOUT_S, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +32,7 @@ def cluster(tmp_path_factory):
     finally:
         trainer.close()
         for r in ranks:
-            try:
-                r.proc.wait(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                r.proc.kill()
-                raise
+            r.wait()
 
 
 def make_weights(manifest, seed):
@@ -77,15 +50,8 @@ def make_weights(manifest, seed):
 
 
 def check_rank_storage(out, version, rank, weights):
-    got = np.load(out / f"v{version}_rank{rank}.npz")
     want = reference.expected_storage(REF_CONFIG, weights, rank, TP)
-    assert sorted(got.files) == sorted(want)
-    for name, w in want.items():
-        g = got[name]
-        assert g.shape == w.shape, name
-        assert g.dtype.itemsize == w.dtype.itemsize, name
-        mismatch = np.flatnonzero(g.view(np.uint8) != w.view(np.uint8))
-        assert mismatch.size == 0, f"v{version} rank {rank} {name}: {mismatch.size} bytes differ, first {mismatch[:5]}"
+    children.check_saved_storage(out / f"v{version}_rank{rank}.npz", want, f"v{version} rank {rank}")
 
 
 def test_updates_land_bit_exact(cluster):
