@@ -37,6 +37,7 @@
 #include <fmt/format.h>
 
 #include "bench/adam_step.h"
+#include "bench/colocated_rank.h"
 #include "bench/transport_device.h"
 #include "core/buffer.h"
 #include "core/device_copy.h"
@@ -62,56 +63,7 @@ namespace {
 
 using ferry::Status;
 
-ferry::sharding::LlamaConfig llama3_8b(int layers) {
-  ferry::sharding::LlamaConfig c;
-  c.hidden_size = 4096;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.intermediate_size = 14336;
-  c.vocab_size = 128256;
-  c.num_layers = layers;
-  c.tie_word_embeddings = false;
-  return c;
-}
-
-// "SCHEME" or "SCHEME@LAYOUT" (--scheme with --layout): the linear layers' scheme and engine layout.
-struct Linear {
-  ferry::Scheme scheme;
-  ferry::EngineLayout layout;
-};
-ferry::Result<Linear> parse_linear(const std::string& s) {
-  const size_t at = s.find('@');
-  FERRY_ASSIGN_OR_RETURN(const ferry::Scheme scheme, ferry::parse_scheme(s.substr(0, at)));
-  ferry::EngineLayout layout = ferry::EngineLayout::kFerry;
-  if (at != std::string::npos) {
-    FERRY_ASSIGN_OR_RETURN(layout, ferry::parse_engine_layout(s.substr(at + 1)));
-  }
-  return Linear{scheme, layout};
-}
-
-int run_rank(const std::string& coordinator, const std::string& scheme, int layers, int tp_rank, int tp, int device) {
-  ferry::set_log_identity(fmt::format("rank {}", tp_rank));
-  auto linear = parse_linear(scheme);
-  if (!linear.ok()) return std::cerr << linear.status().to_string() << "\n", 1;
-  auto spec = ferry::sharding::llama_rank_spec(llama3_8b(layers), tp_rank, tp, linear->scheme);
-  if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
-  spec->layout = linear->layout;
-  // Device transports (nccl, cuda_ipc) move memory of the current device: the storage's.
-  if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
-  auto storage = ferry::reload::ModelStorage::allocate(*spec, ferry::Device::cuda(device));
-  if (!storage.ok()) return std::cerr << storage.status().to_string() << "\n", 1;
-  ferry::coordinator::RolloutOptions o;
-  o.coordinator = coordinator;
-  o.spec = *spec;
-  o.storage = &*storage;
-  auto worker = ferry::coordinator::RolloutWorker::create(std::move(o));
-  if (!worker.ok()) return std::cerr << worker.status().to_string() << "\n", 1;
-  ferry::Status end;
-  while ((end = (*worker)->wait_closed(60'000)).code() == ferry::StatusCode::kDeadlineExceeded) {
-  }
-  if (!end.ok()) return std::cerr << end.to_string() << "\n", 4;
-  return 0;
-}
+using ferry::bench::llama3_8b;
 
 #if FERRY_HAVE_CUDA
 
@@ -303,14 +255,11 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   const auto manifest = ferry::sharding::llama_manifest(cfg);
   std::vector<ferry::sharding::RankSpec> specs;
   uint64_t storage_bytes = 0;
-  auto linear = parse_linear(scheme);
-  if (!linear.ok()) return std::cerr << linear.status().to_string() << "\n", 1;
   for (int r = 0; r < tp; ++r) {
-    auto spec = ferry::sharding::llama_rank_spec(cfg, r, tp, linear->scheme);
+    auto spec = ferry::bench::colocated_rank_spec(scheme, layers, r, tp);
     if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
-    spec->layout = linear->layout;
     for (const auto& p : spec->params) {
-      auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16, linear->layout);
+      auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16, spec->layout);
       if (!layout.ok()) return std::cerr << layout.status().to_string() << "\n", 1;
       for (const auto& t : *layout) storage_bytes += ferry::dtype_bytes(t.dtype, ferry::shape_numel(t.shape));
     }
@@ -505,7 +454,7 @@ int main(int argc, char** argv) {
   if (auto st = ferry::load_settings().status(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
   if (!device.ok() || !device->is_cuda()) return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;
-  if (role == "rollout") return run_rank(coordinator, scheme, layers, tp_rank, tp, device->index);
+  if (role == "rollout") return ferry::bench::run_colocated_rank(coordinator, scheme, layers, tp_rank, tp, device->index);
 #if FERRY_HAVE_CUDA
   if (role == "trainer-rank") return run_trainer_rank(coordinator, trainer_rank, trainers, layers, updates, device->index);
 #endif
