@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <random>
 #include <vector>
 
 #define CK(x)                                                      \
@@ -42,4 +44,16 @@ double time_ms(F f) {
   CK(cudaEventDestroy(b));
   std::sort(s.begin(), s.end());
   return s[s.size() / 2];
+}
+
+// `n` bf16 values of random sign, mantissa and exponent (2^-12 .. 2^2), the probes' input.
+inline std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed = 42) {
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  std::mt19937_64 rng(seed);
+  for (auto& v : h) {
+    const uint64_t x = rng();
+    const uint32_t exp = 115 + (x >> 8) % 14;
+    v = static_cast<uint16_t>(((x & 1) << 15) | (exp << 7) | ((x >> 20) & 0x7F));
+  }
+  return h;
 }

@@ -35,13 +35,7 @@ int main() {
   // Input: bf16 of random sign, mantissa and exponent (2^-12 .. 2^2); every other row (and group)
   // gets an element equal to 448 (fp8), 127 (int8) or 7 (int4) so its scale is exactly 1 and ties
   // to even are frequent.
-  std::vector<uint16_t> h(n);
-  std::mt19937_64 rng(42);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t x = rng();
-    const uint32_t exp = 115 + (x >> 8) % 14;
-    h[i] = static_cast<uint16_t>(((x & 1) << 15) | (exp << 7) | ((x >> 20) & 0x7F));
-  }
+  const std::vector<uint16_t> h = random_bf16(n);
   auto bf16 = [](float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
@@ -212,6 +206,7 @@ int main() {
     }
     {  // weights as a model has them (normal, no planted scale of 1: ties are rare)
       std::vector<uint16_t> g(n);
+      std::mt19937_64 rng(43);
       std::normal_distribution<float> nd(0.0f, 0.02f);
       for (int64_t i = 0; i < n; ++i) g[i] = bf16(nd(rng));
       CK(cudaMemcpy(in, g.data(), in_bytes, cudaMemcpyHostToDevice));

@@ -23,8 +23,9 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   }
 }
 
+// The largest magnitude bits of the bf16 elements of `raw` (0x7F80 and above: an inf or NaN).
 template <int N>
-__device__ __forceinline__ float amax_bits(const uint4 (&raw)[N]) {
+__device__ __forceinline__ uint32_t max_bits(const uint4 (&raw)[N]) {
   uint32_t acc = 0;
 #pragma unroll
   for (int j = 0; j < N; ++j) {
@@ -33,7 +34,12 @@ __device__ __forceinline__ float amax_bits(const uint4 (&raw)[N]) {
     acc = __vmaxu2(acc, raw[j].z & 0x7FFF7FFFu);
     acc = __vmaxu2(acc, raw[j].w & 0x7FFF7FFFu);
   }
-  const uint32_t m16 = max(acc & 0xFFFFu, acc >> 16);
+  return max(acc & 0xFFFFu, acc >> 16);
+}
+
+template <int N>
+__device__ __forceinline__ float amax_bits(const uint4 (&raw)[N]) {
+  const uint32_t m16 = max_bits(raw);
   if (m16 < 0x7F80u) return __uint_as_float(m16 << 16);
   float m = 0.0f;
 #pragma unroll

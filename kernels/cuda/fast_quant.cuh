@@ -11,6 +11,9 @@
 //    close to one take the exact division; anything else rounds to the same code from either
 //    value. (The same for fp8, with its midpoints and subnormal grid, measured slower than the
 //    hardware division plus conversion: 0.61 against 0.83 of the device copy, bench/gpu/quant_probe.cu.)
+//  - fp8 codes of elements known finite (fp8_encode_fast): the division's fast path with the scale's
+//    reciprocal refined once, without its per-element range test and branch, or the engines'
+//    x * (1 / s) as they write it; converted in hardware on Ada and later.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -74,6 +77,86 @@ __device__ __forceinline__ float vec_amax(const uint4 (&raw)[N]) {
     for (int e = 0; e < E; ++e) m = fmaxf(m, ops::finite_abs(f[e]));
   }
   return m;
+}
+
+// Running max of the magnitude bits of D's elements (non-negative floats order like their bits).
+template <DType D>
+__device__ __forceinline__ uint32_t magnitude_max(uint32_t acc, const uint4& r) {
+  if constexpr (D == DType::kF32) {
+    acc = max(acc, r.x & 0x7FFFFFFFu);
+    acc = max(acc, r.y & 0x7FFFFFFFu);
+    acc = max(acc, r.z & 0x7FFFFFFFu);
+    return max(acc, r.w & 0x7FFFFFFFu);
+  } else {
+    acc = __vmaxu2(acc, r.x & 0x7FFF7FFFu);
+    acc = __vmaxu2(acc, r.y & 0x7FFF7FFFu);
+    acc = __vmaxu2(acc, r.z & 0x7FFF7FFFu);
+    return __vmaxu2(acc, r.w & 0x7FFF7FFFu);
+  }
+}
+
+// The largest magnitude in `acc`, and whether it is an inf or NaN.
+template <DType D>
+__device__ __forceinline__ float magnitude_value(uint32_t acc, bool& nonfinite) {
+  if constexpr (D == DType::kF32) {
+    nonfinite = acc >= 0x7F800000u;
+    return __uint_as_float(acc);
+  } else {
+    const uint32_t m = max(acc & 0xFFFFu, acc >> 16);
+    nonfinite = m >= (D == DType::kBF16 ? 0x7F80u : 0x7C00u);
+    return D == DType::kBF16 ? __uint_as_float(m << 16) : f16_to_f32(static_cast<uint16_t>(m));
+  }
+}
+
+// The multiplier y of fp8_encode_fast for finite elements under scale s (inv: ops::fp8_multiplier),
+// or 0 when every element must take ops::quant_fp8 instead:
+//  - a dividing rule (x / s): 1/s refined once, for s in [2^-60, 2^60]. Per element q = x*y,
+//    r = x - s*q (exact), q + r*y: the division's own fast path, which gives the correctly rounded
+//    quotient for every finite x there; quotients below 2^-12 may come out inexact, but they are
+//    signed zeros in e4m3 either way (copysign mends -0, for which the sum is +0).
+//  - a reciprocal rule (x * inv): inv itself when it is finite and not 0; the codes of x * inv are
+//    then what the rule defines, with no NaN among them.
+__device__ __forceinline__ float fp8_fast_multiplier(float s, float inv, const ops::Fp8Rule& r) {
+  if (r.reciprocal) return inv != 0.0f && fabsf(inv) <= ops::kFltMax ? inv : 0.0f;
+  if (!(s >= 0x1p-60f && s <= 0x1p60f)) return 0.0f;
+  float y0;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(y0) : "f"(s));
+  return fmaf(y0, fmaf(-s, y0, 1.0f), y0);
+}
+
+// The codes of one vector of finite elements (y: fp8_fast_multiplier, not 0); kMul: the rule is a
+// reciprocal one. Streaming stores (the output is not read again).
+template <DType D, bool kMul>
+__device__ __forceinline__ void fp8_encode_fast(const uint4& raw, float s, float y, uint8_t* dst) {
+  constexpr int E = kPerVec<D>;
+  float f[E];
+  unpack<D>(raw, f);
+  float v[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const float q = f[e] * y;
+    v[e] = kMul ? q : copysignf(fmaf(fmaf(-s, q, f[e]), y, q), f[e]);
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t w[E / 4];
+#pragma unroll
+  for (int k = 0; k < E / 4; ++k) {
+    uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v[4 * k + 1]), "f"(v[4 * k]));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v[4 * k + 3]), "f"(v[4 * k + 2]));
+    w[k] = lo | (static_cast<uint32_t>(hi) << 16);
+  }
+  if constexpr (E == 4) {
+    __stcs(reinterpret_cast<unsigned int*>(dst), w[0]);
+  } else {
+    __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+  }
+#else
+  uint8_t b[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) b[e] = ops::e4m3_rne(v[e]);
+  store_codes<E>(dst, b);
+#endif
 }
 
 }  // namespace ferry::kernels::detail::cuda

@@ -35,6 +35,7 @@
 
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast_quant.cuh"
 #include "kernels/cuda/quantize_kernels.cuh"
 #include "kernels/internal.h"
 #include "kernels/scalar_ops.h"
@@ -72,35 +73,6 @@ struct TensorParams {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
-// Running max of the magnitude bits of D's elements (non-negative floats order like their bits).
-template <DType D>
-__device__ __forceinline__ uint32_t magnitude_max(uint32_t acc, const uint4& r) {
-  if constexpr (D == DType::kF32) {
-    acc = max(acc, r.x & 0x7FFFFFFFu);
-    acc = max(acc, r.y & 0x7FFFFFFFu);
-    acc = max(acc, r.z & 0x7FFFFFFFu);
-    return max(acc, r.w & 0x7FFFFFFFu);
-  } else {
-    acc = __vmaxu2(acc, r.x & 0x7FFF7FFFu);
-    acc = __vmaxu2(acc, r.y & 0x7FFF7FFFu);
-    acc = __vmaxu2(acc, r.z & 0x7FFF7FFFu);
-    return __vmaxu2(acc, r.w & 0x7FFF7FFFu);
-  }
-}
-
-// The largest magnitude in `acc`, and whether it is an inf or NaN.
-template <DType D>
-__device__ __forceinline__ float magnitude_value(uint32_t acc, bool& nonfinite) {
-  if constexpr (D == DType::kF32) {
-    nonfinite = acc >= 0x7F800000u;
-    return __uint_as_float(acc);
-  } else {
-    const uint32_t m = max(acc & 0xFFFFu, acc >> 16);
-    nonfinite = m >= (D == DType::kBF16 ? 0x7F80u : 0x7C00u);
-    return D == DType::kBF16 ? __uint_as_float(m << 16) : f16_to_f32(static_cast<uint16_t>(m));
-  }
-}
-
 // The block's max of v, in thread 0.
 __device__ __forceinline__ float fused_block_max(float v, float* part) {
   v = warp_max(v);
@@ -112,33 +84,15 @@ __device__ __forceinline__ float fused_block_max(float v, float* part) {
   return v;
 }
 
-__device__ __forceinline__ uint32_t cvt_e4m3x2(float hi, float lo) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // The codes of one vector: kFast as the file comment says, else ops::quant_fp8 per element.
 template <DType D, bool kFast>
 __device__ __forceinline__ void encode_vec(const uint4& raw, float s, float y, uint8_t* dst) {
-  constexpr int E = kPerVec<D>;
-  float f[E];
-  unpack<D>(raw, f);
   if constexpr (kFast) {
-    float v[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const float q = f[e] * y;
-      v[e] = copysignf(fmaf(fmaf(-s, q, f[e]), y, q), f[e]);
-    }
-    const uint32_t lo = cvt_e4m3x2(v[1], v[0]) | (cvt_e4m3x2(v[3], v[2]) << 16);
-    if constexpr (E == 4) {
-      __stcs(reinterpret_cast<unsigned int*>(dst), lo);
-    } else {
-      const uint32_t hi = cvt_e4m3x2(v[5], v[4]) | (cvt_e4m3x2(v[7], v[6]) << 16);
-      __stcs(reinterpret_cast<uint2*>(dst), make_uint2(lo, hi));
-    }
+    fp8_encode_fast<D, false>(raw, s, y, dst);
   } else {
+    constexpr int E = kPerVec<D>;
+    float f[E];
+    unpack<D>(raw, f);
     uint8_t b[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) b[e] = ops::quant_fp8(f[e], s);
@@ -263,13 +217,8 @@ __global__ void __launch_bounds__(kFThreads, 1) tensor_kernel(TensorParams p) {
   }
   __syncthreads();
   const float s = s_scale;
-  const bool fast = s_nonfinite == 0 && s >= 0x1p-60f && s <= 0x1p60f;
-  float y = 0.0f;
-  if (fast) {
-    float y0;
-    asm("rcp.approx.f32 %0, %1;" : "=f"(y0) : "f"(s));
-    y = fmaf(y0, fmaf(-s, y0, 1.0f), y0);
-  }
+  const float y = s_nonfinite == 0 ? fp8_fast_multiplier(s, 0.0f, ops::Fp8Rule{}) : 0.0f;
+  const bool fast = y != 0.0f;
   uint8_t* out = p.out;
   // Pass 2: the chunks held in registers, then chunks m-1 down to 0, chunk c in slot c % kStages
   // (the last kStages of them already are). One copy of the loops per division, no branch in them.
