@@ -27,6 +27,7 @@ struct PlanArgs {
   std::string config;
   int trainers = 8;
   std::string layout = "whole";
+  std::string experts = "per-expert";
   int shard_group = 0;  // hsdp: ranks per shard group (0: GPUs per node)
   bool per_sender = false;
   int replicas = 1;
@@ -150,6 +151,7 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
   } else {
     FERRY_ASSIGN_OR_RETURN(model, sharding::model_from_file(a.config));
   }
+  if (a.experts == "stacked") FERRY_RETURN_IF_ERROR(sharding::stack_experts(model));
   sharding::PlanOptions opts;
   SettingOverrides flags;
   if (!a.bucket_bytes.empty()) flags["bucket_bytes"] = a.bucket_bytes;  // --bucket-bytes beats FERRY_BUCKET_BYTES
@@ -273,6 +275,12 @@ void add_plan_command(CLI::App& app, std::ostream& out) {
                   "(Shard(0) in groups of --shard-group, replicated across them), pipeline (layers split into stages), "
                   "ep (routed experts split by index, the rest Shard(0))")
       ->check(CLI::IsMember({"whole", "fsdp", "hsdp", "pipeline", "ep"}))
+      ->capture_default_str();
+  cmd->add_option("--experts", args->experts,
+                  "how the trainer holds routed experts: per-expert (a tensor per expert, as checkpoints name them) "
+                  "or stacked (one [experts, rows, cols] tensor per layer and projection, transformers' gate_up_proj "
+                  "and down_proj)")
+      ->check(CLI::IsMember({"per-expert", "stacked"}))
       ->capture_default_str();
   cmd->add_option("--shard-group", args->shard_group, "hsdp: trainer ranks per shard group (default: GPUs per node)");
   cmd->add_flag("--per-sender", args->per_sender, "print every sender's bytes (--json always lists them)");

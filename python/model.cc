@@ -171,7 +171,16 @@ void init_model(py::module_& m) {
              return s;
            },
            py::arg("tp_rank"), py::arg("tp_size"), py::arg("scheme") = "none", py::arg("ep_size") = 1,
-           py::arg("replica") = 0, py::arg("layout") = "ferry");
+           py::arg("replica") = 0, py::arg("layout") = "ferry")
+      .def(
+          "stacked_experts",
+          [](ModelDesc d) {
+            check(sharding::stack_experts(d));
+            return d;
+          },
+          "The same model with each layer's routed experts held stacked by the trainer, as transformers' fused "
+          "experts hold them (mlp.experts.gate_up_proj [E, 2I, H], gate rows first; mlp.experts.down_proj [E, H, I]): "
+          "its manifest names those tensors, and the plan cuts whole boxes of experts from them.");
 
   m.def("llama_manifest", &sharding::llama_manifest, "Every tensor a trainer sends for this model.");
   m.def(

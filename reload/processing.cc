@@ -110,7 +110,9 @@ Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const Tens
   if (row0 < 0 || rows < 0 || row0 + rows > total) {
     return Status::out_of_range(fmt::format("storage_rows: rows {}+{} of {}", row0, rows, total));
   }
-  const bool blocks = scheme == Scheme::kFp8Block;
+  // fp8_block's scales cover 128-row bands of a matrix; of stacked matrices ([E, rows, cols]) the
+  // first dimension counts whole matrices, each with its own scales, as it does any scheme's.
+  const bool blocks = scheme == Scheme::kFp8Block && full[0].rank() == 2;
   if (blocks && (row0 % kFp8BlockSize != 0 || (rows % kFp8BlockSize != 0 && row0 + rows != total))) {
     return Status::invalid_argument(fmt::format("fp8_block: rows {}+{} do not cover whole 128-row blocks", row0, rows));
   }
@@ -167,7 +169,7 @@ class OnlineKernel final : public ProcessingKernel {
       // Whole logical shards (q, k, v of a fused qkv): each has its own scale.
       return s.size() == 2 && shard_span(dst.offset[0], dst.size[0]).has_value();
     }
-    if (scheme_ == Scheme::kFp8Block) {
+    if (scheme_ == Scheme::kFp8Block && s.size() == 2) {  // stacked matrices: any whole ones
       const int64_t b = kFp8BlockSize;
       return dst.offset[0] % b == 0 && (dst.size[0] % b == 0 || dst.offset[0] + dst.size[0] == s[0]);
     }
@@ -181,7 +183,7 @@ class OnlineKernel final : public ProcessingKernel {
     }
     const int64_t begin = dst.offset[0], end = begin + dst.size[0];
     int64_t r0 = begin, r1 = end;
-    if (scheme_ == Scheme::kFp8Block) {
+    if (scheme_ == Scheme::kFp8Block && s.size() == 2) {
       // Whole bands, and the last one however long when the piece reaches the end of the tensor.
       const int64_t b = kFp8BlockSize;
       r0 = (begin + b - 1) / b * b;

@@ -134,6 +134,7 @@ Status validate_rule(const ParamRule& r, int tp, int ep) {
       if (r.expert_split != Layout::kColumn && r.expert_split != Layout::kRow && r.expert_split != Layout::kReplicated) {
         return bad(r, "expert split must be column, row or replicated");
       }
+      if (r.stacked.find("{E}") != std::string::npos) return bad(r, "the stacked tensor " + r.stacked + " names one tensor: no {E}");
       return ok_status();
     }
   }
@@ -233,7 +234,25 @@ struct RankBuilder {
     int64_t rows_total = 0;
     for (const Shape& s : rule.shapes) rows_total += split_rows ? s[0] / mtp : s[0];
     ParamSpec p = start(rule, {local, rows_total, split_cols ? cols / mtp : cols});
-    for (int64_t e = 0; e < local; ++e) {
+    if (!rule.stacked.empty()) {
+      // Whole boxes of this rank's experts: one slice for all sources when nothing splits them
+      // (the stacked tensor's rows are the parameter's), else one per source.
+      const Shape full = stacked_shape(rule);
+      if (mtp == 1 || (!split_rows && !split_cols)) {
+        p.slices.push_back({rule.stacked, Region{{ep_rank * local, 0, 0}, {local, full[1], cols}}, {0, 0, 0}});
+      } else {
+        int64_t row = 0, src_row = 0;
+        for (const Shape& s : rule.shapes) {
+          const int64_t rows = split_rows ? s[0] / mtp : s[0];
+          const Region src{{ep_rank * local, src_row + (split_rows ? sub * rows : 0), split_cols ? sub * (cols / mtp) : 0},
+                           {local, rows, split_cols ? cols / mtp : cols}};
+          p.slices.push_back({rule.stacked, src, {0, row, 0}});
+          row += rows;
+          src_row += s[0];
+        }
+      }
+    }
+    for (int64_t e = 0; rule.stacked.empty() && e < local; ++e) {
       const int64_t expert = ep_rank * local + e;
       int64_t row = 0;
       for (size_t i = 0; i < rule.sources.size(); ++i) {
@@ -277,6 +296,24 @@ std::string expert_name(std::string_view tmpl, int64_t e) {
   return out;
 }
 
+Shape stacked_shape(const ParamRule& rule) {
+  int64_t rows = 0;
+  for (const Shape& s : rule.shapes) rows += s[0];
+  return {rule.num_experts, rows, rule.shapes.empty() || rule.shapes[0].size() < 2 ? 0 : rule.shapes[0][1]};
+}
+
+Status stack_experts(ModelDesc& model) {
+  for (ParamRule& r : model.params) {
+    if (r.layout != Layout::kExperts || !r.stacked.empty()) continue;
+    const size_t at = r.sources.empty() ? std::string::npos : r.sources[0].find("{E}");
+    if (at == std::string::npos || (r.sources.size() != 1 && r.sources.size() != 2)) {
+      return bad(r, "stacked experts need one source (down) or two (gate, up) named with {E}");
+    }
+    r.stacked = r.sources[0].substr(0, at) + (r.sources.size() == 2 ? "gate_up_proj" : "down_proj");
+  }
+  return ok_status();
+}
+
 Manifest model_manifest(const ModelDesc& model) {
   Manifest m;
   std::set<std::string> seen;
@@ -284,6 +321,10 @@ Manifest model_manifest(const ModelDesc& model) {
     if (seen.insert(name).second) m.push_back({std::move(name), dt, s});
   };
   for (const ParamRule& r : model.params) {
+    if (r.layout == Layout::kExperts && !r.stacked.empty()) {
+      add(r.stacked, r.dtype, stacked_shape(r));
+      continue;
+    }
     if (r.layout == Layout::kExperts) {
       for (int64_t e = 0; e < r.num_experts; ++e) {
         for (size_t i = 0; i < r.sources.size(); ++i) add(expert_name(r.sources[i], e), r.dtype, r.shapes[i]);
@@ -311,6 +352,9 @@ Status validate_model(const ModelDesc& model, int tp_size, int ep_size) {
   for (const ParamRule& r : model.params) {
     if (!params.insert(r.param).second) return bad(r, "parameter defined twice");
     FERRY_RETURN_IF_ERROR(validate_rule(r, tp_size, ep_size));
+    if (!r.stacked.empty() && !sources.emplace(r.stacked, std::make_pair(stacked_shape(r), r.dtype)).second) {
+      return bad(r, "stacked tensor " + r.stacked + " is used twice");
+    }
     for (size_t i = 0; i < r.sources.size(); ++i) {
       auto [it, fresh] = sources.emplace(r.sources[i], std::make_pair(r.shapes[i], r.dtype));
       if (!fresh && (it->second.first != r.shapes[i] || it->second.second != r.dtype)) {
@@ -343,7 +387,9 @@ Result<RankSpec> model_rank_spec(const ModelDesc& model, int tp_rank, int tp_siz
         if (expected.insert(rule.sources[i]).second) spec.expects.push_back({rule.sources[i], rule.dtype, rule.shapes[i]});
       }
     }
-    if (rule.layout == Layout::kExperts) {
+    if (rule.layout == Layout::kExperts && !rule.stacked.empty()) {
+      if (expected.insert(rule.stacked).second) spec.expects.push_back({rule.stacked, rule.dtype, stacked_shape(rule)});
+    } else if (rule.layout == Layout::kExperts) {
       // Slices run expert-major, one per source, so slice k comes from source k % sources.
       for (size_t k = 0; k < p.slices.size(); ++k) {
         const std::string& name = p.slices[k].source;

@@ -42,6 +42,11 @@ struct ParamRule {
   int64_t pad_multiple = 1;          // kVocabParallel
   int64_t num_experts = 0;           // kExperts
   Layout expert_split = Layout::kColumn;  // kExperts: kColumn (gate, up), kRow (down) or kReplicated
+  // kExperts: the name of one tensor that holds every expert stacked, [num_experts, rows of the
+  // sources one after another, cols] (transformers' fused experts: gate_up_proj, down_proj); the
+  // trainer then sends it instead of one tensor per expert and source, and the plan cuts whole
+  // boxes of experts from it. Empty: the {E} sources, one tensor each.
+  std::string stacked;
 };
 
 struct ModelDesc {
@@ -51,6 +56,14 @@ struct ModelDesc {
 
 // Name of expert `e` from a template holding "{E}".
 std::string expert_name(std::string_view tmpl, int64_t e);
+
+// The shape of a kExperts rule's stacked tensor: [num_experts, rows of every source, cols].
+Shape stacked_shape(const ParamRule& rule);
+
+// Every expert rule of `model` with its experts held stacked, named as transformers' fused experts
+// name them (Qwen3MoeExperts, MixtralExperts, DeepseekV3NaiveMoe): the {E} template's prefix plus
+// "gate_up_proj" (gate and up, in that order) or "down_proj". A rule already stacked stays.
+Status stack_experts(ModelDesc& model);
 
 // Every tensor a trainer sends, each once (a tied source used by two rules appears once).
 Manifest model_manifest(const ModelDesc& model);

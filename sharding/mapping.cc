@@ -84,7 +84,7 @@ class Parser {
   Status parse_param(const json& p, ModelDesc* out) {
     static const std::set<std::string> kKeys = {"param", "layer", "layers", "layout", "source", "sources", "shape", "shapes",
                                                 "dtype", "quantize", "unit", "num_heads", "num_kv_heads", "head_dim",
-                                                "pad_multiple", "num_experts", "split"};
+                                                "pad_multiple", "num_experts", "split", "stacked"};
     if (!p.is_object()) return err("a param entry must be an object");
     for (const auto& [k, v] : p.items()) {
       if (!kKeys.count(k)) return err(fmt::format("unknown key \"{}\"", k));
@@ -140,6 +140,12 @@ class Parser {
       if (!p["split"].is_string()) return err(r.param + ": \"split\" must be column, row or replicated");
       FERRY_ASSIGN_OR_RETURN(r.expert_split, parse_layout(p["split"].get<std::string>()));
     }
+    if (p.contains("stacked")) {
+      if (!p["stacked"].is_string() || r.layout != Layout::kExperts) {
+        return err(r.param + ": \"stacked\" names the tensor an experts layout's experts are held stacked in");
+      }
+      r.stacked = p["stacked"].get<std::string>();
+    }
     if (!p.contains("layers")) {
       if (r.param.find("{L}") != std::string::npos) return err(r.param + ": \"{L}\" without \"layers\"");
       out->params.push_back(std::move(r));
@@ -156,6 +162,7 @@ class Parser {
       x.param = replace_all(x.param, "{L}", n);
       x.layer = replace_all(x.layer, "{L}", n);
       for (auto& s : x.sources) s = replace_all(s, "{L}", n);
+      x.stacked = replace_all(x.stacked, "{L}", n);
       out->params.push_back(std::move(x));
     }
     return ok_status();

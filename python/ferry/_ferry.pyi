@@ -147,6 +147,10 @@ class ModelDesc:
         ...
     def rank_spec(self, tp_rank: int, tp_size: int, scheme: str = 'none', ep_size: int = 1, replica: int = 0, layout: str = 'ferry') -> RankSpec:
         ...
+    def stacked_experts(self) -> ModelDesc:
+        """
+        The same model with each layer's routed experts held stacked by the trainer, as transformers' fused experts hold them (mlp.experts.gate_up_proj [E, 2I, H], gate rows first; mlp.experts.down_proj [E, H, I]): its manifest names those tensors, and the plan cuts whole boxes of experts from them.
+        """
     @property
     def name(self) -> str:
         ...

@@ -42,3 +42,27 @@ def test_refusals_name_the_tensor():
     assert e.value.code == "InvalidArgument" and "w.weight" in e.value.message
     with pytest.raises(TypeError, match="w.weight"):
         ferry.manifest_from_state_dict({"w.weight": [1.0, 2.0]})
+
+
+def test_stacked_experts_manifest_matches_a_fused_experts_state_dict():
+    # A trainer holding transformers' fused experts (Qwen3MoeExperts: gate_up_proj [E, 2I, H] with the
+    # gate rows first, down_proj [E, H, I]) sends one tensor per layer and projection; its state
+    # dict's manifest is the stacked model's, and a rank's experts come from whole boxes of them.
+    per_expert = ferry.preset_model("qwen3-30b-a3b")
+    stacked = per_expert.stacked_experts()
+    m = stacked.manifest()
+    names = {t.name: list(t.shape) for t in m}
+    assert len(m) == 531 and len(per_expert.manifest()) == 18867
+    assert names["model.layers.0.mlp.experts.gate_up_proj"] == [128, 1536, 2048]
+    assert names["model.layers.47.mlp.experts.down_proj"] == [128, 2048, 768]
+    assert not any(".experts.0." in n for n in names)
+    sd = {t.name: np.zeros(0, np.float32) for t in m}  # the order a fused-experts model lists them in
+    assert [t.name for t in ferry.manifest_from_state_dict(sd)] == [t.name for t in m]
+    # TP 2: each rank takes its gate rows and its up rows of every expert, one slice each.
+    spec = stacked.rank_spec(1, 2, "fp8_block")
+    w13 = next(p for p in spec.params if p.name == "model.layers.0.mlp.experts.w13_weight")
+    assert list(w13.shape) == [128, 768, 2048]
+    assert [(s.source, list(s.src.offset), list(s.src.size)) for s in w13.slices] == [
+        ("model.layers.0.mlp.experts.gate_up_proj", [0, 384, 0], [128, 384, 2048]),
+        ("model.layers.0.mlp.experts.gate_up_proj", [0, 1152, 0], [128, 384, 2048]),
+    ]

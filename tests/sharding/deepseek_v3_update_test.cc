@@ -72,8 +72,8 @@ struct Weights {
   std::map<std::string, std::vector<char>> bytes;
   std::map<std::string, TensorView> views;
 
-  explicit Weights(const Manifest& m) {
-    std::mt19937 rng(7);
+  explicit Weights(const Manifest& m, uint32_t seed = 7) {
+    std::mt19937 rng(seed);
     for (const auto& t : m) {
       auto& b = bytes[t.name];
       const int64_t n = shape_numel(t.shape);
@@ -184,6 +184,77 @@ TEST(DeepseekV3Update, Fp8PerChannel) {
   EXPECT_EQ(report->moved, 0u);
   EXPECT_GT(report->registered, 0u);
 }
+
+// The stacked tensors of `stacked` (stack_experts) assembled from the per-expert tensors of `w`, as
+// transformers' fused experts hold them: expert e's sources' rows one after another.
+Weights stack(const ModelDesc& per_expert, const ModelDesc& stacked, const Weights& w) {
+  const Manifest m = model_manifest(stacked);
+  Weights out(m);
+  for (size_t k = 0; k < per_expert.params.size(); ++k) {
+    const ParamRule& r = per_expert.params[k];
+    if (r.layout != Layout::kExperts) continue;
+    auto& dst = out.bytes.at(stacked.params[k].stacked);
+    size_t at = 0;
+    for (int64_t e = 0; e < r.num_experts; ++e) {
+      for (const std::string& tmpl : r.sources) {
+        const auto& src = w.bytes.at(expert_name(tmpl, e));
+        std::memcpy(dst.data() + at, src.data(), src.size());
+        at += src.size();
+      }
+    }
+  }
+  for (const auto& t : m) {
+    if (w.bytes.contains(t.name)) out.bytes.at(t.name) = w.bytes.at(t.name);
+  }
+  return out;
+}
+
+// A trainer that holds each layer's experts stacked (gate_up_proj, down_proj) updates the replica
+// into the same bytes as one that holds a tensor per expert, from one plan piece per stacked tensor
+// and rank (per source when TP splits the experts): every storage tensor of every rank is compared
+// byte for byte, under each scheme, and with `none` every element against the spec as well.
+class StackedExperts : public ::testing::TestWithParam<std::tuple<int, int, Scheme>> {};
+
+TEST_P(StackedExperts, UpdateTheSameBytesAsPerExpertTensors) {
+  const auto [tp, ep, scheme] = GetParam();
+  auto model = model_from_json(kTinyDeepseekV3);
+  ASSERT_TRUE(model.ok());
+  ModelDesc stacked = *model;
+  ASSERT_TRUE(stack_experts(stacked).ok());
+  const Manifest manifest = model_manifest(*model), stacked_manifest = model_manifest(stacked);
+  ASSERT_LT(stacked_manifest.size(), manifest.size());
+  Replica a, b;
+  const Status sa = a.start(*model, tp, ep, scheme), sb = b.start(stacked, tp, ep, scheme);
+  ASSERT_TRUE(sa.ok()) << sa.to_string();
+  ASSERT_TRUE(sb.ok()) << sb.to_string();
+  for (uint32_t version : {1, 2}) {
+    const Weights w(manifest, version);
+    const Weights ws = stack(*model, stacked, w);
+    auto ra = a.update(version, manifest, w);
+    ASSERT_TRUE(ra.ok()) << ra.status().to_string();
+    auto rb = b.update(version, stacked_manifest, ws);
+    ASSERT_TRUE(rb.ok()) << rb.status().to_string();
+    EXPECT_EQ(rb->moved, 0u);
+    EXPECT_EQ(rb->registered, ra->registered);
+    if (scheme == Scheme::kNone) {
+      EXPECT_EQ(check_storage(b, ws), "");
+    }
+    for (size_t i = 0; i < a.storage.size(); ++i) {
+      for (const auto& [name, t] : a.storage[i]->tensors()) {
+        auto other = b.storage[i]->get(name);
+        ASSERT_TRUE(other.ok()) << name;
+        ASSERT_EQ(other->nbytes(), t.nbytes()) << name;
+        EXPECT_EQ(std::memcmp(other->data(), t.data(), t.nbytes()), 0) << "rank " << i << " " << name;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TpEpScheme, StackedExperts,
+                         ::testing::Values(std::tuple{1, 1, Scheme::kNone}, std::tuple{2, 1, Scheme::kNone},
+                                           std::tuple{2, 2, Scheme::kNone}, std::tuple{1, 1, Scheme::kFp8PerChannel},
+                                           std::tuple{2, 1, Scheme::kFp8PerChannel}, std::tuple{2, 2, Scheme::kFp8Block},
+                                           std::tuple{1, 1, Scheme::kFp8Block}));
 
 // vLLM's layout of per-tensor fp8 for stacked experts: one scale per local expert over its merged
 // gate and up matrix (w13_weight_scale [E]), as Fp8PerTensorOnlineMoEMethod keeps it: each equals

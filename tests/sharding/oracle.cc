@@ -24,9 +24,9 @@ int64_t numel(const Shape& s) {
 
 std::string TCfg::describe() const {
   return fmt::format("h={} nh={} kv={} hd={} inter={} vocab={} layers={} tie={} bias={} qk_norm={} experts={} mi={} "
-                     "step={} mixtral={} tp={} ep={} pad={} replicas={}",
-                     h, nh, kv, hd, inter, vocab, layers, tie, bias, qk_norm, experts, mi, sparse_step, mixtral, tp, ep,
-                     pad, replicas);
+                     "step={} mixtral={} stacked={} tp={} ep={} pad={} replicas={}",
+                     h, nh, kv, hd, inter, vocab, layers, tie, bias, qk_norm, experts, mi, sparse_step, mixtral, stacked,
+                     tp, ep, pad, replicas);
 }
 
 ModelConfig TCfg::model_config() const {
@@ -89,6 +89,24 @@ TCfg random_cfg(std::mt19937_64& rng, bool moe) {
 }
 
 void expected_places(const TCfg& c, const std::string& name, const Shape& shape, int64_t flat, std::vector<Place>* out) {
+  // Experts held stacked (transformers' Qwen3MoeExperts / MixtralExperts): gate_up_proj [E, 2I, H]
+  // is expert e's gate rows then its up rows, down_proj [E, H, I] its down matrix; each element is
+  // the element of that expert's own tensor.
+  if (shape.size() == 3 && (name.ends_with(".experts.gate_up_proj") || name.ends_with(".experts.down_proj"))) {
+    const int64_t rows = shape[1], cols = shape[2];
+    const int64_t e = flat / (rows * cols), r = flat / cols % rows, j = flat % cols;
+    const std::string prefix = name.substr(0, name.rfind('.') + 1) + std::to_string(e) + ".";
+    std::string part;
+    int64_t row = r;
+    if (name.ends_with("down_proj")) {
+      part = c.mixtral ? "w2.weight" : "down_proj.weight";
+    } else {
+      part = r < c.mi ? (c.mixtral ? "w1.weight" : "gate_proj.weight") : (c.mixtral ? "w3.weight" : "up_proj.weight");
+      row = r % c.mi;
+    }
+    const int64_t per_rows = name.ends_with("down_proj") ? rows : c.mi;
+    return expected_places(c, prefix + part, {per_rows, cols}, row * cols + j, out);
+  }
   const int64_t cols = shape.size() == 2 ? shape[1] : 1;
   const int64_t i = flat / cols, j = flat % cols;
   std::vector<std::pair<int, std::pair<std::string, int64_t>>> per_rank;  // (tp rank, (param, flat))

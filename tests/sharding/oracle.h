@@ -19,6 +19,7 @@ struct TCfg {
   bool tie = false, bias = false, qk_norm = false;
   int64_t experts = 0, mi = 0, sparse_step = 1;
   bool mixtral = false;
+  bool stacked = false;  // the trainer holds each layer's experts stacked (sharding::stack_experts)
   int tp = 1, ep = 1;
   int64_t pad = 1;
   int replicas = 1;

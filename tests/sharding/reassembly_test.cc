@@ -1,6 +1,8 @@
 // Property tests: for random configurations, reassembling every rank's planned pieces puts each
 // source element exactly where the layout (tests/sharding/oracle.cc) says, once, bit for bit.
+#include <algorithm>
 #include <random>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -56,6 +58,9 @@ void check_model(const TCfg& c, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
   auto desc = describe_model(c.model_config());
   ASSERT_TRUE(desc.ok()) << desc.status().to_string();
+  if (c.stacked) {
+    ASSERT_TRUE(stack_experts(*desc).ok());
+  }
   auto ranks = model_rank_specs(*desc, c.replicas, c.tp, c.ep, Scheme::kNone);
   ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
   const Manifest manifest = model_manifest(*desc);
@@ -77,7 +82,56 @@ TEST(Reassembly, RandomMoeModelsWithExpertParallelism) {
   for (int trial = 0; trial < 60; ++trial) check_model(testing::random_cfg(rng, true), rng);
 }
 
+// The same models with each layer's experts held stacked by the trainer (transformers' fused
+// gate_up_proj / down_proj), planned from whole boxes of experts: the same places.
+TEST(Reassembly, RandomMoeModelsWithStackedExperts) {
+  std::mt19937_64 rng(778);
+  for (int trial = 0; trial < 60; ++trial) {
+    TCfg c = testing::random_cfg(rng, true);
+    c.stacked = true;
+    check_model(c, rng);
+  }
+}
+
 // The Llama preset (llama_rank_spec: a LlamaConfig through describe_model) against the same oracle.
+// Stacked experts from one sender: one piece per expert tensor and rank when nothing splits an
+// expert (TP 1, or EP over every rank), one per rank and source (gate, up) when TP splits them;
+// per-expert tensors need one per expert.
+TEST(Reassembly, StackedExpertsPlanOnePiecePerRankAndSource) {
+  for (const auto& [tp, ep, per_rank] : {std::tuple{1, 1, 1}, std::tuple{2, 2, 1}, std::tuple{2, 1, 2}}) {
+    TCfg c;
+    c.experts = 8;
+    c.mi = 8;
+    c.tp = tp;
+    c.ep = ep;
+    c.layers = 1;
+    SCOPED_TRACE(c.describe());
+    auto desc = describe_model(c.model_config());
+    ASSERT_TRUE(desc.ok());
+    auto count = [&](const ModelDesc& d) -> std::pair<size_t, size_t> {  // (w13 pieces, w2 pieces)
+      auto ranks = model_rank_specs(d, 1, tp, ep, Scheme::kNone);
+      auto plan = make_plan(model_manifest(d), ranks.value(), {SenderInfo{}}, PlanOptions{});
+      std::pair<size_t, size_t> n{0, 0};
+      for (const Piece& pc : plan.value().pieces) {
+        const std::string& param = (*ranks)[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)].name;
+        n.first += param.ends_with("w13_weight");
+        n.second += param.ends_with("w2_weight");
+      }
+      return n;
+    };
+    const auto per_expert = count(*desc);
+    EXPECT_EQ(per_expert.first, static_cast<size_t>(2 * c.experts * (tp / ep)));
+    ASSERT_TRUE(stack_experts(*desc).ok());
+    const auto stacked = count(*desc);
+    EXPECT_EQ(stacked.first, static_cast<size_t>(tp * per_rank));
+    EXPECT_EQ(stacked.second, static_cast<size_t>(tp));
+    const Manifest m = model_manifest(*desc);
+    EXPECT_TRUE(std::any_of(m.begin(), m.end(), [&](const SourceTensor& t) {
+      return t.name == "model.layers.0.mlp.experts.gate_up_proj" && t.shape == Shape{c.experts, 2 * c.mi, c.h};
+    }));
+  }
+}
+
 TEST(Reassembly, LlamaRankSpecMatchesOracle) {
   std::mt19937_64 rng(99);
   for (int trial = 0; trial < 40; ++trial) {
