@@ -13,6 +13,8 @@
 // rate and the control round trip from the warm-up updates).
 //
 //   ferry-bench-colocated [--scheme fp8_per_channel] [--layout ferry|vllm|sglang] [--layers 32] [--updates 10] [--device cuda:0] [--json]
+//   ferry-bench-colocated --model qwen3-30b-a3b [--experts stacked] --scheme fp8_block --json
+//     (--model: any preset or config.json)
 //   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1 --tp 2 --json
 //   FERRY_TRANSPORT=nccl ferry-bench-colocated --device cuda:0 --rank-device cuda:1,cuda:2 --tp 2 --json
 //
@@ -28,7 +30,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <random>
 #include <vector>
@@ -52,6 +56,7 @@
 #include "sharding/llama.h"
 #include "sharding/planner.h"
 #include "sharding/trainer_layouts.h"
+#include "transport/ipc_share.h"
 
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -63,7 +68,7 @@ namespace {
 
 using ferry::Status;
 
-using ferry::bench::llama3_8b;
+using ferry::bench::BenchModel;
 
 #if FERRY_HAVE_CUDA
 
@@ -154,9 +159,12 @@ Status change_weights(Weights& w, uint64_t step) {
 
 // Trainer rank `rank` of `ranks` (not the first): its Shard(0) rows of every tensor on `device`,
 // changed before each of `total` updates, sent as the first trainer rank starts each.
-int run_trainer_rank(const std::string& coordinator, int rank, int ranks, int layers, int total, int device) {
+int run_trainer_rank(const std::string& coordinator, int rank, int ranks, const BenchModel& model, int total,
+                     int device) {
   ferry::set_log_identity(fmt::format("trainer rank {}", rank));
-  const auto manifest = ferry::sharding::llama_manifest(llama3_8b(layers));
+  auto desc = ferry::bench::bench_model(model);
+  if (!desc.ok()) return std::cerr << desc.status().to_string() << "\n", 1;
+  const auto manifest = ferry::sharding::model_manifest(*desc);
   ferry::coordinator::UpdateOptions u;
   u.holdings = ferry::sharding::fsdp_holdings(manifest, rank, ranks);
   if (auto st = ferry::set_current_device(ferry::Device::cuda(device)); !st.ok()) return std::cerr << st.to_string() << "\n", 1;
@@ -233,10 +241,18 @@ pid_t spawn_self(std::vector<std::string> args) {
   return posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) == 0 ? pid : -1;
 }
 
-int run_trainer(const std::string& scheme, int layers, int updates, int device, const std::vector<int>& rank_gpus,
-                int tp, bool json, int trainers, bool adam) {
+// `args` with the model's options for a child process.
+std::vector<std::string> with_model(std::vector<std::string> args, const BenchModel& model) {
+  if (!model.model.empty()) args.insert(args.end(), {"--model", model.model});
+  if (model.stacked_experts) args.insert(args.end(), {"--experts", "stacked"});
+  args.insert(args.end(), {"--layers", std::to_string(model.layers)});
+  return args;
+}
+
+int run_trainer(const std::string& scheme, const BenchModel& model, int updates, int device,
+                const std::vector<int>& rank_gpus, int tp, bool json, int trainers, bool adam) {
 #if !FERRY_HAVE_CUDA
-  (void)scheme, (void)layers, (void)updates, (void)device, (void)rank_gpus, (void)tp, (void)json, (void)trainers,
+  (void)scheme, (void)model, (void)updates, (void)device, (void)rank_gpus, (void)tp, (void)json, (void)trainers,
       (void)adam;
   std::cerr << "ferry-bench-colocated needs a CUDA build\n";
   return 1;
@@ -251,12 +267,13 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   if (apart && transport != "nccl" && transport != "cuda_ipc") {
     return std::cerr << "--rank-device on another GPU: set FERRY_TRANSPORT=nccl or cuda_ipc\n", 2;
   }
-  const auto cfg = llama3_8b(layers);
-  const auto manifest = ferry::sharding::llama_manifest(cfg);
+  auto desc = ferry::bench::bench_model(model);
+  if (!desc.ok()) return std::cerr << desc.status().to_string() << "\n", 1;
+  const auto manifest = ferry::sharding::model_manifest(*desc);
   std::vector<ferry::sharding::RankSpec> specs;
   uint64_t storage_bytes = 0;
   for (int r = 0; r < tp; ++r) {
-    auto spec = ferry::bench::colocated_rank_spec(scheme, layers, r, tp);
+    auto spec = ferry::bench::colocated_rank_spec(*desc, scheme, r, tp);
     if (!spec.ok()) return std::cerr << spec.status().to_string() << "\n", 1;
     for (const auto& p : spec->params) {
       auto layout = ferry::reload::param_layout(p, ferry::DType::kBF16, spec->layout);
@@ -295,18 +312,24 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   auto trainer = ferry::coordinator::Trainer::create(o);
   if (!trainer.ok()) return std::cerr << trainer.status().to_string() << "\n", 1;
   std::vector<pid_t> pids;
+  std::vector<std::string> rank_reports;
   const int warmup = 2;
   for (int r = 0; r < tp; ++r) {
-    pids.push_back(spawn_self({"ferry-bench-colocated", "--role", "rollout", "--coordinator",
-                               (*trainer)->coordinator_address(), "--scheme", scheme, "--layers", std::to_string(layers),
-                               "--device", fmt::format("cuda:{}", rank_gpus[static_cast<size_t>(r)]), "--tp",
-                               std::to_string(tp), "--tp-rank", std::to_string(r)}));
+    const auto report = fmt::format("ferry-bench-colocated-{}-rank{}", getpid(), r);
+    rank_reports.push_back((std::filesystem::temp_directory_path() / report).string());
+    pids.push_back(spawn_self(with_model({"ferry-bench-colocated", "--role", "rollout", "--coordinator",
+                                          (*trainer)->coordinator_address(), "--scheme", scheme, "--device",
+                                          fmt::format("cuda:{}", rank_gpus[static_cast<size_t>(r)]), "--tp",
+                                          std::to_string(tp), "--tp-rank", std::to_string(r), "--rank-report",
+                                          rank_reports.back()},
+                                         model)));
   }
   for (int r = 1; r < trainers; ++r) {
-    pids.push_back(spawn_self({"ferry-bench-colocated", "--role", "trainer-rank", "--coordinator",
-                               (*trainer)->coordinator_address(), "--layers", std::to_string(layers), "--device",
-                               fmt::format("cuda:{}", device), "--trainers", std::to_string(trainers), "--trainer-rank",
-                               std::to_string(r), "--updates", std::to_string(warmup + updates)}));
+    pids.push_back(spawn_self(with_model({"ferry-bench-colocated", "--role", "trainer-rank", "--coordinator",
+                                          (*trainer)->coordinator_address(), "--device", fmt::format("cuda:{}", device),
+                                          "--trainers", std::to_string(trainers), "--trainer-rank", std::to_string(r),
+                                          "--updates", std::to_string(warmup + updates)},
+                                         model)));
   }
   if (std::count(pids.begin(), pids.end(), -1) > 0) return std::cerr << "posix_spawn failed\n", 1;
   const int64_t timeout = ferry::load_settings().value().timeout_ms;
@@ -335,6 +358,20 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
     int status = 0;
     waitpid(pid, &status, 0);
   }
+  // What the ranks counted: quantize kernel runs per version they took (every update's are alike).
+  uint64_t runs = 0, versions = 0, mapped = 0;
+  double map_seconds = 0;  // the longest rank's: they map at the same time
+  for (const auto& path : rank_reports) {
+    auto c = ferry::bench::read_rank_counts(path);
+    std::remove(path.c_str());
+    if (st.ok() && !c.ok()) st = c.status();
+    if (c.ok()) {
+      runs += c->quantize_runs;
+      versions = std::max(versions, c->versions);
+      mapped += c->mapped;
+      map_seconds = std::max(map_seconds, c->map_seconds);
+    }
+  }
   if (!st.ok()) return std::cerr << "ferry-bench-colocated: " << st.to_string() << "\n", 1;
   auto median = [](const std::vector<ferry::coordinator::UpdateReport>& rs, auto field) {
     std::vector<double> v;
@@ -345,7 +382,11 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   auto med = [&](auto field) { return median(reports, field); };
   const double seconds = med([](const auto& r) { return r.seconds; });
   uint64_t all_params = 0;  // of the whole model, whichever share this trainer rank holds
-  for (const auto& t : manifest) all_params += static_cast<uint64_t>(ferry::shape_numel(t.shape));
+  int layer_count = 0;
+  for (const auto& t : manifest) {
+    all_params += static_cast<uint64_t>(ferry::shape_numel(t.shape));
+    layer_count = std::max(layer_count, ferry::sharding::layer_index_of(t.name) + 1);
+  }
   const double moved_bytes = 2.0 * static_cast<double>(all_params) + static_cast<double>(storage_bytes);
   const auto& last = reports.back();
   std::string extra;
@@ -387,8 +428,32 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
   const std::string how = adam ? fmt::format("-adam{}{}{}", settings.direct == "off" ? "-bytes" : "",
                                              settings.delta != "off" ? "-delta" : "", settings.stage == "on" ? "-staged" : "")
                                : "";
-  const std::string name = apart ? fmt::format("ferry-{}-tp{}{}{}{}/{}", transport, tp, spread ? "-spread" : "", sharded, how, scheme)
-                                 : fmt::format("ferry{}{}/{}", sharded, how, scheme);
+  const std::string on = model.model.empty() ? ""
+                         : "-" + model.model.substr(model.model.find_last_of('/') + 1) +
+                               (model.stacked_experts ? "-stacked" : "");
+  const std::string name = apart ? fmt::format("ferry{}-{}-tp{}{}{}{}/{}", on, transport, tp, spread ? "-spread" : "",
+                                               sharded, how, scheme)
+                                 : fmt::format("ferry{}{}{}/{}", on, sharded, how, scheme);
+  const auto ipc = ferry::transport::ipc_stats();  // this trainer's exports (the ranks report their mappings)
+  // The per-tensor counts of the update (issue figures for MoE models): tensors sent, plan pieces,
+  // storage tensors registered (census entries), quantize kernel runs per update over the ranks,
+  // and the first update (handles opened, pools grown) beside the steady median.
+  auto plan = ferry::sharding::make_plan(manifest, specs, {ferry::sharding::SenderInfo{}},
+                                         ferry::sharding::PlanOptions{bucket});
+  if (!plan.ok()) return std::cerr << plan.status().to_string() << "\n", 1;
+  extra += fmt::format(",\"model\":\"{}\",\"experts\":\"{}\",\"tensors\":{},\"pieces\":{},\"registered\":{},"
+                       "\"quantize_runs_per_update\":{:.1f},"
+                       "\"first_seconds\":{:.6f},\"first_over_steady\":{:.3f},\"mapped_allocations\":{},"
+                       "\"map_seconds\":{:.6f},\"exported_allocations\":{},\"export_seconds\":{:.6f},"
+                       "\"first_less_handles_over_steady\":{:.3f},\"first_plan_seconds\":{:.6f},"
+                       "\"first_transfer_seconds\":{:.6f},\"first_process_seconds\":{:.6f}",
+                       model.model.empty() ? "llama3-8b" : model.model.substr(model.model.find_last_of('/') + 1),
+                       model.stacked_experts ? "stacked" : "per-expert", manifest.size(), plan->pieces.size(),
+                       last.registered,
+                       versions > 0 ? static_cast<double>(runs) / static_cast<double>(versions) : 0.0, warm[0].seconds,
+                       warm[0].seconds / seconds, mapped, map_seconds, ipc.exported, ipc.export_seconds,
+                       (warm[0].seconds - map_seconds - ipc.export_seconds) / seconds, warm[0].plan_seconds,
+                       warm[0].transfer_seconds, warm[0].process_seconds);
   double changed = 0, compared = 0;
   for (const auto& r : reports) {
     for (const auto& d : r.delta) changed += static_cast<double>(d.changed), compared += static_cast<double>(d.elements);
@@ -403,7 +468,7 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
                "\"ranks_pause_seconds\":{:.6f},"
                "\"transfer_seconds\":{:.6f},\"process_seconds\":{:.6f},\"resume_seconds\":{:.6f},"
                "\"copy_gbps\":{:.1f},\"floor_seconds\":{:.6f},\"ratio_to_floor\":{:.3f}{}}}\n",
-               name, all_params, layers, moved_bytes, last.direct_bytes, seconds, reports.size(),
+               name, all_params, layer_count, moved_bytes, last.direct_bytes, seconds, reports.size(),
                med([](const auto& r) { return r.pause_seconds; }), med([](const auto& r) { return r.ranks_pause_seconds; }),
                med([](const auto& r) { return r.transfer_seconds; }), med([](const auto& r) { return r.process_seconds; }),
                med([](const auto& r) { return r.resume_seconds; }), *bw / 1e9, floor, seconds / floor, extra);
@@ -418,10 +483,11 @@ int run_trainer(const std::string& scheme, int layers, int updates, int device, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ferry-bench-colocated: a colocated update of a Llama-3-8B shaped model beside its memory floor"};
+  CLI::App app{"ferry-bench-colocated: a colocated update of a Llama-3-8B shaped model (or --model) beside its memory floor"};
   std::string role = "trainer", coordinator, scheme = "fp8_per_channel", device_name = "cuda:0";
-  std::string rank_device_name;
-  int layers = 32, updates = 10, tp = 1, tp_rank = 0, trainers = 1, trainer_rank = 0;
+  std::string rank_device_name, rank_report;
+  BenchModel model;
+  int updates = 10, tp = 1, tp_rank = 0, trainers = 1, trainer_rank = 0;
   std::string change = "all", layout = "ferry";
   bool json = false;
   app.add_option("--role", role, "trainer (default), rollout, or trainer-rank (of a sharded trainer)")
@@ -433,7 +499,14 @@ int main(int argc, char** argv) {
   app.add_option("--scheme", scheme, "the rollout's linear-layer scheme");
   app.add_option("--layout", layout, "the rollout's engine layout (docs/engines.md)")
       ->check(CLI::IsMember({"ferry", "vllm", "sglang"}));
-  app.add_option("--layers", layers, "decoder layers (32 for Llama-3-8B)")->check(CLI::Range(1, 128));
+  app.add_option("--model", model.model,
+                 "a preset (ferry plan --model: qwen3-30b-a3b, ...) or a config.json; default: Llama-3-8B's shape");
+  std::string experts = "per-expert";
+  app.add_option("--experts", experts, "routed experts held per expert (checkpoint names) or stacked per layer "
+                                       "(transformers' gate_up_proj, down_proj)")
+      ->check(CLI::IsMember({"per-expert", "stacked"}));
+  app.add_option("--layers", model.layers, "decoder layers of the Llama-3-8B shape (32)")->check(CLI::Range(1, 128));
+  app.add_option("--rank-report", rank_report, "rollout role: where to write its counts when the job ends");
   app.add_option("--updates", updates, "timed updates after two warm-up updates")->check(CLI::Range(1, 1000));
   app.add_option("--device", device_name, "cuda:N: the trainer's weights (and the ranks' storage, unless --rank-device)");
   app.add_option("--rank-device", rank_device_name,
@@ -447,6 +520,7 @@ int main(int argc, char** argv) {
                  "the change set of an RL step (FERRY_DELTA, FERRY_DIRECT, FERRY_STAGE choose the path)")
       ->check(CLI::IsMember({"all", "adam"}));
   CLI11_PARSE(app, argc, argv);
+  model.stacked_experts = experts == "stacked";
   if (scheme.find('@') != std::string::npos && role == "trainer") {
     return std::cerr << "--scheme " << scheme << ": give the layout with --layout\n", 2;
   }
@@ -454,9 +528,11 @@ int main(int argc, char** argv) {
   if (auto st = ferry::load_settings().status(); !st.ok()) return std::cerr << st.to_string() << "\n", 2;
   auto device = ferry::parse_device(device_name);
   if (!device.ok() || !device->is_cuda()) return std::cerr << "--device " << device_name << ": expected cuda:N\n", 2;
-  if (role == "rollout") return ferry::bench::run_colocated_rank(coordinator, scheme, layers, tp_rank, tp, device->index);
+  if (role == "rollout") {
+    return ferry::bench::run_colocated_rank(coordinator, model, scheme, tp_rank, tp, device->index, rank_report);
+  }
 #if FERRY_HAVE_CUDA
-  if (role == "trainer-rank") return run_trainer_rank(coordinator, trainer_rank, trainers, layers, updates, device->index);
+  if (role == "trainer-rank") return run_trainer_rank(coordinator, trainer_rank, trainers, model, updates, device->index);
 #endif
   auto rank_devices = ferry::parse_rank_devices(rank_device_name.empty() ? device_name : rank_device_name, tp);
   if (!rank_devices.ok()) return std::cerr << "--rank-device: " << rank_devices.status().message() << "\n", 2;
@@ -466,5 +542,5 @@ int main(int argc, char** argv) {
     rank_gpus.push_back(d.index);
   }
   if (change == "adam" && trainers > 1) return std::cerr << "--change adam takes one trainer\n", 2;
-  return run_trainer(scheme, layers, updates, device->index, rank_gpus, tp, json, trainers, change == "adam");
+  return run_trainer(scheme, model, updates, device->index, rank_gpus, tp, json, trainers, change == "adam");
 }

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/gemm.h"
 #include "kernels/gptq.h"
@@ -17,7 +18,10 @@ Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t>
 
 namespace {
 
+std::atomic<uint64_t> g_quantize_runs{0};
+
 Status run_quantize(const detail::QuantArgs& args, Device device, const Exec& exec) {
+  g_quantize_runs.fetch_add(1, std::memory_order_relaxed);
   if (device.is_cuda()) return detail::cuda::quantize(args, exec.stream);
   return detail::cpu::quantize(args, exec.threads);
 }
@@ -62,6 +66,8 @@ Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std
   FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, layout, f, input, outputs));
   return run_quantize(args, input.device(), exec);
 }
+
+uint64_t quantize_runs() { return g_quantize_runs.load(std::memory_order_relaxed); }
 
 Status dequantize(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
                   const TensorView& output_f32, const Exec& exec) {

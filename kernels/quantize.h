@@ -118,6 +118,11 @@ Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t>
 Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec = {});
 
+// Quantize kernel runs this process has made so far, on any device: one per quantize() call (one
+// per matrix for an engine layout's stacked per-tensor experts). On CUDA a run is one kernel launch,
+// except fp8_per_tensor's two-kernel path (shards below the device's L2), which launches two.
+uint64_t quantize_runs();
+
 // The inverse, to f32 (tests and reference GEMMs). `output_f32` is f32 [rows, cols] in the
 // parameter's logical (checkpoint) order; for gptq_int4 that is [N, K] with the act-order
 // permutation undone.

@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -19,6 +21,28 @@
 #endif
 
 namespace ferry::transport {
+
+namespace {
+
+std::atomic<uint64_t> g_exported{0}, g_export_nanos{0}, g_mapped{0}, g_map_nanos{0};
+
+// Counts one call of `count` and the time since `t0` in `nanos`.
+[[maybe_unused]] void tally(std::atomic<uint64_t>& count, std::atomic<uint64_t>& nanos,
+                            std::chrono::steady_clock::time_point t0) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  nanos.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+  count.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+IpcStats ipc_stats() {
+  auto seconds = [](const std::atomic<uint64_t>& ns) {
+    return static_cast<double>(ns.load(std::memory_order_relaxed)) / 1e9;
+  };
+  return {g_exported.load(std::memory_order_relaxed), seconds(g_export_nanos), g_mapped.load(std::memory_order_relaxed),
+          seconds(g_map_nanos)};
+}
 
 #if FERRY_HAVE_CUDA
 
@@ -86,7 +110,9 @@ Result<SharedRef> IpcExporter::locate(const void* ptr, size_t bytes) {
     a.pid = static_cast<int>(getpid());
     a.process_nonce = net::process_nonce();
     cudaIpcMemHandle_t h{};
+    const auto t0 = std::chrono::steady_clock::now();
     const cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(start));
+    tally(g_exported, g_export_nanos, t0);
     if (e != cudaSuccess) {
       // Memory from cudaMallocAsync pools or virtual memory management has no legacy IPC handle.
       // The caller handles this (the weights travel as bytes), so the failure must not stay behind
@@ -169,7 +195,9 @@ Result<const uint8_t*> IpcImporter::resolve(uint64_t nonce, uint64_t id, uint64_
       cudaIpcMemHandle_t h;
       std::memcpy(&h, m.info.handle.data(), sizeof h);
       void* p = nullptr;
+      const auto t0 = std::chrono::steady_clock::now();
       const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+      tally(g_mapped, g_map_nanos, t0);
       if (e != cudaSuccess) {
         return cuda_status(e, "cudaIpcOpenMemHandle", __FILE__, __LINE__)
             .with_context(fmt::format("mapping allocation #{} of pid {} (cuda:{}) into cuda:{}: both GPUs must be on "

@@ -69,6 +69,17 @@ class IpcExporter {
 // memory of `device`, queued on its legacy default stream, ahead of the kernels that read `dst`).
 Status gather_rows(void* dst, const void* src, size_t rows, size_t row_bytes, size_t stride, int device);
 
+// What this process spent exporting its allocations (cudaIpcGetMemHandle, a trainer) and mapping
+// other processes' (cudaIpcOpenMemHandle, a rank), since it started: the one-time cost of a
+// colocated first update, which grows with the trainer's allocations, not its bytes.
+struct IpcStats {
+  uint64_t exported = 0;
+  double export_seconds = 0;
+  uint64_t mapped = 0;
+  double map_seconds = 0;
+};
+IpcStats ipc_stats();
+
 // Rank side: maps each announced allocation once and keeps it mapped while its exporter lives.
 class IpcImporter {
  public:

@@ -1,5 +1,6 @@
 """Plots the colocated update per scheme: seconds per update for ferry, its memory floor, and the
-PyTorch baselines, all from one results file (JSON lines with "bench": "colocated")."""
+PyTorch baselines, all from one results file (JSON lines with "bench": "colocated"), for one model
+(the third argument: llama3-8b by default, or qwen3-30b-a3b)."""
 import json
 import sys
 
@@ -9,9 +10,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(results, png):
+TITLES = {"llama3-8b": "Llama-3-8B shape",
+          "qwen3-30b-a3b": "Qwen3-30B-A3B shape: a tensor per expert, or -stacked per layer"}
+
+
+def main(results, png, model="llama3-8b"):
     rows = [json.loads(l) for l in open(results) if l.startswith("{")]
-    rows = [r for r in rows if r.get("bench") == "colocated"]
+    rows = [r for r in rows if r.get("bench") == "colocated" and r.get("model", "llama3-8b") == model]
     if not rows:
         print("no colocated lines to plot")
         return
@@ -20,6 +25,7 @@ def main(results, png):
     floors = {}
     for r in rows:
         who, scheme = r["case"].split("/", 1)
+        who = who.replace("-" + model, "")
         series.setdefault(who, {})[scheme] = r["seconds"]
         if who == "ferry" and "floor_seconds" in r:
             floors[scheme] = r["floor_seconds"]
@@ -37,11 +43,11 @@ def main(results, png):
     ax.set_xticklabels(schemes)
     ax.set_yscale("log")
     ax.set_ylabel("ms per update (log)")
-    ax.set_title("colocated update, Llama-3-8B shape, one GPU")
+    ax.set_title(f"colocated update, {TITLES.get(model, model)}, one GPU")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

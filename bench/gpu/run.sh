@@ -9,14 +9,18 @@
 #   colocated.png  the colocated update per scheme beside its floor and the PyTorch baselines
 # usage: bench/gpu/run.sh OUT_DIR [STEPS]
 #   STEPS: comma-separated subset of tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta,
-#          layouts (default: all)
+#          layouts,moe (default: all)
+#   moe: the colocated update of a Qwen3-30B-A3B shaped model (experts stacked per layer in the rollout; the
+#   trainer's stacked too: 531 tensors, or one per expert: 18,867) under fp8_block and fp8_per_channel,
+#   beside its floor and the PyTorch baselines of the same trainer layout, same run
 #   layouts: the colocated 8B update into vLLM's and SGLang's layouts (docs/engines.md) beside ferry's own,
 #   per fp8 scheme, in the same run
 #   trainers: ferry bench e2e --trainers 1,2,4 over the host transports (CPU processes; the GPU
 #   machine has the cores): a sharded trainer beside gather-then-send and the cost model
 #   sharded: the colocated 8B fp8_per_channel update from 4 trainer processes on the GPU (each
 #   holding Shard(0) rows), beside one trainer process and the floor
-#   probe: copy_probe.cu (streaming kernels beside cudaMemcpy) and quant_probe.cu (quantize kernel shapes)
+#   probe: copy_probe.cu (streaming kernels beside cudaMemcpy), quant_probe.cu and block_probe.cu (quantize
+#   kernel shapes)
 #   multi (two or more GPUs): nccl and cross-GPU cuda_ipc conformance, TP-2 updates from cuda:0 into a
 #   replica on cuda:1,cuda:2 (both on cuda:1 with two GPUs; TP 4 with five or more) over nccl and
 #   cuda_ipc (ferry-demo, mpirun ferry-mpi-example), ferry bench transport beside plain NCCL and
@@ -24,7 +28,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [STEPS]}
-steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta,layouts}
+steps=${2:-tests,sanitizer,bench,colocated,torch,probe,multi,trainers,sharded,delta,layouts,moe}
 want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off
@@ -188,12 +192,28 @@ if want torch && [ -f bench/gpu/torch_baseline.py ]; then
       >> "$out/results.jsonl" 2>> "$out/torch.log" || echo "torch baseline $s failed" >> "$out/tests.log"
   done
 fi
+if want moe; then
+  for ex in stacked per-expert; do
+    for s in ${FERRY_GPU_MOE_SCHEMES:-fp8_block fp8_per_channel}; do
+      echo "=== colocated qwen3-30b-a3b --experts $ex $s" >> "$out/tests.log"
+      timeout 400 "$bin/ferry-bench-colocated" --model qwen3-30b-a3b --experts $ex --scheme "$s" \
+        --updates "${FERRY_GPU_MOE_UPDATES:-5}" --json >> "$out/results.jsonl" 2>> "$out/tests.log" ||
+        { echo "colocated qwen3-30b-a3b $ex $s failed" >> "$out/tests.log"; status=1; }
+      [ -f bench/gpu/torch_baseline.py ] && { timeout 500 python3 bench/gpu/torch_baseline.py --model qwen3-30b-a3b \
+        --experts $ex --scheme "$s" --baseline "${FERRY_GPU_MOE_BASELINES:-all}" --updates "${FERRY_GPU_MOE_UPDATES:-5}" \
+        --warmup 1 >> "$out/results.jsonl" 2>> "$out/torch.log" || echo "torch baseline qwen3-30b-a3b $ex $s failed" >> "$out/tests.log"; }
+    done
+  done
+  python3 bench/gpu/plot_colocated.py "$out/results.jsonl" "$out/colocated-moe.png" qwen3-30b-a3b >> "$out/tests.log" 2>&1
+fi
 want colocated && python3 bench/gpu/plot_colocated.py "$out/results.jsonl" "$out/colocated.png" >> "$out/tests.log" 2>&1
 if want probe && command -v nvcc > /dev/null; then
   nvcc -O3 -I. -gencode=arch=compute_90,code=sm_90 -o /tmp/copy_probe bench/gpu/copy_probe.cu >> "$out/tests.log" 2>&1 &&
     /tmp/copy_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"
   nvcc -O3 -std=c++20 -I. -gencode=arch=compute_90,code=sm_90 -o /tmp/quant_probe bench/gpu/quant_probe.cu \
     >> "$out/tests.log" 2>&1 && /tmp/quant_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"
+  nvcc -O3 -std=c++20 -I. -gencode=arch=compute_90,code=sm_90 -o /tmp/block_probe bench/gpu/block_probe.cu \
+    >> "$out/tests.log" 2>&1 && /tmp/block_probe >> "$out/probe.jsonl" 2>> "$out/tests.log"
 fi
 grep -E "^=== (rc=|.*(PASSED|FAILED))|^update v.*(verified|MISMATCH)|failed" "$out/tests.log" | tail -60
 grep -E "ERROR SUMMARY|=== rc" "$out/sanitizer.log" 2>/dev/null

@@ -3,9 +3,15 @@
 one GPU, and every update moves the trainer's bf16 weights into the rollout's existing quantized
 parameters with plain PyTorch, the way RL stacks do it today without ferry.
 
-Workload: a Llama-3-8B-shaped model (HF parameter names, untied embeddings) with random bf16
-weights in the trainer. The rollout holds vLLM-style fused parameters (qkv_proj, gate_up_proj)
-allocated once; linear weights are quantized under --scheme, norms and embeddings stay bf16.
+Workload (--model): a Llama-3-8B-shaped model (HF parameter names, untied embeddings), or a
+Qwen3-30B-A3B-shaped mixture of experts (qwen3-30b-a3b: 48 layers, 128 experts of 768 rows, q/k
+norms; 18,867 tensors), with random bf16 weights in the trainer. The rollout holds vLLM-style fused
+parameters (qkv_proj, gate_up_proj; the experts stacked per layer as w13 [E, 2I, H] and
+w2 [E, H, I]) allocated once; linear weights are quantized under --scheme, norms, routers and
+embeddings stay bf16. fp8_block: one f32 scale per 128 x 128 tile, amax / 448 (1 for a zero
+tile), as ferry's fp8_block. --experts stacked: the trainer holds each layer's experts stacked too,
+as transformers' fused experts do (mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and
+mlp.experts.down_proj [E, H, I]: 627 tensors); each is quantized in one go.
 
 Baselines (--baseline):
   per_tensor  each update the trainer makes one CUDA IPC handle per tensor
@@ -47,7 +53,8 @@ import torch
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import reduce_tensor
 
-SCHEMES = ("fp8_per_channel", "fp8_per_tensor", "int4_group")
+SCHEMES = ("fp8_per_channel", "fp8_per_tensor", "int4_group", "fp8_block")
+BLOCK = 128  # fp8_block tile side
 BASELINES = ("per_tensor", "packed")
 CASE_PREFIX = {"per_tensor": "torch_per_tensor_ipc", "packed": "torch_packed_ipc"}
 FP8_MAX = 448.0
@@ -58,6 +65,15 @@ REPLY_TIMEOUT_S = 900.0
 
 LLAMA3_8B = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256)
 TINY = dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1024)
+QWEN3_30B_A3B = dict(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, intermediate=0, vocab=151936,
+                     experts=128, moe_intermediate=768)
+TINY_MOE = dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=0, vocab=1024, experts=4,
+                moe_intermediate=128)
+MODELS = {"llama3-8b": (LLAMA3_8B, TINY), "qwen3-30b-a3b": (QWEN3_30B_A3B, TINY_MOE)}
+# The schemes of --scheme all: the dense model's three (fp8_block on request); for the experts the
+# per-channel and block schemes engines serve MoE checkpoints in.
+DEFAULT_SCHEMES = {"llama3-8b": ("fp8_per_channel", "fp8_per_tensor", "int4_group"),
+                   "qwen3-30b-a3b": ("fp8_per_channel", "fp8_block")}
 
 
 def log(*a):
@@ -77,17 +93,19 @@ def sync(device):
 class Target:
     """Where one trainer tensor lands in the rollout."""
 
-    kind: str  # "linear" (quantized) or "copy" (bf16)
+    kind: str  # "linear" (quantized), "stacked" (a whole stacked expert tensor, quantized) or "copy" (bf16)
     param: str  # rollout weight name
     row0: int = 0  # first row inside a fused parameter
     shard: int = 0  # logical shard (fp8_per_tensor scale index)
     rows: int = 0
+    expert: int = -1  # the matrix of a stacked expert parameter, or -1
 
 
 def trainer_shapes(cfg):
     """[(HF name, shape)] in checkpoint order."""
     h, q = cfg["hidden"], cfg["heads"] * cfg["head_dim"]
     kv, inter = cfg["kv_heads"] * cfg["head_dim"], cfg["intermediate"]
+    experts, moe = cfg.get("experts", 0), cfg.get("moe_intermediate", 0)
     out = [("model.embed_tokens.weight", (cfg["vocab"], h))]
     for i in range(cfg["layers"]):
         p = f"model.layers.{i}."
@@ -96,9 +114,25 @@ def trainer_shapes(cfg):
             (p + "self_attn.k_proj.weight", (kv, h)),
             (p + "self_attn.v_proj.weight", (kv, h)),
             (p + "self_attn.o_proj.weight", (h, q)),
-            (p + "mlp.gate_proj.weight", (inter, h)),
-            (p + "mlp.up_proj.weight", (inter, h)),
-            (p + "mlp.down_proj.weight", (h, inter)),
+        ]
+        if experts:  # Qwen3-MoE: q/k norms, a router, per-expert projections
+            out += [(p + "self_attn.q_norm.weight", (cfg["head_dim"],)),
+                    (p + "self_attn.k_norm.weight", (cfg["head_dim"],)),
+                    (p + "mlp.gate.weight", (experts, h))]
+            if cfg.get("stacked"):
+                out += [(p + "mlp.experts.gate_up_proj", (experts, 2 * moe, h)),
+                        (p + "mlp.experts.down_proj", (experts, h, moe))]
+            for e in range(0 if cfg.get("stacked") else experts):
+                out += [(p + f"mlp.experts.{e}.gate_proj.weight", (moe, h)),
+                        (p + f"mlp.experts.{e}.up_proj.weight", (moe, h)),
+                        (p + f"mlp.experts.{e}.down_proj.weight", (h, moe))]
+        else:
+            out += [
+                (p + "mlp.gate_proj.weight", (inter, h)),
+                (p + "mlp.up_proj.weight", (inter, h)),
+                (p + "mlp.down_proj.weight", (h, inter)),
+            ]
+        out += [
             (p + "input_layernorm.weight", (h,)),
             (p + "post_attention_layernorm.weight", (h,)),
         ]
@@ -111,17 +145,39 @@ def layout(cfg):
     shapes = dict(trainer_shapes(cfg))
     targets, params = {}, {}
     for name, shape in shapes.items():
-        if len(shape) == 1 or "embed_tokens" in name or name == "lm_head.weight":
+        if len(shape) == 1 or "embed_tokens" in name or name == "lm_head.weight" or name.endswith("mlp.gate.weight"):
             targets[name] = Target("copy", name, rows=shape[0])
             params[name] = ("copy", shape, None)
+    experts = cfg.get("experts", 0)
     for i in range(cfg["layers"]):
         p = f"model.layers.{i}."
-        for fused, parts in (
+        fusions = [
             (p + "self_attn.qkv_proj.weight", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
             (p + "self_attn.o_proj.weight", ("self_attn.o_proj",)),
-            (p + "mlp.gate_up_proj.weight", ("mlp.gate_proj", "mlp.up_proj")),
-            (p + "mlp.down_proj.weight", ("mlp.down_proj",)),
-        ):
+        ]
+        if experts and cfg.get("stacked"):
+            for src, param in (("gate_up_proj", "w13_weight"), ("down_proj", "w2_weight")):
+                e, rows, cols = shapes[p + "mlp.experts." + src]
+                targets[p + "mlp.experts." + src] = Target("stacked", p + "mlp.experts." + param, rows=rows)
+                params[p + "mlp.experts." + param] = ("linear", (e, rows, cols), [rows // 2] * 2 if param == "w13_weight"
+                                                      else [rows])
+        elif experts:
+            for stacked, parts in ((p + "mlp.experts.w13_weight", ("gate_proj", "up_proj")),
+                                   (p + "mlp.experts.w2_weight", ("down_proj",))):
+                row0, shard_rows, cols = 0, [], None
+                for s, part in enumerate(parts):
+                    rows, cols = shapes[p + f"mlp.experts.0.{part}.weight"]
+                    for e in range(experts):
+                        targets[p + f"mlp.experts.{e}.{part}.weight"] = Target("linear", stacked, row0, s, rows, e)
+                    shard_rows.append(rows)
+                    row0 += rows
+                params[stacked] = ("linear", (experts, row0, cols), shard_rows)
+        else:
+            fusions += [
+                (p + "mlp.gate_up_proj.weight", ("mlp.gate_proj", "mlp.up_proj")),
+                (p + "mlp.down_proj.weight", ("mlp.down_proj",)),
+            ]
+        for fused, parts in fusions:
             row0, shard_rows, cols = 0, [], None
             for s, part in enumerate(parts):
                 rows, cols = shapes[p + part + ".weight"]
@@ -176,11 +232,36 @@ def quant_int4_groups(src, q_out, s_out):
     s_out.copy_(s)
 
 
+def block_grid(r, c):
+    return -(-r // BLOCK), -(-c // BLOCK)
+
+
+def quant_fp8_blocks(src, q_out, s_out):
+    """fp8_block. src bf16 [r, c]; q_out e4m3fn [r, c]; s_out f32 [ceil(r/128), ceil(c/128)]."""
+    r, c = src.shape
+    br, bc = block_grid(r, c)
+    x = src.float()
+    if r % BLOCK or c % BLOCK:
+        x = torch.nn.functional.pad(x, (0, bc * BLOCK - c, 0, br * BLOCK - r))
+    v = x.view(br, BLOCK, bc, BLOCK)
+    s = v.abs().amax(dim=(1, 3)) / FP8_MAX
+    s.masked_fill_(~(s > 0), 1.0)
+    y = (v / s[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
+    q_out.copy_(y.view(br * BLOCK, bc * BLOCK)[:r, :c])
+    s_out.copy_(s)
+
+
 def alloc_linear(scheme, shape, shard_rows, device):
-    rows, cols = shape
+    """The storage of one linear parameter: [rows, cols], or [experts, rows, cols] stacked."""
+    lead, (rows, cols) = tuple(shape[:-2]), shape[-2:]
     if scheme == "fp8_per_channel":
         return (torch.zeros(shape, dtype=torch.float8_e4m3fn, device=device),
-                torch.ones(rows, dtype=torch.float32, device=device))
+                torch.ones(lead + (rows,), dtype=torch.float32, device=device))
+    if scheme == "fp8_block":
+        return (torch.zeros(shape, dtype=torch.float8_e4m3fn, device=device),
+                torch.ones(lead + block_grid(rows, cols), dtype=torch.float32, device=device))
+    if lead:
+        raise ValueError(f"{scheme}: stacked experts are measured under fp8_per_channel and fp8_block")
     if scheme == "fp8_per_tensor":
         return (torch.zeros(shape, dtype=torch.float8_e4m3fn, device=device),
                 torch.ones(len(shard_rows), dtype=torch.float32, device=device))
@@ -230,15 +311,32 @@ def check_fp8(w, q, s, per_tensor):
     """w bf16 [r, c]; q e4m3fn [r, c]; s f32 [r] or [1]. Returns a dict of measures and ok."""
     w64 = w.double()
     amax = w64.abs().amax().reshape(1, 1) if per_tensor else w64.abs().amax(dim=1, keepdim=True)
+    s64 = s.double().reshape(-1, 1)
+    return fp8_measures(w64, q, amax, s64, s64)
+
+
+def check_fp8_block(w, q, s):
+    """w bf16 [r, c]; q e4m3fn [r, c]; s f32 [ceil(r/128), ceil(c/128)]."""
+    r, c = w.shape
+    br, bc = block_grid(r, c)
+    w64 = w.double()
+    padded = torch.nn.functional.pad(w64, (0, bc * BLOCK - c, 0, br * BLOCK - r))
+    amax = padded.view(br, BLOCK, bc, BLOCK).abs().amax(dim=(1, 3))
+    s64 = s.double()
+    per_element = s64.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:r, :c]
+    return fp8_measures(w64, q, amax, s64, per_element)
+
+
+def fp8_measures(w64, q, amax, s64, s_elem):
+    """Codes q of w64 under the scales s64 (one per amax entry), s_elem broadcast to w64's shape."""
     s_ref = amax / FP8_MAX
     s_ref = torch.where(s_ref > 0, s_ref, torch.ones_like(s_ref))
-    s64 = s.double().reshape(-1, 1)
     scale_rel = ((s64 - s_ref).abs() / s_ref).max().item()
-    x = (w64 / s64).clamp(-FP8_MAX, FP8_MAX)
+    x = (w64 / s_elem).clamp(-FP8_MAX, FP8_MAX)
     qd = q.to(torch.float64)
     err = ((qd - x).abs() / (e4m3_ulp(x) / 2)).max().item()
     mismatches = (qd != e4m3_round(x)).sum().item()
-    n = w.numel()
+    n = w64.numel()
     ok = scale_rel <= SCALE_REL_FP8 and err <= CODE_ERR_BOUND
     return dict(ok=ok, scale_rel=scale_rel, code_err=err, mismatches=mismatches, elements=n)
 
@@ -297,11 +395,21 @@ class Rollout:
         if t.kind == "copy":
             w[row0: row0 + src.shape[0]].copy_(src)
             return
+        s = self.params[scale_name(t.param)]
+        if t.kind == "stacked":  # experts [row0, row0 + n) of [E, R, C], as the rows of [E * R, C]
+            w, s, src, row0 = w.view(-1, w.shape[-1]), s.view(-1, *s.shape[2:]), src.reshape(-1, src.shape[-1]), row0 * t.rows
+            if self.scheme == "fp8_block" and t.rows % BLOCK:
+                raise ValueError(f"{name}: fp8_block over stacked experts needs rows in whole tiles, got {t.rows}")
         r0 = t.row0 + row0
         r1 = r0 + src.shape[0]
-        s = self.params[scale_name(t.param)]
+        if t.expert >= 0:
+            w, s = w[t.expert], s[t.expert]
         if self.scheme == "fp8_per_channel":
             quant_fp8_rows(src, w[r0:r1], s[r0:r1])
+        elif self.scheme == "fp8_block":
+            if r0 % BLOCK or (r1 % BLOCK and r1 != w.shape[0]):
+                raise ValueError(f"{name}: rows {r0}..{r1} are not whole fp8_block tiles")
+            quant_fp8_blocks(src, w[r0:r1], s[r0 // BLOCK: -(-r1 // BLOCK)])
         elif self.scheme == "fp8_per_tensor":
             if row0 != 0 or src.shape[0] != t.rows:
                 raise ValueError(f"{name}: fp8_per_tensor needs the whole tensor at once")
@@ -316,8 +424,15 @@ class Rollout:
         if t.kind == "copy":
             ok = torch.equal(p, w)
             return dict(ok=ok, scale_rel=0.0, code_err=0.0, mismatches=0 if ok else -1, elements=w.numel())
-        q = p[t.row0: t.row0 + t.rows]
         s = self.params[scale_name(t.param)]
+        if t.expert >= 0:
+            p, s = p[t.expert], s[t.expert]
+        if t.kind == "stacked":
+            p, s, w = p.view(-1, p.shape[-1]), s.view(-1, *s.shape[2:]), w.reshape(-1, w.shape[-1])
+            t = Target("linear", t.param, rows=p.shape[0])
+        q = p[t.row0: t.row0 + t.rows]
+        if self.scheme == "fp8_block":
+            return check_fp8_block(w, q, s[t.row0 // BLOCK: -(-(t.row0 + t.rows) // BLOCK)])
         if self.scheme == "fp8_per_channel":
             return check_fp8(w, q, s[t.row0: t.row0 + t.rows], per_tensor=False)
         if self.scheme == "fp8_per_tensor":
@@ -507,9 +622,10 @@ def measure_copy(device, nbytes, reps=10):
 
 def run_case(args, cfg, device, weights, buf, baseline, scheme, copy_bw):
     targets, _ = layout(cfg)
-    case = f"{CASE_PREFIX[baseline]}/{scheme}"
+    on = ("" if args.model == "llama3-8b" else "-" + args.model) + ("-stacked" if cfg.get("stacked") else "")
+    case = f"{CASE_PREFIX[baseline]}{on}/{scheme}"
     params = sum(w.numel() for _, w in weights)
-    linear_params = sum(w.numel() for n, w in weights if targets[n].kind == "linear")
+    linear_params = sum(w.numel() for n, w in weights if targets[n].kind != "copy")
     if scheme == "int4_group":
         floor_bytes = 2.5 * linear_params + 3.0 * (params - linear_params)
     else:
@@ -521,7 +637,8 @@ def run_case(args, cfg, device, weights, buf, baseline, scheme, copy_bw):
         slot_bytes = (buf.numel() // args.buffers) // ALIGN * ALIGN
 
         def splittable(name):
-            return targets[name].kind == "copy" or scheme != "fp8_per_tensor"
+            # Stacked experts split between whole experts (whole matrices, whole tiles).
+            return targets[name].kind in ("copy", "stacked") or scheme not in ("fp8_per_tensor", "fp8_block")
 
         plan = plan_chunks([(n, tuple(w.shape)) for n, w in weights], splittable, slot_bytes, args.buffers)
 
@@ -577,7 +694,7 @@ def run_case(args, cfg, device, weights, buf, baseline, scheme, copy_bw):
         log(f"{case}: VERIFY FAILED {n}: {report['tensors'][n]}")
     if not report["ptrs_unchanged"]:
         log(f"{case}: VERIFY FAILED: a rollout parameter's data_ptr changed")
-    lin = [r for n, r in report["tensors"].items() if targets[n].kind == "linear"]
+    lin = [r for n, r in report["tensors"].items() if targets[n].kind != "copy"]
     log(f"{case}: verified layer {layer} ({len(report['tensors'])} tensors): "
         f"{'ok' if verified else 'FAILED'}; max |q - w/s| {max(r['code_err'] for r in lin):.6f} half-steps, "
         f"max scale rel err {max(r['scale_rel'] for r in lin):.3g}, "
@@ -597,6 +714,8 @@ def run_case(args, cfg, device, weights, buf, baseline, scheme, copy_bw):
         "min_seconds": round(min(times), 9),
         "max_seconds": round(max(times), 9),
         "warmup": args.warmup,
+        "model": args.model,
+        "experts": "stacked" if cfg.get("stacked") else "per-expert",
         "layers": cfg["layers"],
         "tensors": len(weights),
         "rollout_bytes": rollout_bytes,
@@ -675,16 +794,46 @@ def selftest():
     bad[20, 3] ^= 0x10
     expect_true(not check_int4(w, bad, s16)["ok"], "int4_group check catches a flipped nibble")
 
-    # Writes land in existing storage: fused rollout of a tiny model, data_ptr stable.
-    cfg = dict(TINY, layers=1)
-    for scheme in SCHEMES:
-        ro = Rollout(cfg, scheme, torch.device("cpu"))
-        ws = make_weights(cfg, torch.device("cpu"), 1)
-        for name, t in ws:
-            ro.write(name, t)
-        results = {n: ro.check(n, t) for n, t in ws}
-        expect_true(all(x["ok"] for x in results.values()) and ro.ptrs_unchanged(),
-                    f"{scheme}: tiny fused rollout matches every tensor, data_ptr unchanged")
+    # fp8_block: 96 x 520 is a partial row band and a partial column tile; the zero row, the
+    # outlier and the small values above fall in different tiles.
+    wb = torch.nn.functional.pad(w.float(), (0, 8)).to(torch.bfloat16)
+    wb[:, 512:] = 0.5
+    qb = torch.empty(r, c + 8, dtype=torch.float8_e4m3fn)
+    sb = torch.empty(block_grid(r, c + 8))
+    quant_fp8_blocks(wb, qb, sb)
+    res = check_fp8_block(wb, qb, sb)
+    expect_true(res["ok"] and sb.shape == (1, 5), f"fp8_block matches float64 reference {res}")
+    expect_true(sb[0, 0].item() == torch.tensor(3.0 / FP8_MAX).item() and sb[0, 4].item() == torch.tensor(
+        0.5 / FP8_MAX).item(), "fp8_block scale = the tile's amax / 448")
+    bad = qb.clone()
+    bad.view(torch.uint8)[40, 515] ^= 1
+    expect_true(not check_fp8_block(wb, bad, sb)["ok"], "fp8_block check catches a flipped code in a partial tile")
+    bad_s = sb.clone()
+    bad_s[0, 2] *= 1.0001
+    expect_true(not check_fp8_block(wb, qb, bad_s)["ok"], "fp8_block check catches a wrong scale")
+
+    # Writes land in existing storage: fused rollout of a tiny model (and of a tiny MoE, its
+    # experts stacked), data_ptr stable.
+    moe_schemes = DEFAULT_SCHEMES["qwen3-30b-a3b"]
+    for base, schemes in ((TINY, SCHEMES), (TINY_MOE, moe_schemes), (dict(TINY_MOE, stacked=True), moe_schemes)):
+        cfg = dict(base, layers=1)
+        for scheme in schemes:
+            ro = Rollout(cfg, scheme, torch.device("cpu"))
+            ws = make_weights(cfg, torch.device("cpu"), 1)
+            for name, t in ws:
+                ro.write(name, t)
+            results = {n: ro.check(n, t) for n, t in ws}
+            expect_true(all(x["ok"] for x in results.values()) and ro.ptrs_unchanged(),
+                        f"{scheme}{' (experts' + (', stacked)' if cfg.get('stacked') else ')') if 'experts' in cfg else ''}"
+                        ": tiny fused rollout matches every "
+                        "tensor, data_ptr unchanged")
+    moe = dict(QWEN3_30B_A3B)
+    mshapes = trainer_shapes(moe)
+    _, mspecs = layout(moe)
+    mparams = sum(math.prod(sh) for _, sh in mshapes)
+    expect_true(len(mshapes) == 18867 and abs(mparams - 30.53e9) < 0.01e9 and
+                mspecs["model.layers.0.mlp.experts.w13_weight"][1] == (128, 1536, 2048),
+                f"Qwen3-30B-A3B: {len(mshapes)} tensors, {mparams} params, experts stacked")
 
     # Packing plans on the real shapes, both slot counts: every byte of every tensor once.
     full = dict(LLAMA3_8B)
@@ -730,6 +879,9 @@ def selftest():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama3-8b", choices=tuple(MODELS))
+    ap.add_argument("--experts", default="per-expert", choices=("per-expert", "stacked"),
+                    help="MoE models: a tensor per expert, or each layer's experts stacked (gate_up_proj, down_proj)")
     ap.add_argument("--scheme", default="all", choices=SCHEMES + ("all",))
     ap.add_argument("--baseline", default="all", choices=BASELINES + ("all",))
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default 32; fewer for quick runs)")
@@ -751,7 +903,7 @@ def main():
     if args.updates < 1 or args.warmup < 0:
         ap.error("--updates must be >= 1 and --warmup >= 0")
 
-    cfg = dict(TINY if args.tiny else LLAMA3_8B)
+    cfg = dict(MODELS[args.model][1 if args.tiny else 0], stacked=args.experts == "stacked")
     if args.layers is not None:
         cfg["layers"] = args.layers
     if not (-cfg["layers"] <= args.verify_layer < cfg["layers"]):
@@ -764,7 +916,7 @@ def main():
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    schemes = SCHEMES if args.scheme == "all" else (args.scheme,)
+    schemes = DEFAULT_SCHEMES[args.model] if args.scheme == "all" else (args.scheme,)
     baselines = BASELINES if args.baseline == "all" else (args.baseline,)
 
     log(f"torch {torch.__version__}, device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
