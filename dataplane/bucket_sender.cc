@@ -29,6 +29,10 @@ using Clock = std::chrono::steady_clock;
 
 Clock::time_point deadline(std::chrono::milliseconds timeout) { return Clock::now() + timeout; }
 
+// What a connection reserves per bucket for a rank that takes direct reads: a bucket of 2,048
+// references and the allocations they announce is a few hundred KiB.
+constexpr uint64_t kReferenceReserve = uint64_t{4} << 20;
+
 std::mutex sealed_hook_mu;
 std::atomic<bool> sealed_hook_set{false};
 SealedBucketHook& sealed_hook() {
@@ -156,7 +160,7 @@ Result<transport::Transport*> BucketSender::transport_named(const std::string& n
 // Connects to the first of the rank's endpoints, in its preference order, that can be reached;
 // FERRY_TRANSPORT, when set, allows only that one.
 Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints,
-                                  uint64_t max_bucket, size_t max_in_flight) {
+                                  uint64_t max_bucket, size_t max_in_flight, uint64_t reserve) {
   const sharding::RankSpec& rank = (*ranks_)[i];
   const std::string& forced = settings_.transport;
   Status last = Status::unavailable(fmt::format("replica {} rank {} advertises no data transport this trainer can use",
@@ -172,6 +176,7 @@ Status BucketSender::connect_dest(Destination& d, size_t i, const std::vector<st
                            data_credential(identity_.key, identity_.sender, identity_.receivers.at(i), max_bucket));
     transport::ConnectOptions options(credential, max_bucket);
     options.max_in_flight = static_cast<uint32_t>(max_in_flight);
+    options.reserve_bytes = reserve;
     auto c = (*t)->connect(e.blob(), deadline(settings_.transport_options.timeout), options);
     if (!c.ok()) {
       FERRY_LOG_INFO("{} cannot reach replica {} rank {}: {}", e.transport(), rank.replica, rank.tp_rank,
@@ -212,7 +217,12 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
       }
     }
     if (!d.conn) {
-      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints, want, in_flight));
+      // A rank that reads this trainer's device tensors in place gets buckets of references: a
+      // ring reserved for the plan's buckets (64 MiB each by default, written and mapped at once
+      // by both ends) would be the largest cost of a colocated first update. Bytes that do travel
+      // to it (host tensors, memory without an IPC handle) go through the smaller slots in pieces.
+      const bool references = settings_.direct && storage_devices[i].starts_with("cuda");
+      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints, want, in_flight, references ? kReferenceReserve : 0));
       d.announced.clear();
       d.connected_for = want;
       d.connected_in_flight = in_flight;

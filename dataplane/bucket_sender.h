@@ -111,7 +111,7 @@ class BucketSender {
 
   Result<transport::Transport*> transport_named(const std::string& name);
   Status connect_dest(Destination& d, size_t i, const std::vector<std::vector<wire::Endpoint>>& endpoints,
-                      uint64_t max_bucket, size_t max_in_flight);
+                      uint64_t max_bucket, size_t max_in_flight, uint64_t reserve);
   Status connect_all(const std::vector<std::vector<wire::Endpoint>>& endpoints,
                      const std::vector<std::string>& storage_devices);
   Result<BucketBuilder*> open_bucket(Destination& d);

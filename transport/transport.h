@@ -167,6 +167,10 @@ struct ConnectOptions {
   // TransportOptions::bucket_bytes and room for headers. A transport that reserves memory per connection (shm's ring) sizes it so:
   // a bucket larger than that still travels, in pieces.
   uint64_t max_bucket_bytes = 0;
+  // What such a transport reserves per bucket in flight, when less than max_bucket_bytes: a
+  // connection expected to carry small buckets (references to the sender's memory, colocated direct
+  // reads) reserves little, and a larger bucket travels in pieces. 0: max_bucket_bytes.
+  uint64_t reserve_bytes = 0;
   // The most buckets the connection will have in flight at once; 0: FERRY_BUCKETS_IN_FLIGHT.
   uint32_t max_in_flight = 0;
 };

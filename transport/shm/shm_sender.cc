@@ -256,6 +256,9 @@ Result<std::unique_ptr<Connection>> connect(const std::string& blob, Deadline de
   // A slot holds the largest bucket the connection will carry: the plan's when the sender knows it
   // (a small model's update does not reserve rings for 64 MiB buckets), else the transport's.
   uint64_t slot_bytes = page_round(options.max_bucket_bytes > 0 ? options.max_bucket_bytes : transport.bucket_bytes + kSlack);
+  if (options.reserve_bytes > 0) {
+    slot_bytes = std::min<uint64_t>(slot_bytes, std::max<uint64_t>(page_round(options.reserve_bytes), kMinSlotBytes));
+  }
   slot_bytes = std::min<uint64_t>(slot_bytes, std::max<uint64_t>(kMaxRingBytes / slots / kPage * kPage, kMinSlotBytes));
   Segment ring;
   for (;;) {
