@@ -164,9 +164,20 @@ Status IpcImporter::announce(const SharedAllocation& a) {
     return Status::data_loss(fmt::format("allocation #{}: IPC handle of {} bytes", a.id, a.handle.size()));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  // Mappings of exporters that exited go: their memory is released once nobody maps it.
-  for (auto it = maps_.begin(); it != maps_.end();) {
-    it = process_alive(it->second->info.pid) ? std::next(it) : maps_.erase(it);
+  // Mappings of exporters that exited go: their memory is released once nobody maps it. Checked
+  // when a new exporter appears, once per exporter: sweeping every mapping on every announcement
+  // cost a first update from 18,867 trainer allocations 178 million kill() calls, 33 s.
+  if (!exporters_.contains(a.process_nonce)) {
+    for (auto e = exporters_.begin(); e != exporters_.end();) {
+      if (process_alive(e->second)) {
+        ++e;
+        continue;
+      }
+      const uint64_t dead = e->first;
+      std::erase_if(maps_, [dead](const auto& kv) { return kv.first.first == dead; });
+      e = exporters_.erase(e);
+    }
+    exporters_[a.process_nonce] = a.pid;
   }
   auto& m = maps_[{a.process_nonce, a.id}];
   if (m && m->info.handle == a.handle && m->info.base == a.base) return ok_status();

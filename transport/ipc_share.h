@@ -88,8 +88,8 @@ class IpcImporter {
   IpcImporter(const IpcImporter&) = delete;
   IpcImporter& operator=(const IpcImporter&) = delete;
 
-  // Records an announced allocation (mapping it lazily). An allocation of another process nonce
-  // than the ones seen before from the same pid replaces them (a restarted trainer).
+  // Records an announced allocation (mapping it lazily). The first allocation of an exporter not
+  // seen before (a restarted or new trainer) drops the mappings of exporters that exited.
   Status announce(const SharedAllocation& a);
   // Device address of [offset, offset + bytes) in allocation `id` of the exporter `nonce`.
   Result<const uint8_t*> resolve(uint64_t nonce, uint64_t id, uint64_t offset, uint64_t bytes);
@@ -99,6 +99,7 @@ class IpcImporter {
   int device_;
   std::mutex mu_;
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Mapping>> maps_;  // (nonce, id)
+  std::map<uint64_t, int> exporters_;  // nonce -> pid of every exporter with mappings here
 };
 
 }  // namespace ferry::transport
