@@ -79,7 +79,7 @@ Result<std::vector<sharding::SenderInfo>> layout_senders(const PlanArgs& a, cons
     return Status::invalid_argument(fmt::format("--layout hsdp: {} trainers are not groups of {}", n, group));
   }
   if (a.layout == "ep" && std::none_of(manifest.begin(), manifest.end(), [](const auto& t) {
-        return sharding::expert_index_of(t.name) >= 0;
+        return sharding::expert_index_of(t.name) >= 0 || sharding::stacked_experts_of(t) > 0;
       })) {
     return Status::invalid_argument("--layout ep: the model has no routed experts");
   }

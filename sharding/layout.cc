@@ -58,6 +58,10 @@ int64_t vocab_shard_rows(const ParamRule& r, int tp) {
 
 Status validate_rule(const ParamRule& r, int tp, int ep) {
   if (r.sources.empty()) return bad(r, "no source tensor");
+  if (!r.stacked.empty() && r.layout != Layout::kExperts) {
+    return bad(r, fmt::format("stacked tensor {} given to a {} layout; only experts hold experts stacked", r.stacked,
+                              layout_name(r.layout)));
+  }
   if (r.shapes.size() != r.sources.size()) return bad(r, "needs one shape per source");
   for (const Shape& s : r.shapes) {
     if (s.empty()) return bad(r, "a source shape is empty");
@@ -306,10 +310,15 @@ Status stack_experts(ModelDesc& model) {
   for (ParamRule& r : model.params) {
     if (r.layout != Layout::kExperts || !r.stacked.empty()) continue;
     const size_t at = r.sources.empty() ? std::string::npos : r.sources[0].find("{E}");
-    if (at == std::string::npos || (r.sources.size() != 1 && r.sources.size() != 2)) {
-      return bad(r, "stacked experts need one source (down) or two (gate, up) named with {E}");
+    const bool gate_up = r.expert_split == Layout::kColumn && r.sources.size() == 2;
+    const bool down = r.expert_split == Layout::kRow && r.sources.size() == 1;
+    if (at == std::string::npos || (!gate_up && !down)) {
+      return bad(r, fmt::format("stacked experts are named for a column-split pair of {{E}} sources (gate, up) or a "
+                                "row-split one (down); this rule has {} source(s), split {}: name its stacked "
+                                "tensor in a mapping file's \"stacked\"",
+                                r.sources.size(), layout_name(r.expert_split)));
     }
-    r.stacked = r.sources[0].substr(0, at) + (r.sources.size() == 2 ? "gate_up_proj" : "down_proj");
+    r.stacked = r.sources[0].substr(0, at) + (gate_up ? "gate_up_proj" : "down_proj");
   }
   return ok_status();
 }

@@ -60,9 +60,11 @@ std::string expert_name(std::string_view tmpl, int64_t e);
 // The shape of a kExperts rule's stacked tensor: [num_experts, rows of every source, cols].
 Shape stacked_shape(const ParamRule& rule);
 
-// Every expert rule of `model` with its experts held stacked, named as transformers' fused experts
-// name them (Qwen3MoeExperts, MixtralExperts, DeepseekV3NaiveMoe): the {E} template's prefix plus
-// "gate_up_proj" (gate and up, in that order) or "down_proj". A rule already stacked stays.
+// Every expert rule of `model` with its experts held stacked, named with the suffixes transformers'
+// fused experts use (Qwen3MoeExperts): the {E} template's prefix ("model.layers.N.mlp.experts.")
+// plus "gate_up_proj" for a column-split rule (gate and up, in that order) or "down_proj" for a
+// row-split one. A trainer whose stacked tensors are named otherwise (or whose module path differs
+// from the checkpoint's) names them in a mapping file's "stacked" key. A rule already stacked stays.
 Status stack_experts(ModelDesc& model);
 
 // Every tensor a trainer sends, each once (a tied source used by two rules appears once).

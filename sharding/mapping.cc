@@ -141,13 +141,19 @@ class Parser {
       FERRY_ASSIGN_OR_RETURN(r.expert_split, parse_layout(p["split"].get<std::string>()));
     }
     if (p.contains("stacked")) {
-      if (!p["stacked"].is_string() || r.layout != Layout::kExperts) {
-        return err(r.param + ": \"stacked\" names the tensor an experts layout's experts are held stacked in");
+      if (!p["stacked"].is_string() || p["stacked"].get<std::string>().empty()) {
+        return err(fmt::format("{}: \"stacked\" must name the tensor holding the experts, got {}", r.param,
+                               p["stacked"].dump()));
+      }
+      if (r.layout != Layout::kExperts) {
+        return err(fmt::format("{}: \"stacked\" is for the experts layout, not \"{}\"", r.param, layout_name(r.layout)));
       }
       r.stacked = p["stacked"].get<std::string>();
     }
     if (!p.contains("layers")) {
-      if (r.param.find("{L}") != std::string::npos) return err(r.param + ": \"{L}\" without \"layers\"");
+      if (r.param.find("{L}") != std::string::npos || r.stacked.find("{L}") != std::string::npos) {
+        return err(r.param + ": \"{L}\" without \"layers\"");
+      }
       out->params.push_back(std::move(r));
       return ok_status();
     }

@@ -79,15 +79,27 @@ int expert_index_of(const std::string& name) {
   return i < name.size() && name[i] == '.' ? v : -1;
 }
 
+int64_t stacked_experts_of(const SourceTensor& t) {
+  const bool named = t.name.ends_with(".experts.gate_up_proj") || t.name.ends_with(".experts.down_proj");
+  return named && t.shape.size() == 3 ? t.shape[0] : 0;
+}
+
 SenderInfo expert_holdings(const Manifest& manifest, int ep_rank, int ep_size) {
   int64_t experts = 0;
-  for (const auto& t : manifest) experts = std::max<int64_t>(experts, expert_index_of(t.name) + 1);
+  for (const auto& t : manifest) {
+    experts = std::max<int64_t>({experts, expert_index_of(t.name) + 1, stacked_experts_of(t)});
+  }
   const int64_t ranks = std::max(ep_size, 1);
   const int64_t from = experts * ep_rank / ranks, to = experts * (ep_rank + 1) / ranks;
   SenderInfo out;
   for (const auto& t : manifest) {
     const int e = expert_index_of(t.name);
-    if (e < 0) {
+    if (stacked_experts_of(t) == experts) {  // the same experts as the per-expert tensors would be
+      Region box = Region::whole(t.shape);
+      box.offset[0] = from;
+      box.size[0] = to - from;
+      out.holds.push_back({t.name, box});
+    } else if (e < 0) {
       add_shard(t, ep_rank, ep_size, out);
     } else if (e >= from && e < to) {
       out.owns.push_back(t.name);

@@ -29,9 +29,9 @@ SenderInfo hsdp_holdings(const Manifest& manifest, int rank, int ranks, int shar
 // the embedding, the last stage every other tensor outside the layers (final norm, lm_head).
 SenderInfo pipeline_holdings(const Manifest& manifest, int stage, int stages);
 
-// Expert parallelism over `ep_size` ranks: routed expert e (a name with ".experts.<e>.") is held
-// whole by EP rank r when e is in [E * r / ep_size, E * (r + 1) / ep_size), E the manifest's expert
-// count: contiguous blocks of E / ep_size, as Megatron-Core and torchtitan place experts (they
+// Expert parallelism over `ep_size` ranks: routed expert e (a name with ".experts.<e>.", or row e
+// of a stacked experts tensor, stacked_experts_of()) is held by EP rank r when e is in
+// [E * r / ep_size, E * (r + 1) / ep_size), E the manifest's expert count: contiguous blocks of E / ep_size, as Megatron-Core and torchtitan place experts (they
 // require ep_size to divide E; otherwise the blocks differ by one expert, and none is empty while
 // E >= ep_size, unlike torch.chunk's rule). Every other tensor (attention, dense and shared-expert
 // MLPs, router, embedding, head) is Shard(0) over the same ranks, as FSDP2 shards the non-expert
@@ -41,5 +41,8 @@ SenderInfo expert_holdings(const Manifest& manifest, int ep_rank, int ep_size);
 
 // The routed expert index of a tensor name ("...mlp.experts.7.down_proj.weight" -> 7), or -1.
 int expert_index_of(const std::string& name);
+// The experts a tensor holds stacked (stack_experts(): "...experts.gate_up_proj" or
+// "...experts.down_proj", [experts, rows, cols]), or 0.
+int64_t stacked_experts_of(const SourceTensor& t);
 
 }  // namespace ferry::sharding

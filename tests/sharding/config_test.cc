@@ -1,4 +1,6 @@
 // config.json parsing for each family, presets, and the mapping-file format.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "sharding/layout.h"
@@ -284,6 +286,60 @@ TEST(Mapping, Errors) {
   ASSERT_TRUE(odd.ok());
   auto spec = model_rank_spec(*odd, 0, 4, 1, Scheme::kNone);
   EXPECT_NE(spec.status().message().find("w.weight"), std::string::npos);
+}
+
+// A mapping's "stacked" key: the experts of each layer held in one tensor of the trainer's own name,
+// expanded per layer as the rule is; it equals stack_experts() on the same model where the names
+// agree, and bad uses are refused naming the parameter and what was written.
+TEST(Mapping, StackedExperts) {
+  constexpr const char* kMoe = R"({"ferry_mapping": 1, "vars": {"H": 16}, "params": [
+    {"param": "model.layers.{L}.mlp.experts.w13_weight", "layers": [0, 2], "layout": "experts", "split": "column",
+     "num_experts": 4, "shapes": [[8, "H"], [8, "H"]], "stacked": "model.layers.{L}.moe.w13",
+     "sources": ["model.layers.{L}.mlp.experts.{E}.gate_proj.weight", "model.layers.{L}.mlp.experts.{E}.up_proj.weight"]},
+    {"param": "model.layers.{L}.mlp.experts.w2_weight", "layers": [0, 2], "layout": "experts", "split": "row",
+     "num_experts": 4, "shape": ["H", 8], "sources": ["model.layers.{L}.mlp.experts.{E}.down_proj.weight"]}]})";
+  auto m = parse_mapping(kMoe);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const Manifest manifest = model_manifest(*m);
+  ASSERT_EQ(manifest.size(), 2u + 2u * 4u);  // two stacked w13, and w2 per expert
+  EXPECT_EQ(manifest[0].name, "model.layers.0.moe.w13");
+  EXPECT_EQ(manifest[0].shape, (Shape{4, 16, 16}));
+  ASSERT_TRUE(stack_experts(*m).ok());  // w13 keeps its name; w2 gets transformers' down_proj
+  const Manifest both = model_manifest(*m);
+  EXPECT_EQ(both.size(), 4u);
+  EXPECT_EQ(both[1].name, "model.layers.0.mlp.experts.down_proj");
+  EXPECT_EQ(both[1].shape, (Shape{4, 16, 8}));
+  auto spec = model_rank_spec(*m, 1, 2, 2, Scheme::kNone);  // EP 2: experts 2 and 3, whole
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->params[0].slices.size(), 1u);
+  EXPECT_EQ(spec->params[0].slices[0].src, (Region{{2, 0, 0}, {2, 16, 16}}));
+
+  auto err = [](std::string_view rule) {
+    return parse_mapping(fmt::format(R"({{"ferry_mapping": 1, "params": [{}]}})", rule)).status().message();
+  };
+  EXPECT_THAT(err(R"({"param": "w", "layout": "experts", "num_experts": 2, "shape": [4, 4],
+                     "sources": ["e.{E}.w"], "stacked": ""})"),
+              ::testing::HasSubstr("\"stacked\" must name"));
+  EXPECT_THAT(err(R"({"param": "w", "layout": "row", "shape": [4, 4], "stacked": "s"})"),
+              ::testing::HasSubstr("not \"row\""));
+  EXPECT_THAT(err(R"({"param": "w", "layout": "experts", "num_experts": 2, "shape": [4, 4],
+                     "sources": ["e.{E}.w"], "stacked": "l.{L}.s"})"),
+              ::testing::HasSubstr("{L}"));
+  auto twice = parse_mapping(R"({"ferry_mapping": 1, "params": [
+    {"param": "a", "layout": "experts", "num_experts": 2, "shape": [4, 4], "sources": ["a.{E}"], "stacked": "s"},
+    {"param": "b", "layout": "experts", "num_experts": 2, "shape": [4, 4], "sources": ["b.{E}"], "stacked": "s"}]})");
+  ASSERT_TRUE(twice.ok());
+  EXPECT_THAT(model_rank_spec(*twice, 0, 1, 1, Scheme::kNone).status().message(), ::testing::HasSubstr("used twice"));
+  // A column-split rule of one source is not transformers' gate_up_proj: stack_experts says so.
+  ModelDesc one;
+  ParamRule r;
+  r.param = "x";
+  r.layout = Layout::kExperts;
+  r.sources = {"e.{E}.w"};
+  r.shapes = {{4, 4}};
+  r.num_experts = 2;
+  one.params.push_back(r);
+  EXPECT_THAT(stack_experts(one).message(), ::testing::HasSubstr("1 source(s), split column"));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // where the rank spec places it; with fp8 the update completes with the census at 0 moved.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 #include "coordinator/rollout_worker.h"
 #include "coordinator/trainer.h"
 #include "reload/model_storage.h"
+#include "sharding/planner.h"
 #include "sharding/presets.h"
 #include "sharding/trainer_layouts.h"
 
@@ -223,6 +225,21 @@ TEST_P(StackedExperts, UpdateTheSameBytesAsPerExpertTensors) {
   ASSERT_TRUE(stack_experts(stacked).ok());
   const Manifest manifest = model_manifest(*model), stacked_manifest = model_manifest(stacked);
   ASSERT_LT(stacked_manifest.size(), manifest.size());
+  // The plan's expert pieces: per stacked tensor and rank (w13: per source when TP splits experts),
+  // against two per expert and rank for w13 and one for w2.
+  auto expert_pieces = [&](const ModelDesc& d) -> size_t {
+    auto specs = model_rank_specs(d, 1, tp, ep, scheme);
+    if (!specs.ok()) return 0;
+    auto plan = make_plan(model_manifest(d), *specs, {SenderInfo{}}, PlanOptions{});
+    if (!plan.ok()) return 0;
+    return static_cast<size_t>(std::count_if(plan->pieces.begin(), plan->pieces.end(), [&](const Piece& pc) {
+      return (*specs)[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)].name.find(".experts.w") !=
+             std::string::npos;
+    }));
+  };
+  const size_t per_group = static_cast<size_t>(tp / ep);
+  EXPECT_EQ(expert_pieces(stacked), static_cast<size_t>(tp) * (per_group == 1 ? 2 : 3));  // one MoE layer
+  EXPECT_EQ(expert_pieces(*model), static_cast<size_t>(4 / ep) * 3 * static_cast<size_t>(tp));
   Replica a, b;
   const Status sa = a.start(*model, tp, ep, scheme), sb = b.start(stacked, tp, ep, scheme);
   ASSERT_TRUE(sa.ok()) << sa.to_string();
@@ -236,6 +253,7 @@ TEST_P(StackedExperts, UpdateTheSameBytesAsPerExpertTensors) {
     ASSERT_TRUE(rb.ok()) << rb.status().to_string();
     EXPECT_EQ(rb->moved, 0u);
     EXPECT_EQ(rb->registered, ra->registered);
+
     if (scheme == Scheme::kNone) {
       EXPECT_EQ(check_storage(b, ws), "");
     }
@@ -254,7 +272,7 @@ INSTANTIATE_TEST_SUITE_P(TpEpScheme, StackedExperts,
                          ::testing::Values(std::tuple{1, 1, Scheme::kNone}, std::tuple{2, 1, Scheme::kNone},
                                            std::tuple{2, 2, Scheme::kNone}, std::tuple{1, 1, Scheme::kFp8PerChannel},
                                            std::tuple{2, 1, Scheme::kFp8PerChannel}, std::tuple{2, 2, Scheme::kFp8Block},
-                                           std::tuple{1, 1, Scheme::kFp8Block}));
+                                           std::tuple{1, 1, Scheme::kFp8Block}, std::tuple{2, 1, Scheme::kFp8Block}));
 
 // vLLM's layout of per-tensor fp8 for stacked experts: one scale per local expert over its merged
 // gate and up matrix (w13_weight_scale [E]), as Fp8PerTensorOnlineMoEMethod keeps it: each equals

@@ -84,6 +84,18 @@ TEST(PlanLayouts, ExpertParallelTrainerOfAnMoeModel) {
   EXPECT_LE(j["sender_imbalance"].get<double>(), 0.10);  // 16 of the 128 experts each, the rest Shard(0)
 }
 
+// The same trainer holding each layer's experts stacked: EP rank r holds rows [16 r, 16 r + 16)
+// of every stacked tensor, so the senders' payloads are the per-expert plan's.
+TEST(PlanLayouts, ExpertParallelTrainerOfStackedExperts) {
+  const std::vector<std::string> args = {"--model", "qwen3-30b-a3b", "--trainers", "8", "--tp", "4", "--ep", "4",
+                                         "--layout", "ep"};
+  auto stacked_args = args;
+  stacked_args.insert(stacked_args.end(), {"--experts", "stacked"});
+  const auto per_expert = run_json(args), stacked = run_json(stacked_args);
+  EXPECT_EQ(stacked["bytes_per_sender"], per_expert["bytes_per_sender"]);
+  EXPECT_LT(stacked["pieces"].get<uint64_t>(), per_expert["pieces"].get<uint64_t>() / 2);  // 11,190 against 28,854
+}
+
 TEST(PlanLayouts, TextShowsBothSidesAndEverySenderOnRequest) {
   const std::string text = run(with(kLlama, {"--layout", "fsdp", "--per-sender"}));
   EXPECT_THAT(text, HasSubstr("layout fsdp"));

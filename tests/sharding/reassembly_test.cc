@@ -93,7 +93,6 @@ TEST(Reassembly, RandomMoeModelsWithStackedExperts) {
   }
 }
 
-// The Llama preset (llama_rank_spec: a LlamaConfig through describe_model) against the same oracle.
 // Stacked experts from one sender: one piece per expert tensor and rank when nothing splits an
 // expert (TP 1, or EP over every rank), one per rank and source (gate, up) when TP splits them;
 // per-expert tensors need one per expert.
@@ -108,21 +107,22 @@ TEST(Reassembly, StackedExpertsPlanOnePiecePerRankAndSource) {
     SCOPED_TRACE(c.describe());
     auto desc = describe_model(c.model_config());
     ASSERT_TRUE(desc.ok());
-    auto count = [&](const ModelDesc& d) -> std::pair<size_t, size_t> {  // (w13 pieces, w2 pieces)
+    auto count = [&](const ModelDesc& d, std::pair<size_t, size_t>& n) {  // (w13 pieces, w2 pieces)
       auto ranks = model_rank_specs(d, 1, tp, ep, Scheme::kNone);
-      auto plan = make_plan(model_manifest(d), ranks.value(), {SenderInfo{}}, PlanOptions{});
-      std::pair<size_t, size_t> n{0, 0};
-      for (const Piece& pc : plan.value().pieces) {
+      ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
+      auto plan = make_plan(model_manifest(d), *ranks, {SenderInfo{}}, PlanOptions{});
+      ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+      for (const Piece& pc : plan->pieces) {
         const std::string& param = (*ranks)[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)].name;
         n.first += param.ends_with("w13_weight");
         n.second += param.ends_with("w2_weight");
       }
-      return n;
     };
-    const auto per_expert = count(*desc);
+    std::pair<size_t, size_t> per_expert{0, 0}, stacked{0, 0};
+    count(*desc, per_expert);
     EXPECT_EQ(per_expert.first, static_cast<size_t>(2 * c.experts * (tp / ep)));
     ASSERT_TRUE(stack_experts(*desc).ok());
-    const auto stacked = count(*desc);
+    count(*desc, stacked);
     EXPECT_EQ(stacked.first, static_cast<size_t>(tp * per_rank));
     EXPECT_EQ(stacked.second, static_cast<size_t>(tp));
     const Manifest m = model_manifest(*desc);
@@ -132,6 +132,7 @@ TEST(Reassembly, StackedExpertsPlanOnePiecePerRankAndSource) {
   }
 }
 
+// The Llama preset (llama_rank_spec: a LlamaConfig through describe_model) against the same oracle.
 TEST(Reassembly, LlamaRankSpecMatchesOracle) {
   std::mt19937_64 rng(99);
   for (int trial = 0; trial < 40; ++trial) {
