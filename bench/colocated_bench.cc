@@ -391,13 +391,18 @@ int run_trainer(const std::string& scheme, const BenchModel& model, int updates,
   const auto& last = reports.back();
   std::string extra;
   double floor = moved_bytes / *bw;
+  // The update's plan, from this run's trainer processes (each an FSDP2 Shard(0) holder when sharded).
+  std::vector<ferry::sharding::SenderInfo> senders(1);
+  if (trainers > 1) {
+    senders.clear();
+    for (int r = 0; r < trainers; ++r) senders.push_back(ferry::sharding::fsdp_holdings(manifest, r, trainers));
+  }
+  auto plan = ferry::sharding::make_plan(manifest, specs, senders, ferry::sharding::PlanOptions{bucket});
+  if (!plan.ok()) return std::cerr << plan.status().to_string() << "\n", 1;
   if (apart) {
     // The link's floor: the update's bytes at the plain send's rate. The cost model's prediction
     // for the same plan, from the link fitted above and the stages of the warm-up updates.
     floor = static_cast<double>(last.bytes) / link.plain_bytes_per_second;
-    auto plan = ferry::sharding::make_plan(manifest, specs, {ferry::sharding::SenderInfo{}},
-                                           ferry::sharding::PlanOptions{bucket});
-    if (!plan.ok()) return std::cerr << plan.status().to_string() << "\n", 1;
     ferry::sharding::Topology topo;
     topo.gpus_per_node = std::max(ferry::bench::cuda_device_count(), *std::max_element(rank_gpus.begin(), rank_gpus.end()) + 1);
     topo.nvlink_gbps = link.link_bytes_per_second * 8 / 1e9;
@@ -438,9 +443,6 @@ int run_trainer(const std::string& scheme, const BenchModel& model, int updates,
   // The per-tensor counts of the update (issue figures for MoE models): tensors sent, plan pieces,
   // storage tensors registered (census entries), quantize kernel runs per update over the ranks,
   // and the first update (handles opened, pools grown) beside the steady median.
-  auto plan = ferry::sharding::make_plan(manifest, specs, {ferry::sharding::SenderInfo{}},
-                                         ferry::sharding::PlanOptions{bucket});
-  if (!plan.ok()) return std::cerr << plan.status().to_string() << "\n", 1;
   extra += fmt::format(",\"model\":\"{}\",\"experts\":\"{}\",\"tensors\":{},\"pieces\":{},\"registered\":{},"
                        "\"quantize_runs_per_update\":{:.1f},"
                        "\"first_seconds\":{:.6f},\"first_over_steady\":{:.3f},\"mapped_allocations\":{},"
@@ -521,6 +523,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"all", "adam"}));
   CLI11_PARSE(app, argc, argv);
   model.stacked_experts = experts == "stacked";
+  if (!model.model.empty() && app.count("--layers") > 0 && role == "trainer") {
+    return std::cerr << "--layers sizes the Llama-3-8B shape; --model " << model.model << " brings its own layers\n", 2;
+  }
   if (scheme.find('@') != std::string::npos && role == "trainer") {
     return std::cerr << "--scheme " << scheme << ": give the layout with --layout\n", 2;
   }

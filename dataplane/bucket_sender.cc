@@ -71,6 +71,8 @@ struct BucketSender::Destination {
   std::set<uint64_t> announced;      // shared allocations this connection was told of
   uint64_t connected_for = 0;        // the largest bucket the connection was opened for
   size_t connected_in_flight = 0;    // and the most buckets in flight it was opened for
+  uint64_t reserved = 0;             // and what it reserves per bucket, when less (0: connected_for)
+  bool carried_bytes = false;        // payload went over a connection that reserved less
   uint64_t delta_base = 0;           // the version the rank keeps for deltas (0: none)
 };
 
@@ -206,12 +208,15 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     const uint64_t payload = want - kBucketHeaderRoom;
     const size_t in_flight = static_cast<size_t>(
         std::min<uint64_t>(static_cast<uint64_t>(settings_.transport_options.buckets_in_flight), (plan_->bytes_per_dst[i] + payload - 1) / std::max<uint64_t>(payload, 1) + 1));
+    bool carried_bytes = false;
     for (auto& old : dests_) {
       bool same = false;
       for (const auto& e : endpoints[i]) same = same || e.blob() == old.endpoint;
-      // A connection opened for smaller buckets is opened again (its ring would split them).
+      carried_bytes = carried_bytes || (same && old.carried_bytes);
+      // A connection opened for smaller buckets is opened again (its ring would split them), as is
+      // one that reserved less and carried bytes.
       if (same && old.conn && old.in_flight.empty() && old.connected_for >= want &&
-          old.connected_in_flight >= in_flight) {
+          old.connected_in_flight >= in_flight && !old.carried_bytes) {
         d = std::move(old);
         break;
       }
@@ -220,9 +225,11 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
       // A rank that reads this trainer's device tensors in place gets buckets of references: a
       // ring reserved for the plan's buckets (64 MiB each by default, written and mapped at once
       // by both ends) would be the largest cost of a colocated first update. Bytes that do travel
-      // to it (host tensors, memory without an IPC handle) go through the smaller slots in pieces.
-      const bool references = settings_.direct && storage_devices[i].starts_with("cuda");
-      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints, want, in_flight, references ? kReferenceReserve : 0));
+      // to it (host tensors, memory without an IPC handle) go through the smaller slots in pieces,
+      // and from the next update on over a connection reserved for whole buckets.
+      const bool references = settings_.direct && storage_devices[i].starts_with("cuda") && !carried_bytes;
+      d.reserved = references ? kReferenceReserve : 0;
+      FERRY_RETURN_IF_ERROR(connect_dest(d, i, endpoints, want, in_flight, d.reserved));
       d.announced.clear();
       d.connected_for = want;
       d.connected_in_flight = in_flight;
@@ -287,6 +294,7 @@ Result<BucketSender::Part> BucketSender::next_part(Destination& d, int64_t rows_
       continue;
     }
     FERRY_ASSIGN_OR_RETURN(BucketBuilder * b, open_bucket(d));
+    d.carried_bytes = d.carried_bytes || (payload && d.reserved > 0);
     if (payload && static_cast<uint64_t>(n) * row_bytes > b->payload_room()) {
       return Status::internal(fmt::format("a bucket of {} bytes has no room for {} rows of {} bytes", b->capacity(), n,
                                           row_bytes));

@@ -118,9 +118,11 @@ Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t>
 Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec = {});
 
-// Quantize kernel runs this process has made so far, on any device: one per quantize() call (one
-// per matrix for an engine layout's stacked per-tensor experts). On CUDA a run is one kernel launch,
-// except fp8_per_tensor's two-kernel path (shards below the device's L2), which launches two.
+// Calls into a device's (or the CPU's) quantize dispatcher this process has made so far, failed ones
+// included: one per quantize() call, one per matrix for an engine layout's stacked per-tensor
+// experts. On CUDA most are one kernel launch; fp8_per_tensor below the fused kernel's size launches
+// a memset and two or three kernels (per shard on the generic path), and `none` into the input's
+// own dtype is a copy, not a kernel.
 uint64_t quantize_runs();
 
 // The inverse, to f32 (tests and reference GEMMs). `output_f32` is f32 [rows, cols] in the

@@ -27,8 +27,8 @@ def main(results, png, model="llama3-8b"):
         who, scheme = r["case"].split("/", 1)
         who = who.replace("-" + model, "")
         series.setdefault(who, {})[scheme] = r["seconds"]
-        if who == "ferry" and "floor_seconds" in r:
-            floors[scheme] = r["floor_seconds"]
+        if who.startswith("ferry") and "floor_seconds" in r:
+            floors.setdefault(scheme, r["floor_seconds"])
     series = {"floor (3 B/param at copy speed)": floors, **series}
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(series))

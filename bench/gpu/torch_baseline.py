@@ -11,7 +11,7 @@ w2 [E, H, I]) allocated once; linear weights are quantized under --scheme, norms
 embeddings stay bf16. fp8_block: one f32 scale per 128 x 128 tile, amax / 448 (1 for a zero
 tile), as ferry's fp8_block. --experts stacked: the trainer holds each layer's experts stacked too,
 as transformers' fused experts do (mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and
-mlp.experts.down_proj [E, H, I]: 627 tensors); each is quantized in one go.
+mlp.experts.down_proj [E, H, I]: 531 tensors); each is quantized in one go.
 
 Baselines (--baseline):
   per_tensor  each update the trainer makes one CUDA IPC handle per tensor

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -301,7 +302,9 @@ Status launch_block(const QuantArgs& a, cudaStream_t st) {
   const int64_t tiles = batch * ((a.matrix_rows + kFp8BlockSize - 1) / kFp8BlockSize) *
                         ((a.cols + kFp8BlockSize - 1) / kFp8BlockSize);
   if (tiles == 0) return ok_status();
-  if (tiles > int64_t{1} << 30) return generic_block(a, st);  // one block per tile
+  if (tiles >= int64_t{1} << 31) {  // one block per tile: 2^31 tiles are 64 TiB of bf16
+    return Status::invalid_argument("quantize fp8_block: " + std::to_string(tiles) + " tiles of 128 x 128, more than a grid holds");
+  }
   block_vec_kernel<D><<<static_cast<unsigned>(tiles), kBlockThreads<D>, 0, st>>>(
       {a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), a.matrix_rows, a.cols, a.fp8});
   FERRY_CUDA_LAUNCH_CHECK();

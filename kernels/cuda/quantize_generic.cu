@@ -2,6 +2,8 @@
 // any length (values beyond what registers hold are read again, from L1/L2). The vectorized kernels
 // of quantize_rows.cu and quantize.cu hand over to these when they cannot run, and the fp8 schemes of
 // an engine layout run here with its arithmetic (QuantArgs::fp8; ferry's own rule is the default).
+#include <string>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quantize_kernels.cuh"
 #include "kernels/internal.h"
@@ -179,8 +181,12 @@ template <DType D>
 Status block_typed(const QuantArgs& a, cudaStream_t st) {
   const bool vec = a.cols % kVec == 0 && aligned16(a.in) && aligned16(a.out);
   const int64_t batch = a.matrix_rows > 0 ? a.rows / a.matrix_rows : 0;
-  const dim3 grid(blocks_for(a.cols, kFp8BlockSize),
-                  static_cast<unsigned>(batch * ((a.matrix_rows + kFp8BlockSize - 1) / kFp8BlockSize)));
+  const int64_t bands = batch * ((a.matrix_rows + kFp8BlockSize - 1) / kFp8BlockSize);
+  if (bands > 65535) {  // a grid's y
+    return Status::invalid_argument("quantize fp8_block (unaligned input): " + std::to_string(bands) +
+                                    " bands of 128 rows, more than a grid holds; align the input to 16 bytes");
+  }
+  const dim3 grid(blocks_for(a.cols, kFp8BlockSize), static_cast<unsigned>(bands));
   if (grid.x > 0 && grid.y > 0) {
     block_kernel<D><<<grid, kThreads, 0, st>>>(a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale),
                                                a.matrix_rows, a.cols, vec, a.fp8);

@@ -118,9 +118,11 @@ TEST_P(QuantizeTest, CudaMatchesCpu) {
   std::vector<Shape> shapes = shapes_for(c.scheme);
   shapes.push_back(c.scheme == Scheme::kInt4Group ? Shape{777, 1024} : Shape{777, 1000});
   for (const Shape& shape : shapes) {
-    for (size_t misalign : {size_t{0}, size_t{4}}) {
-      SCOPED_TRACE("shape " + shape_to_string(shape) + " input offset " + std::to_string(misalign));
-      HostTensor in = make_input(c.in_dtype, shape, seed++);
+    for (size_t run = 0; run < 3; ++run) {  // make_input, aligned and not; tile_input (finite tiles), aligned
+      const size_t misalign = run == 1 ? 4 : 0;
+      SCOPED_TRACE("shape " + shape_to_string(shape) + " input offset " + std::to_string(misalign) +
+                   (run == 2 ? " finite tiles" : ""));
+      HostTensor in = run == 2 ? tile_input(c.in_dtype, shape, seed++) : make_input(c.in_dtype, shape, seed++);
       const auto shards = shards_for(c.scheme, in.rows());
       auto layout = storage_layout(c.scheme, shape, shards, c.none_dtype);
       ASSERT_TRUE(layout.ok());
