@@ -94,7 +94,7 @@ SenderInfo expert_holdings(const Manifest& manifest, int ep_rank, int ep_size) {
   SenderInfo out;
   for (const auto& t : manifest) {
     const int e = expert_index_of(t.name);
-    if (stacked_experts_of(t) == experts) {  // the same experts as the per-expert tensors would be
+    if (experts > 0 && stacked_experts_of(t) == experts) {  // the experts, as per-expert tensors
       Region box = Region::whole(t.shape);
       box.offset[0] = from;
       box.size[0] = to - from;

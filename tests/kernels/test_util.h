@@ -82,15 +82,21 @@ inline float store_value(HostTensor& t, int64_t i, float v) {
   return to_float(t.dtype == DType::kBF16 ? testref::decode_bf16(code) : testref::decode_f16(code));
 }
 
+// An input of `shape` to fill, with room for its values.
+inline HostTensor input_of(DType dtype, const Shape& shape) {
+  HostTensor t = empty_like(dtype, shape);
+  t.values.resize(static_cast<size_t>(t.rows() * t.cols()));
+  return t;
+}
+
 // Random input with adversarial rows, picked by row index:
 //  0 random normal, 1 zeros, 2 random with NaN and +-inf sprinkled, 3 subnormal-sized values,
 //  4 huge values, 5 amax 448 and e4m3 midpoints (fp8 ties when the scale is 1),
 //  6 amax 127 and half-integers (int8 ties), 7 each 128-group: 7 and half-integers (int4 ties),
 //  8 values within a few ulps of +-amax, 9 random bit patterns (every code, NaN and inf included).
 inline HostTensor make_input(DType dtype, const Shape& shape, uint64_t seed) {
-  HostTensor t = empty_like(dtype, shape);
+  HostTensor t = input_of(dtype, shape);
   const int64_t rows = t.rows(), cols = t.cols();
-  t.values.resize(static_cast<size_t>(rows * cols));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> pick(0, 1000);
@@ -150,9 +156,8 @@ inline HostTensor make_input(DType dtype, const Shape& shape, uint64_t seed) {
 // NaN and huge values) never reach: 0 normal values of a tile magnitude from 2^-16 to 2^7, 1 zeros
 // of both signs, 2 amax 448 and e4m3 midpoints (ties when the scale is 1), 3 values near 2^-30.
 inline HostTensor tile_input(DType dtype, const Shape& shape, uint64_t seed) {
-  HostTensor t = empty_like(dtype, shape);
+  HostTensor t = input_of(dtype, shape);
   const int64_t rows = t.rows(), cols = t.cols();
-  t.values.resize(static_cast<size_t>(rows * cols));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const auto& e4 = testref::e4m3_table().mag;

@@ -12,6 +12,7 @@
 
 #include "sharding/planner.h"
 #include "sharding/presets.h"
+#include "sharding/layout.h"
 #include "sharding/trainer_layouts.h"
 
 namespace ferry::sharding {
@@ -60,9 +61,14 @@ TEST(ShardRows, UnevenAndEmptyChunks) {
   EXPECT_EQ(shard_rows(2, 2, 4).second - shard_rows(2, 2, 4).first, 0);
 }
 
+// A preset's manifest; "NAME+stacked": with its experts held stacked (stack_experts).
 Manifest manifest_of(const std::string& preset) {
-  auto model = preset_model(preset);
+  const size_t plus = preset.find('+');
+  auto model = preset_model(preset.substr(0, plus));
   EXPECT_TRUE(model.ok()) << model.status().to_string();
+  if (model.ok() && plus != std::string::npos) {
+    EXPECT_TRUE(stack_experts(*model).ok());
+  }
   return model.ok() ? model_manifest(*model) : Manifest{};
 }
 
@@ -97,7 +103,8 @@ INSTANTIATE_TEST_SUITE_P(Llama, EveryLayout,
                          ::testing::Combine(::testing::Values("llama3-8b"), ::testing::Values("fsdp", "hsdp", "pipeline", "ep"),
                                             ::testing::Values(2, 4, 6, 64)));
 INSTANTIATE_TEST_SUITE_P(MoE, EveryLayout,
-                         ::testing::Combine(::testing::Values("qwen3-30b-a3b", "kimi-k2"),
+                         ::testing::Combine(::testing::Values("qwen3-30b-a3b", "kimi-k2", "qwen3-30b-a3b+stacked",
+                                                              "kimi-k2+stacked"),
                                             ::testing::Values("fsdp", "hsdp", "pipeline", "ep"), ::testing::Values(4, 16)));
 
 // More ranks than some tensors have rows, and more stages than layers: the extra ranks hold empty
