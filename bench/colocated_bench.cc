@@ -34,7 +34,6 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <random>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -42,10 +41,10 @@
 
 #include "bench/adam_step.h"
 #include "bench/colocated_rank.h"
+#include "bench/colocated_weights.h"
 #include "bench/transport_device.h"
 #include "core/buffer.h"
 #include "core/device_copy.h"
-#include "core/float_convert.h"
 #include "core/log.h"
 #include "core/rank_devices.h"
 #include "core/settings.h"
@@ -58,10 +57,6 @@
 #include "sharding/trainer_layouts.h"
 #include "transport/ipc_share.h"
 
-#if FERRY_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 extern char** environ;
 
 namespace {
@@ -69,93 +64,11 @@ namespace {
 using ferry::Status;
 
 using ferry::bench::BenchModel;
+using ferry::bench::allocate_weights;
+using ferry::bench::change_weights;
+using ferry::bench::copy_bandwidth;
 
 #if FERRY_HAVE_CUDA
-
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t e_ = (expr);                                                           \
-    if (e_ != cudaSuccess) return Status::internal(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
-  } while (0)
-
-// Device-to-device copy bandwidth (bytes read plus bytes written per second), median of 9.
-ferry::Result<double> copy_bandwidth(int device) {
-  const size_t n = size_t{2} << 30;
-  void *a = nullptr, *b = nullptr;
-  CHECK_CUDA(cudaSetDevice(device));
-  CHECK_CUDA(cudaMalloc(&a, n));
-  CHECK_CUDA(cudaMalloc(&b, n));
-  CHECK_CUDA(cudaMemset(a, 1, n));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<double> s;
-  for (int i = 0; i < 10; ++i) {
-    cudaEventRecord(e0);
-    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (i > 0) s.push_back(ms / 1e3);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(a);
-  cudaFree(b);
-  std::sort(s.begin(), s.end());
-  return 2.0 * static_cast<double>(n) / s[s.size() / 2];
-}
-
-struct Weights {
-  std::vector<ferry::Buffer> buffers;
-  std::map<std::string, ferry::TensorView> views;
-  ferry::Buffer pool;  // random bf16 values the weights are cut from
-  uint64_t params = 0;
-};
-
-// Every tensor of the manifest on `device`, each its own allocation; with `held`, only the box of
-// each tensor it declares (a sharded trainer rank's rows).
-ferry::Result<Weights> allocate_weights(const ferry::sharding::Manifest& manifest, ferry::Device device,
-                                        const ferry::sharding::SenderInfo* held = nullptr) {
-  Weights w;
-  const size_t pool_elems = size_t{256} << 20;  // 512 MiB of bf16
-  std::vector<uint16_t> host(pool_elems);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist(0.0f, 0.02f);
-  for (auto& v : host) v = ferry::f32_to_bf16(dist(rng));
-  FERRY_ASSIGN_OR_RETURN(w.pool, ferry::Buffer::allocate(pool_elems * 2, device));
-  CHECK_CUDA(cudaMemcpy(w.pool.data(), host.data(), pool_elems * 2, cudaMemcpyHostToDevice));
-  for (size_t i = 0; i < manifest.size(); ++i) {
-    const auto& t = manifest[i];
-    const ferry::Shape shape = held ? held->holds[i].region.size : t.shape;
-    const size_t bytes = std::max<size_t>(ferry::dtype_bytes(t.dtype, ferry::shape_numel(shape)), 1);
-    FERRY_ASSIGN_OR_RETURN(ferry::Buffer b, ferry::Buffer::allocate(bytes, device));
-    w.views.emplace(t.name, ferry::TensorView(b.data(), t.dtype, shape, device));
-    w.params += static_cast<uint64_t>(ferry::shape_numel(shape));
-    w.buffers.push_back(std::move(b));
-  }
-  return w;
-}
-
-// New values for every weight: a slice of the pool that shifts with `step`.
-Status change_weights(Weights& w, uint64_t step) {
-  const size_t pool = w.pool.size();
-  size_t at = (step * 2654435761ull) % (pool / 2) & ~size_t{255};
-  for (auto& [name, v] : w.views) {
-    size_t done = 0;
-    const size_t n = v.nbytes();
-    while (done < n) {
-      const size_t len = std::min(n - done, pool - at);
-      CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(v.data()) + done, w.pool.data_as<char>() + at, len,
-                                 cudaMemcpyDeviceToDevice));
-      done += len;
-      at = (at + len + 4096) % (pool / 2);
-    }
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  return ferry::ok_status();
-}
 
 // Trainer rank `rank` of `ranks` (not the first): its Shard(0) rows of every tensor on `device`,
 // changed before each of `total` updates, sent as the first trainer rank starts each.
