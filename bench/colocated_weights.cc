@@ -58,7 +58,7 @@ Result<Weights> allocate_weights(const sharding::Manifest& manifest, Device devi
   CHECK_CUDA(cudaMemcpy(w.pool.data(), host.data(), pool_elems * 2, cudaMemcpyHostToDevice));
   for (size_t i = 0; i < manifest.size(); ++i) {
     const auto& t = manifest[i];
-    const Shape shape = held ? held->holds[i].region.size : t.shape;
+    const Shape shape = held ? Shape(held->holds[i].region.size) : t.shape;
     const size_t bytes = std::max<size_t>(dtype_bytes(t.dtype, shape_numel(shape)), 1);
     FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(bytes, device));
     w.views.emplace(t.name, TensorView(b.data(), t.dtype, shape, device));

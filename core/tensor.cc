@@ -40,13 +40,13 @@ Result<std::vector<Device>> parse_rank_devices(std::string_view text, int ranks)
   return out;
 }
 
-int64_t shape_numel(const Shape& shape) {
+int64_t shape_numel(std::span<const int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
-std::string shape_to_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_to_string(std::span<const int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
@@ -87,7 +87,7 @@ std::string TensorView::describe() const {
   return fmt::format("{}{} {}", dtype_name(dtype_), shape_to_string(shape_), device_.to_string());
 }
 
-Region Region::whole(const Shape& shape) { return Region{Shape(shape.size(), 0), shape}; }
+Region Region::whole(const Shape& shape) { return Region{Dims(shape.size(), 0), Dims(shape)}; }
 
 bool Region::overlaps(const Region& other) const {
   if (other.rank() != rank()) return false;
@@ -99,7 +99,7 @@ bool Region::overlaps(const Region& other) const {
   return true;
 }
 
-bool Region::inside(const Shape& shape) const {
+bool Region::inside(const Dims& shape) const {
   if (shape.size() != size.size() || offset.size() != size.size()) return false;
   for (size_t i = 0; i < shape.size(); ++i) {
     // Without forming offset + size, which need not fit in int64_t when the region came off the wire.

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/dims.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
@@ -29,8 +31,8 @@ Result<Device> parse_device(std::string_view text);
 
 using Shape = std::vector<int64_t>;
 
-int64_t shape_numel(const Shape& shape);
-std::string shape_to_string(const Shape& shape);
+int64_t shape_numel(std::span<const int64_t> shape);
+std::string shape_to_string(std::span<const int64_t> shape);
 // Row-major strides, in elements.
 Shape contiguous_strides(const Shape& shape);
 
@@ -75,15 +77,15 @@ class TensorView {
 
 // A box inside a tensor: offset and size per dimension.
 struct Region {
-  Shape offset;
-  Shape size;
+  Dims offset;
+  Dims size;
 
   static Region whole(const Shape& shape);
   int rank() const { return static_cast<int>(size.size()); }
   int64_t numel() const { return shape_numel(size); }
   bool overlaps(const Region& other) const;
   // True when the box lies inside a tensor of `shape`.
-  bool inside(const Shape& shape) const;
+  bool inside(const Dims& shape) const;
   bool operator==(const Region&) const = default;
   std::string to_string() const;  // "[0:128, 64:96]"
 };

@@ -24,7 +24,7 @@ bool BucketCutter::place(int64_t rows, uint64_t row_bytes) {
   return bytes_ >= bucket_bytes_ || pieces_ >= kMaxPiecesPerBucket;
 }
 
-PieceRows piece_rows(const std::vector<int64_t>& src_size, uint64_t bytes) {
+PieceRows piece_rows(std::span<const int64_t> src_size, uint64_t bytes) {
   const int64_t rows = src_size.empty() ? 1 : src_size[0];
   return PieceRows{rows, rows > 0 ? bytes / static_cast<uint64_t>(rows) : 0};
 }

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -78,7 +79,7 @@ struct Bucket {
   std::vector<BucketPart> parts;  // in plan order
 };
 
-PieceRows piece_rows(const std::vector<int64_t>& src_size, uint64_t bytes);
+PieceRows piece_rows(std::span<const int64_t> src_size, uint64_t bytes);
 // The source and destination regions of rows [first_row, first_row + rows) of a piece whose whole
 // regions are `src` and `dst` (the source's first dimension is destination dimension
 // `dst.size.size() - src.size.size()`).

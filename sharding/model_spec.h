@@ -28,7 +28,7 @@ using Manifest = std::vector<SourceTensor>;
 struct SourceSlice {
   std::string source;
   Region src;
-  Shape dst_offset;
+  Dims dst_offset;
 };
 
 // One parameter of one rank, in full precision after fusion and sharding. Its processing (scheme)

@@ -12,12 +12,12 @@ namespace {
 Region box(Shape offset, Shape size) { return Region{std::move(offset), std::move(size)}; }
 
 TEST(Shape, NumelStridesAndText) {
-  EXPECT_EQ(shape_numel({}), 1);
-  EXPECT_EQ(shape_numel({2, 3, 4}), 24);
-  EXPECT_EQ(shape_numel({2, 0, 4}), 0);
+  EXPECT_EQ(shape_numel(Shape{}), 1);
+  EXPECT_EQ(shape_numel(Shape{2, 3, 4}), 24);
+  EXPECT_EQ(shape_numel(Dims{2, 0, 4}), 0);
   EXPECT_EQ(contiguous_strides({2, 3, 4}), (Shape{12, 4, 1}));
   EXPECT_EQ(contiguous_strides({}), Shape{});
-  EXPECT_EQ(shape_to_string({4096, 128}), "[4096, 128]");
+  EXPECT_EQ(shape_to_string(Shape{4096, 128}), "[4096, 128]");
 }
 
 TEST(Region, OverlapsWhenBoxesShareAnElement) {
