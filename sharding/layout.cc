@@ -50,10 +50,11 @@ Shape at_row(size_t n, int64_t row) {
   return s;
 }
 
+// vLLM's and SGLang's VocabParallelEmbedding: the vocabulary padded to a multiple of `pad_multiple`
+// (pad_vocab_size), split evenly (num_embeddings_per_partition = divide(num_embeddings_padded, tp)).
 int64_t vocab_shard_rows(const ParamRule& r, int tp) {
   const int64_t v = r.shapes[0][0];
-  const int64_t raw = (v + tp - 1) / tp;
-  return (raw + r.pad_multiple - 1) / r.pad_multiple * r.pad_multiple;
+  return (v + r.pad_multiple - 1) / r.pad_multiple * r.pad_multiple / tp;
 }
 
 Status validate_rule(const ParamRule& r, int tp, int ep) {
@@ -89,6 +90,18 @@ Status validate_rule(const ParamRule& r, int tp, int ep) {
       if (r.shapes[0][1] % tp) return bad(r, fmt::format("{} input columns do not split over TP {}", r.shapes[0][1], tp));
       return ok_status();
     case Layout::kMergedColumn:
+      if (!r.sections.empty()) {
+        FERRY_RETURN_IF_ERROR(need_sources(1));
+        int64_t rows = 0;
+        for (int64_t s : r.sections) {
+          if (s <= 0 || s % tp) return bad(r, fmt::format("a section of {} rows does not split over TP {}", s, tp));
+          rows += s;
+        }
+        if (rows != r.shapes[0][0]) {
+          return bad(r, fmt::format("sections of {} rows in all for {} rows", rows, r.shapes[0][0]));
+        }
+        return ok_status();
+      }
       for (size_t i = 0; i < r.shapes.size(); ++i) {
         const Shape& s = r.shapes[i];
         if (s.size() != r.shapes[0].size() || !std::equal(s.begin() + 1, s.end(), r.shapes[0].begin() + 1)) {
@@ -115,10 +128,16 @@ Status validate_rule(const ParamRule& r, int tp, int ep) {
       }
       return ok_status();
     }
-    case Layout::kVocabParallel:
+    case Layout::kVocabParallel: {
       FERRY_RETURN_IF_ERROR(need_sources(1));
       if (r.pad_multiple <= 0) return bad(r, "pad_multiple must be positive");
+      const int64_t padded = (r.shapes[0][0] + r.pad_multiple - 1) / r.pad_multiple * r.pad_multiple;
+      if (padded % tp) {
+        return bad(r, fmt::format("{} rows padded to a multiple of {} ({}) do not split over TP {}", r.shapes[0][0],
+                                  r.pad_multiple, padded, tp));
+      }
       return ok_status();
+    }
     case Layout::kExperts: {
       if (r.num_experts <= 0) return bad(r, "experts need num_experts");
       if (ep <= 0 || tp % ep) return bad(r, fmt::format("expert parallel size {} does not divide TP {}", ep, tp));
@@ -184,15 +203,32 @@ struct RankBuilder {
         return p;
       }
       case Layout::kMergedColumn: {
+        // Each part (a source, or a section of the one source) split over TP, one after another.
+        struct Part {
+          size_t source;
+          int64_t first_row, rows;
+        };
+        std::vector<Part> parts;
+        int64_t first = 0;
+        for (int64_t s : rule.sections) {
+          parts.push_back({0, first, s});
+          first += s;
+        }
+        if (parts.empty()) {
+          for (size_t i = 0; i < rule.sources.size(); ++i) parts.push_back({i, 0, rule.shapes[i][0]});
+        }
         Shape shape = s0;
         shape[0] = 0;
-        for (const Shape& s : rule.shapes) shape[0] += s[0] / tp;
+        for (const Part& part : parts) shape[0] += part.rows / tp;
         ParamSpec p = start(rule, shape);
         int64_t row = 0;
-        for (size_t i = 0; i < rule.sources.size(); ++i) {
-          const int64_t rows = rule.shapes[i][0] / tp;
-          p.slices.push_back({rule.sources[i], rows_of(rule.shapes[i], r * rows, rows), at_row(s0.size(), row)});
-          p.shard_rows.push_back(rows);
+        for (const Part& part : parts) {
+          const int64_t rows = part.rows / tp;
+          p.slices.push_back({rule.sources[part.source], rows_of(rule.shapes[part.source], part.first_row + r * rows, rows),
+                              at_row(s0.size(), row)});
+          // Per-shard scales are for matrices: a rank-3 merged tensor (a conv1d's [channels, 1, kernel])
+          // has no rows of its own to split them by.
+          if (s0.size() <= 2) p.shard_rows.push_back(rows);
           row += rows;
         }
         return p;

@@ -18,7 +18,7 @@ enum class Layout : uint8_t {
   kReplicated,     // every rank holds the whole tensor (norms, routers, row-parallel biases)
   kColumn,         // dim 0 split over TP in units of `unit` rows (heads)
   kRow,            // dim 1 split over TP
-  kMergedColumn,   // several sources, each split on dim 0, placed one after another (gate_up)
+  kMergedColumn,   // several sources (or sections of one), each split on dim 0, one after another (gate_up)
   kQkv,            // q, k, v split by heads; KV heads replicated when TP exceeds them
   kVocabParallel,  // dim 0 split in shards padded to a multiple of `pad_multiple` rows
   kExperts,        // per-expert sources fused into [experts on this rank, rows, cols]
@@ -36,6 +36,9 @@ struct ParamRule {
   DType dtype = DType::kBF16;        // dtype of the sources
   bool quantize = false;             // true: the rank's linear scheme; false: none
   int64_t unit = 1;                  // kColumn: rows that stay together (a head)
+  // kMergedColumn of one source: its dim-0 sections, each split over TP like a source of its own
+  // (a depthwise conv1d's q, k and v channels, as vLLM's mamba_v2_sharded_weight_loader cuts them).
+  std::vector<int64_t> sections;
   int64_t num_heads = 0;             // kQkv
   int64_t num_kv_heads = 0;          // kQkv
   int64_t head_dim = 0;              // kQkv

@@ -84,7 +84,7 @@ class Parser {
   Status parse_param(const json& p, ModelDesc* out) {
     static const std::set<std::string> kKeys = {"param", "layer", "layers", "layout", "source", "sources", "shape", "shapes",
                                                 "dtype", "quantize", "unit", "num_heads", "num_kv_heads", "head_dim",
-                                                "pad_multiple", "num_experts", "split", "stacked"};
+                                                "pad_multiple", "num_experts", "split", "stacked", "sections"};
     if (!p.is_object()) return err("a param entry must be an object");
     for (const auto& [k, v] : p.items()) {
       if (!kKeys.count(k)) return err(fmt::format("unknown key \"{}\"", k));
@@ -139,6 +139,20 @@ class Parser {
     if (p.contains("split")) {
       if (!p["split"].is_string()) return err(r.param + ": \"split\" must be column, row or replicated");
       FERRY_ASSIGN_OR_RETURN(r.expert_split, parse_layout(p["split"].get<std::string>()));
+    }
+    if (p.contains("sections")) {
+      if (!p["sections"].is_array() || p["sections"].empty()) {
+        return err(fmt::format("{}: \"sections\" must be a non-empty array of row counts, got {}", r.param,
+                               p["sections"].dump()));
+      }
+      if (r.layout != Layout::kMergedColumn) {
+        return err(fmt::format("{}: \"sections\" is for the merged_column layout, not \"{}\"", r.param,
+                               layout_name(r.layout)));
+      }
+      for (const auto& s : p["sections"]) {
+        FERRY_ASSIGN_OR_RETURN(int64_t rows, dim(s));
+        r.sections.push_back(rows);
+      }
     }
     if (p.contains("stacked")) {
       if (!p["stacked"].is_string() || p["stacked"].get<std::string>().empty()) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sharding/deepseek_v3.h"
+#include "sharding/qwen3_next.h"
 
 namespace ferry::sharding {
 namespace {
@@ -60,6 +61,7 @@ constexpr std::pair<std::string_view, std::string_view> kArchitectures[] = {
     {"Qwen3MoeForCausalLM", "qwen3_moe"},
     {"MixtralForCausalLM", "mixtral"},
     {"DeepseekV3ForCausalLM", "deepseek_v3"},
+    {"Qwen3NextForCausalLM", "qwen3_next"},
 };
 
 Status no_layout(std::string_view what, std::string_view name) {
@@ -123,6 +125,46 @@ Status parse_deepseek_v3(const json& j, ModelConfig* c) {
   return ok_status();
 }
 
+// Qwen3NextConfig's keys (transformers' configuration_qwen3_next.py): the Gated DeltaNet sizes, the
+// layer types, the shared expert; the routed experts as Qwen3-MoE's.
+Status parse_qwen3_next(const json& j, ModelConfig* c) {
+  FERRY_ASSIGN_OR_RETURN(c->linear_num_key_heads, get_int(j, "linear_num_key_heads", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->linear_num_value_heads, get_int(j, "linear_num_value_heads", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->linear_key_head_dim, get_int(j, "linear_key_head_dim", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->linear_value_head_dim, get_int(j, "linear_value_head_dim", 0, true));
+  FERRY_ASSIGN_OR_RETURN(c->linear_conv_kernel_dim, get_int(j, "linear_conv_kernel_dim", 4, false));
+  FERRY_ASSIGN_OR_RETURN(c->full_attention_interval, get_int(j, "full_attention_interval", 4, false));
+  FERRY_ASSIGN_OR_RETURN(c->shared_expert_intermediate_size, get_int(j, "shared_expert_intermediate_size", 0, false));
+  c->attn_output_gate = j.value("attn_output_gate", true);
+  if (c->linear_num_key_heads <= 0 || c->linear_num_value_heads <= 0 || c->linear_key_head_dim <= 0 ||
+      c->linear_value_head_dim <= 0 || c->linear_conv_kernel_dim <= 0 || c->shared_expert_intermediate_size < 0) {
+    return Status::invalid_argument("config.json: linear attention sizes must be positive");
+  }
+  if (c->linear_num_value_heads % c->linear_num_key_heads) {
+    return Status::invalid_argument(fmt::format("config.json: linear_num_value_heads {} is not a multiple of "
+                                                "linear_num_key_heads {}",
+                                                c->linear_num_value_heads, c->linear_num_key_heads));
+  }
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) != c->num_layers) {
+      return Status::invalid_argument(
+          fmt::format("config.json: layer_types must name each of the {} layers", c->num_layers));
+    }
+    for (const auto& t : *it) {
+      const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+      if (type != "full_attention" && type != "linear_attention") {
+        return Status::invalid_argument(fmt::format(
+            "config.json: layer_types holds {}; Qwen3-Next layers are full_attention or linear_attention", type));
+      }
+      c->full_attention_layers.push_back(type == "full_attention");
+    }
+  } else if (c->full_attention_interval <= 0) {
+    return Status::invalid_argument(
+        fmt::format("config.json: full_attention_interval {} must be positive", c->full_attention_interval));
+  }
+  return ok_status();
+}
+
 std::string lname(int64_t i, std::string_view rest) { return fmt::format("model.layers.{}.{}", i, rest); }
 
 ParamRule rule(std::string param, Layout layout, std::vector<std::string> sources, std::vector<Shape> shapes, DType dt,
@@ -142,6 +184,15 @@ ParamRule same(const std::string& name, Layout layout, Shape shape, DType dt, bo
 }
 
 }  // namespace
+
+bool ModelConfig::layer_is_full_attention(int64_t layer) const {
+  if (family != "qwen3_next") return true;
+  if (!full_attention_layers.empty()) {
+    return layer >= 0 && layer < static_cast<int64_t>(full_attention_layers.size()) &&
+           full_attention_layers[static_cast<size_t>(layer)];
+  }
+  return full_attention_interval > 0 && (layer + 1) % full_attention_interval == 0;
+}
 
 bool ModelConfig::layer_is_moe(int64_t layer) const {
   if (num_experts <= 0 || layer < first_k_dense_replace) return false;
@@ -175,8 +226,8 @@ Result<ModelConfig> parse_config_json(std::string_view text) {
   FERRY_ASSIGN_OR_RETURN(c.dtype, parse_dtype_key(j));
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.qkv_bias = c.family == "qwen2" || j.value("attention_bias", false);
-  c.qk_norm = c.family == "qwen3" || c.family == "qwen3_moe";
-  if (c.family == "qwen3_moe") {
+  c.qk_norm = c.family == "qwen3" || c.family == "qwen3_moe" || c.family == "qwen3_next";
+  if (c.family == "qwen3_moe" || c.family == "qwen3_next") {
     FERRY_ASSIGN_OR_RETURN(c.num_experts, get_int(j, "num_experts", 0, true));
     FERRY_ASSIGN_OR_RETURN(c.moe_intermediate_size, get_int(j, "moe_intermediate_size", 0, true));
     FERRY_ASSIGN_OR_RETURN(c.decoder_sparse_step, get_int(j, "decoder_sparse_step", 1, false));
@@ -192,6 +243,7 @@ Result<ModelConfig> parse_config_json(std::string_view text) {
   } else if (c.family == "deepseek_v3") {
     FERRY_RETURN_IF_ERROR(parse_deepseek_v3(j, &c));
   }
+  if (c.family == "qwen3_next") FERRY_RETURN_IF_ERROR(parse_qwen3_next(j, &c));
   if (c.hidden_size <= 0 || c.num_heads <= 0 || c.num_kv_heads <= 0 || c.vocab_size <= 0 || c.num_layers < 0 ||
       c.intermediate_size <= 0 || c.head_dim < 0) {
     return Status::invalid_argument("config.json: sizes must be positive");
@@ -236,6 +288,7 @@ Result<ModelDesc> describe_model(const ModelConfig& c) {
   if (c.num_heads <= 0 || c.hidden_size <= 0) return Status::invalid_argument("model config: sizes must be positive");
   const int64_t h = c.hidden_size, hd = c.effective_head_dim();
   if (c.family == "deepseek_v3") return describe_deepseek_v3(c);
+  if (c.family == "qwen3_next") return describe_qwen3_next(c);
   const DType dt = c.dtype;
   ModelDesc m;
   m.name = c.family;

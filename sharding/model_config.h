@@ -1,7 +1,9 @@
 // A model's shape, parsed from a Hugging Face style config.json or set by hand (LlamaConfig,
 // sharding/llama.h): Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), the
 // mixture-of-experts families Qwen3-MoE and Mixtral, and DeepSeek-V3 (MLA attention, shared experts:
-// DeepSeek-V3/R1, Kimi-K2; sharding/deepseek_v3.h). The family comes from "architectures" (else
+// DeepSeek-V3/R1, Kimi-K2; sharding/deepseek_v3.h), and Qwen3-Next (Gated DeltaNet linear attention
+// between gated full-attention layers, routed and shared experts; sharding/qwen3_next.h). The family
+// comes from "architectures" (else
 // "model_type"); anything else is refused, pointing at mapping files (sharding/mapping.h). Each
 // becomes a ModelDesc in the engine's fused naming (qkv_proj, gate_up_proj, experts.w13_weight / w2_weight).
 #pragma once
@@ -17,7 +19,7 @@
 namespace ferry::sharding {
 
 struct ModelConfig {
-  std::string family;  // llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3
+  std::string family;  // llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, qwen3_next
   int64_t hidden_size = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
@@ -43,9 +45,24 @@ struct ModelConfig {
   int64_t v_head_dim = 0;
   int64_t n_shared_experts = 0;
   int64_t first_k_dense_replace = 0;
+  // Qwen3-Next: Gated DeltaNet layers (linear attention) between full-attention ones, which are
+  // those `layer_types` names "full_attention" or, without it, every full_attention_interval-th;
+  // the full-attention q_proj holds an output gate beside each head's query (attn_output_gate);
+  // one shared expert per sparse layer.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
+  int64_t full_attention_interval = 0;
+  std::vector<bool> full_attention_layers;  // from layer_types; empty: by the interval
+  bool attn_output_gate = false;
+  int64_t shared_expert_intermediate_size = 0;
 
   int64_t effective_head_dim() const { return head_dim ? head_dim : hidden_size / num_heads; }
   bool layer_is_moe(int64_t layer) const;
+  // Qwen3-Next: layer `layer` is full attention (else Gated DeltaNet); every layer of other families.
+  bool layer_is_full_attention(int64_t layer) const;
   // Sizes positive; heads, KV heads and the intermediate size split over `tp_size` ranks.
   Status validate(int tp_size) const;
 };

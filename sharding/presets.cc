@@ -37,6 +37,15 @@ constexpr std::pair<std::string_view, std::string_view> kPresets[] = {
     {"mixtral-8x7b", R"({"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
       "intermediate_size": 14336, "num_local_experts": 8, "vocab_size": 32000, "num_hidden_layers": 32,
       "torch_dtype": "bfloat16"})"},
+    // Qwen3-Next-80B-A3B (sharding/qwen3_next.h): 36 Gated DeltaNet layers and 12 gated full-attention
+    // ones (every fourth), each with 512 routed experts and a shared expert.
+    {"qwen3-next-80b-a3b", R"({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+      "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+      "intermediate_size": 5120, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+      "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "num_experts": 512,
+      "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+      "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "num_hidden_layers": 48,
+      "tie_word_embeddings": false, "torch_dtype": "bfloat16"})"},
     // Kimi-K2: DeepSeek-V3 architecture (sharding/deepseek_v3.h): MLA attention, layer 0 dense, layers
     // 1..60 with 384 routed experts and one shared expert.
     {"kimi-k2", R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
