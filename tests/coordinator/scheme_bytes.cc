@@ -165,8 +165,8 @@ Shape own_shape(const Config& c, const std::string& param) {
   const auto& m = c.llama;
   const int64_t h = m.hidden_size, hd = m.effective_head_dim();
   if (param == "model.embed_tokens.weight" || param == "lm_head.weight") {
-    const int64_t per = (m.vocab_size + c.tp - 1) / c.tp;
-    return {(per + m.vocab_pad_multiple - 1) / m.vocab_pad_multiple * m.vocab_pad_multiple, h};
+    // vLLM's VocabParallelEmbedding: the vocabulary padded, then split evenly.
+    return {(m.vocab_size + m.vocab_pad_multiple - 1) / m.vocab_pad_multiple * m.vocab_pad_multiple / c.tp, h};
   }
   if (param == "model.norm.weight" || param.ends_with("layernorm.weight")) return {h};
   if (param.ends_with(".qkv_proj.weight")) {

@@ -200,10 +200,15 @@ TEST(DeepseekV3, Refusals) {
   EXPECT_NE(message({{"moe_layer_freq", 2}}).find("moe_layer_freq"), std::string::npos);
   EXPECT_NE(message({{"kv_lora_rank", nullptr}}).find("kv_lora_rank"), std::string::npos);
   EXPECT_NE(message({{"v_head_dim", 0}}).find("MLA"), std::string::npos);
-  // 128 heads do not split over TP 3; the error names the parameter.
+  // Nothing of it splits over TP 3; the error names the first parameter, the embedding, whose padded
+  // vocabulary (129280 rows) does not split evenly; and 128 heads do not split over TP 3 either.
   auto d = model_from_json(kDeepseekV3);
   ASSERT_TRUE(d.ok());
-  EXPECT_NE(model_rank_spec(*d, 0, 3, 1, Scheme::kFp8Block).status().message().find("q_b_proj"), std::string::npos);
+  const std::string tp3 = model_rank_spec(*d, 0, 3, 1, Scheme::kFp8Block).status().message();
+  EXPECT_NE(tp3.find("model.embed_tokens.weight"), std::string::npos) << tp3;
+  EXPECT_NE(tp3.find("129280"), std::string::npos) << tp3;
+  auto heads = model_rank_spec(*model_from_json(deepseek_v3_with({{"vocab_size", 129408}})), 0, 3, 1, Scheme::kFp8Block);
+  EXPECT_NE(heads.status().message().find("q_b_proj"), std::string::npos) << heads.status().to_string();
 }
 
 // `ferry plan --config` with DeepSeek-V3's config.json, as the docs' Kimi-K2 case: 8 replicas of TP 16.

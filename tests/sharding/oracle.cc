@@ -9,10 +9,8 @@ namespace {
 
 int64_t pick(std::mt19937_64& rng, int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
 
-int64_t vocab_per_rank(const TCfg& c) {
-  const int64_t raw = (c.vocab + c.tp - 1) / c.tp;
-  return (raw + c.pad - 1) / c.pad * c.pad;
-}
+// vLLM's VocabParallelEmbedding: divide(pad_vocab_size(vocab, pad), tp).
+int64_t vocab_per_rank(const TCfg& c) { return (c.vocab + c.pad - 1) / c.pad * c.pad / c.tp; }
 
 int64_t numel(const Shape& s) {
   int64_t n = 1;
@@ -67,8 +65,8 @@ TCfg random_cfg(std::mt19937_64& rng, bool moe) {
   c.h = pick(rng, 3, 20);
   c.inter = c.tp * pick(rng, 1, 3);
   c.vocab = pick(rng, std::max(1, c.tp - 2), 12 * c.tp + 7);
-  const int64_t pads[] = {1, 3, 8};
-  c.pad = pads[pick(rng, 0, 2)];
+  const int64_t pads[] = {1, 3, 8};  // times TP: the padded vocabulary splits evenly, as engines require
+  c.pad = pads[pick(rng, 0, 2)] * c.tp;
   c.layers = pick(rng, 1, 3);
   c.tie = pick(rng, 0, 1);
   c.bias = pick(rng, 0, 1);

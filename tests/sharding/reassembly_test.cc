@@ -175,6 +175,7 @@ TEST(Reassembly, KvHeadsReplicatedWhenTpExceedsThem) {
   c.kv = 2;
   c.nh = 8;
   c.inter = 8;
+  c.pad = 8;  // the padded vocabulary splits over the 8 ranks
   auto desc = describe_model(c.model_config());
   ASSERT_TRUE(desc.ok());
   auto ranks = model_rank_specs(*desc, 1, 8, 1, Scheme::kNone);
@@ -196,7 +197,7 @@ TEST(Reassembly, VocabPaddingLeavesTailRowsUnwritten) {
   TCfg c;
   c.tp = 4;
   c.vocab = 10;
-  c.pad = 8;  // 8 rows per rank: ranks 0 and 1 hold rows, ranks 2 and 3 only padding
+  c.pad = 32;  // 32 rows padded, 8 per rank: ranks 0 and 1 hold rows, ranks 2 and 3 only padding
   auto desc = describe_model(c.model_config());
   ASSERT_TRUE(desc.ok());
   auto ranks = model_rank_specs(*desc, 1, 4, 1, Scheme::kNone);
