@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <map>
 #include <memory>
@@ -13,6 +14,24 @@
 #include "python/interop.h"
 #include "reload/model_storage.h"
 #include "sharding/model_spec.h"
+
+// ferry::Dims (a region's offsets or sizes) as a Python list of ints, and any sequence of ints back.
+namespace pybind11::detail {
+template <>
+struct type_caster<ferry::Dims> {
+  PYBIND11_TYPE_CASTER(ferry::Dims, const_name("list[int]"));
+  bool load(handle src, bool convert) {
+    make_caster<std::vector<int64_t>> values;
+    if (!values.load(src, convert)) return false;
+    const auto& v = cast_op<const std::vector<int64_t>&>(values);
+    value = ferry::Dims(v.begin(), v.end());
+    return true;
+  }
+  static handle cast(const ferry::Dims& d, return_value_policy policy, handle parent) {
+    return make_caster<std::vector<int64_t>>::cast(std::vector<int64_t>(d.begin(), d.end()), policy, parent);
+  }
+};
+}  // namespace pybind11::detail
 
 namespace ferry::python {
 

@@ -74,8 +74,8 @@ def llama_rank_params(cfg, weights, tp_rank, tp_size):
     out = {}
 
     def vocab_shard(src):
-        per = -(-cfg["vocab"] // tp_size)
-        per = -(-per // cfg["pad"]) * cfg["pad"]
+        # vLLM's VocabParallelEmbedding: divide(pad_vocab_size(vocab, pad), tp).
+        per = -(-cfg["vocab"] // cfg["pad"]) * cfg["pad"] // tp_size
         shard = np.zeros((per, h), dtype=np.float32)
         rows = weights[src][r * per:(r + 1) * per]
         shard[:rows.shape[0]] = rows

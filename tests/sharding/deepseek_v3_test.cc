@@ -16,6 +16,7 @@
 #include "sharding/model_config.h"
 #include "sharding/planner.h"
 #include "sharding/presets.h"
+#include "tests/sharding/update_fixture.h"
 
 namespace ferry::sharding {
 namespace {
@@ -40,22 +41,11 @@ constexpr const char* kDeepseekV3 = R"({
   "transformers_version": "4.33.1", "use_cache": true, "v_head_dim": 128, "vocab_size": 129280
 })";
 
+using fixture::find_param;
+using fixture::find_source;
+
 // The same config with some keys replaced.
-std::string deepseek_v3_with(const nlohmann::json& changes) {
-  nlohmann::json j = nlohmann::json::parse(kDeepseekV3);
-  j.merge_patch(changes);
-  return j.dump();
-}
-
-const SourceTensor* find_source(const Manifest& m, const std::string& name) {
-  auto it = std::find_if(m.begin(), m.end(), [&](const SourceTensor& t) { return t.name == name; });
-  return it == m.end() ? nullptr : &*it;
-}
-
-const ParamSpec* find_param(const RankSpec& r, const std::string& name) {
-  auto it = std::find_if(r.params.begin(), r.params.end(), [&](const ParamSpec& p) { return p.name == name; });
-  return it == r.params.end() ? nullptr : &*it;
-}
+std::string deepseek_v3_with(const nlohmann::json& changes) { return fixture::with_changes(kDeepseekV3, changes); }
 
 TEST(DeepseekV3, ConfigIsRead) {
   auto c = parse_hf_config(kDeepseekV3);

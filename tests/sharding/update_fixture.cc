@@ -1,5 +1,6 @@
 #include "tests/sharding/update_fixture.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -17,6 +18,22 @@ uint16_t bf16_bits(float f) {
 }
 
 }  // namespace
+
+std::string with_changes(std::string_view config, const nlohmann::json& changes) {
+  nlohmann::json j = nlohmann::json::parse(config);
+  j.merge_patch(changes);
+  return j.dump();
+}
+
+const SourceTensor* find_source(const Manifest& m, const std::string& name) {
+  auto it = std::find_if(m.begin(), m.end(), [&](const SourceTensor& t) { return t.name == name; });
+  return it == m.end() ? nullptr : &*it;
+}
+
+const ParamSpec* find_param(const RankSpec& r, const std::string& name) {
+  auto it = std::find_if(r.params.begin(), r.params.end(), [&](const ParamSpec& p) { return p.name == name; });
+  return it == r.params.end() ? nullptr : &*it;
+}
 
 float element(const TensorView& t, int64_t i) {
   uint32_t u = 0;

@@ -9,12 +9,20 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "coordinator/rollout_worker.h"
 #include "coordinator/trainer.h"
 #include "reload/model_storage.h"
 #include "sharding/presets.h"
 
 namespace ferry::sharding::fixture {
+
+// A config.json's text with `changes` merged in (RFC 7386: a null removes the key).
+std::string with_changes(std::string_view config, const nlohmann::json& changes);
+// The manifest entry or rank parameter of that name, or nullptr.
+const SourceTensor* find_source(const Manifest& m, const std::string& name);
+const ParamSpec* find_param(const RankSpec& r, const std::string& name);
 
 // Element i of a bf16 or f32 tensor, as a float.
 float element(const TensorView& t, int64_t i);
