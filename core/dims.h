@@ -74,12 +74,6 @@ class Dims {
     if (size_ == capacity_) reserve(2 * capacity_);
     data()[size_++] = value;
   }
-  iterator insert(const_iterator pos, int64_t value) {
-    const auto at = static_cast<size_t>(pos - begin());
-    push_back(value);
-    std::rotate(begin() + at, end() - 1, end());
-    return begin() + at;
-  }
   void pop_back() noexcept { --size_; }
   void clear() noexcept { size_ = 0; }
 

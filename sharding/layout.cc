@@ -52,10 +52,11 @@ Shape at_row(size_t n, int64_t row) {
 
 // vLLM's and SGLang's VocabParallelEmbedding: the vocabulary padded to a multiple of `pad_multiple`
 // (pad_vocab_size), split evenly (num_embeddings_per_partition = divide(num_embeddings_padded, tp)).
-int64_t vocab_shard_rows(const ParamRule& r, int tp) {
-  const int64_t v = r.shapes[0][0];
-  return (v + r.pad_multiple - 1) / r.pad_multiple * r.pad_multiple / tp;
+int64_t padded_vocab_rows(const ParamRule& r) {
+  return (r.shapes[0][0] + r.pad_multiple - 1) / r.pad_multiple * r.pad_multiple;
 }
+
+int64_t vocab_shard_rows(const ParamRule& r, int tp) { return padded_vocab_rows(r) / tp; }
 
 Status validate_rule(const ParamRule& r, int tp, int ep) {
   if (r.sources.empty()) return bad(r, "no source tensor");
@@ -131,7 +132,7 @@ Status validate_rule(const ParamRule& r, int tp, int ep) {
     case Layout::kVocabParallel: {
       FERRY_RETURN_IF_ERROR(need_sources(1));
       if (r.pad_multiple <= 0) return bad(r, "pad_multiple must be positive");
-      const int64_t padded = (r.shapes[0][0] + r.pad_multiple - 1) / r.pad_multiple * r.pad_multiple;
+      const int64_t padded = padded_vocab_rows(r);
       if (padded % tp) {
         return bad(r, fmt::format("{} rows padded to a multiple of {} ({}) do not split over TP {}", r.shapes[0][0],
                                   r.pad_multiple, padded, tp));

@@ -133,18 +133,10 @@ Status parse_qwen3_next(const json& j, ModelConfig* c) {
   FERRY_ASSIGN_OR_RETURN(c->linear_key_head_dim, get_int(j, "linear_key_head_dim", 0, true));
   FERRY_ASSIGN_OR_RETURN(c->linear_value_head_dim, get_int(j, "linear_value_head_dim", 0, true));
   FERRY_ASSIGN_OR_RETURN(c->linear_conv_kernel_dim, get_int(j, "linear_conv_kernel_dim", 4, false));
-  FERRY_ASSIGN_OR_RETURN(c->full_attention_interval, get_int(j, "full_attention_interval", 4, false));
+  FERRY_ASSIGN_OR_RETURN(const int64_t interval, get_int(j, "full_attention_interval", 4, false));
   FERRY_ASSIGN_OR_RETURN(c->shared_expert_intermediate_size, get_int(j, "shared_expert_intermediate_size", 0, false));
   c->attn_output_gate = j.value("attn_output_gate", true);
-  if (c->linear_num_key_heads <= 0 || c->linear_num_value_heads <= 0 || c->linear_key_head_dim <= 0 ||
-      c->linear_value_head_dim <= 0 || c->linear_conv_kernel_dim <= 0 || c->shared_expert_intermediate_size < 0) {
-    return Status::invalid_argument("config.json: linear attention sizes must be positive");
-  }
-  if (c->linear_num_value_heads % c->linear_num_key_heads) {
-    return Status::invalid_argument(fmt::format("config.json: linear_num_value_heads {} is not a multiple of "
-                                                "linear_num_key_heads {}",
-                                                c->linear_num_value_heads, c->linear_num_key_heads));
-  }
+  FERRY_RETURN_IF_ERROR(check_qwen3_next(*c));
   if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
     if (!it->is_array() || static_cast<int64_t>(it->size()) != c->num_layers) {
       return Status::invalid_argument(
@@ -158,10 +150,13 @@ Status parse_qwen3_next(const json& j, ModelConfig* c) {
       }
       c->full_attention_layers.push_back(type == "full_attention");
     }
-  } else if (c->full_attention_interval <= 0) {
-    return Status::invalid_argument(
-        fmt::format("config.json: full_attention_interval {} must be positive", c->full_attention_interval));
+    return ok_status();
   }
+  // Qwen3NextConfig without layer_types: every interval-th layer is full attention.
+  if (interval <= 0) {
+    return Status::invalid_argument(fmt::format("config.json: full_attention_interval {} must be positive", interval));
+  }
+  for (int64_t i = 0; i < c->num_layers; ++i) c->full_attention_layers.push_back((i + 1) % interval == 0);
   return ok_status();
 }
 
@@ -186,12 +181,9 @@ ParamRule same(const std::string& name, Layout layout, Shape shape, DType dt, bo
 }  // namespace
 
 bool ModelConfig::layer_is_full_attention(int64_t layer) const {
-  if (family != "qwen3_next") return true;
-  if (!full_attention_layers.empty()) {
-    return layer >= 0 && layer < static_cast<int64_t>(full_attention_layers.size()) &&
-           full_attention_layers[static_cast<size_t>(layer)];
-  }
-  return full_attention_interval > 0 && (layer + 1) % full_attention_interval == 0;
+  if (full_attention_layers.empty()) return true;
+  return layer >= 0 && layer < static_cast<int64_t>(full_attention_layers.size()) &&
+         full_attention_layers[static_cast<size_t>(layer)];
 }
 
 bool ModelConfig::layer_is_moe(int64_t layer) const {

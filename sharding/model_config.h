@@ -46,22 +46,22 @@ struct ModelConfig {
   int64_t n_shared_experts = 0;
   int64_t first_k_dense_replace = 0;
   // Qwen3-Next: Gated DeltaNet layers (linear attention) between full-attention ones, which are
-  // those `layer_types` names "full_attention" or, without it, every full_attention_interval-th;
-  // the full-attention q_proj holds an output gate beside each head's query (attn_output_gate);
-  // one shared expert per sparse layer.
+  // those `layer_types` names "full_attention" or, without it, every full_attention_interval-th
+  // (full_attention_layers holds the answer per layer; empty: every layer is full attention); the
+  // full-attention q_proj holds an output gate beside each head's query (attn_output_gate); one
+  // shared expert per sparse layer.
   int64_t linear_num_key_heads = 0;
   int64_t linear_num_value_heads = 0;
   int64_t linear_key_head_dim = 0;
   int64_t linear_value_head_dim = 0;
   int64_t linear_conv_kernel_dim = 0;
-  int64_t full_attention_interval = 0;
-  std::vector<bool> full_attention_layers;  // from layer_types; empty: by the interval
+  std::vector<bool> full_attention_layers;
   bool attn_output_gate = false;
   int64_t shared_expert_intermediate_size = 0;
 
   int64_t effective_head_dim() const { return head_dim ? head_dim : hidden_size / num_heads; }
   bool layer_is_moe(int64_t layer) const;
-  // Qwen3-Next: layer `layer` is full attention (else Gated DeltaNet); every layer of other families.
+  // Layer `layer` is full attention (else Gated DeltaNet): every layer but Qwen3-Next's linear ones.
   bool layer_is_full_attention(int64_t layer) const;
   // Sizes positive; heads, KV heads and the intermediate size split over `tp_size` ranks.
   Status validate(int tp_size) const;

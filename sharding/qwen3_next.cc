@@ -89,7 +89,21 @@ void dense_mlp(int64_t i, json& params) {
 
 }  // namespace
 
+Status check_qwen3_next(const ModelConfig& c) {
+  if (c.linear_num_key_heads <= 0 || c.linear_num_value_heads <= 0 || c.linear_key_head_dim <= 0 ||
+      c.linear_value_head_dim <= 0 || c.linear_conv_kernel_dim <= 0 || c.shared_expert_intermediate_size < 0) {
+    return Status::invalid_argument("config.json: linear attention sizes must be positive");
+  }
+  if (c.linear_num_value_heads % c.linear_num_key_heads) {
+    return Status::invalid_argument(fmt::format("config.json: linear_num_value_heads {} is not a multiple of "
+                                                "linear_num_key_heads {}",
+                                                c.linear_num_value_heads, c.linear_num_key_heads));
+  }
+  return ok_status();
+}
+
 Result<ModelDesc> describe_qwen3_next(const ModelConfig& c) {
+  FERRY_RETURN_IF_ERROR(check_qwen3_next(c));
   const int64_t d = c.effective_head_dim(), nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t kd = nk * dk, vd = nv * dv, per_key_head = nv / nk;  // value heads per key head

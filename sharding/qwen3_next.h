@@ -20,7 +20,10 @@
 
 namespace ferry::sharding {
 
-// `cfg.family` is qwen3_next and its linear-attention sizes are set (parse_hf_config checks them).
+// The Gated DeltaNet sizes positive, value heads a multiple of key heads; the error names the key.
+Status check_qwen3_next(const ModelConfig& cfg);
+
+// `cfg.family` is qwen3_next; its sizes are checked first (check_qwen3_next).
 Result<ModelDesc> describe_qwen3_next(const ModelConfig& cfg);
 
 }  // namespace ferry::sharding

@@ -90,6 +90,20 @@ TEST(Qwen3Next, BadConfigsNameWhatIsWrong) {
   }
 }
 
+// A config built by hand, not parsed, is checked before its layout divides by its key heads.
+TEST(Qwen3Next, HandBuiltConfigIsChecked) {
+  auto c = parse_hf_config(kQwen3Next80B);
+  ASSERT_TRUE(c.ok());
+  c->linear_num_key_heads = 0;
+  auto d = describe_model(*c);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("linear attention"), std::string::npos) << d.status().to_string();
+  c->linear_num_key_heads = 12;
+  d = describe_model(*c);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("linear_num_value_heads 32"), std::string::npos) << d.status().to_string();
+}
+
 TEST(Qwen3Next, ManifestHasTheCheckpointsTensors) {
   auto d = model_from_json(kQwen3Next80B);
   ASSERT_TRUE(d.ok()) << d.status().to_string();
