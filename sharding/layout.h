@@ -84,7 +84,8 @@ Status validate_model(const ModelDesc& model, int tp_size, int ep_size);
 Result<RankSpec> model_rank_spec(const ModelDesc& model, int tp_rank, int tp_size, int ep_size,
                                  Scheme linear_scheme, int replica = 0);
 
-// Every rank of `replicas` replicas, replica-major (the planner's destination order).
+// Every rank of `replicas` replicas, replica-major (the planner's destination order). The replicas'
+// specs of one TP rank are copies sharing its tensors and parameters (RankSpec), built once.
 Result<std::vector<RankSpec>> model_rank_specs(const ModelDesc& model, int replicas, int tp_size, int ep_size,
                                                Scheme linear_scheme);
 

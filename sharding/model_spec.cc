@@ -40,6 +40,11 @@ Status validate_rank_spec(const RankSpec& spec, const Manifest& manifest) {
   return ok_status();
 }
 
+bool share_layout(RankSpec& spec, const RankSpec& other) {
+  // Parameters first: they differ more often, and a mismatch is found before the tensors are read.
+  return spec.params.share_if_equal(other.params) && spec.expects.share_if_equal(other.expects);
+}
+
 std::string layer_of(const std::string& name) {
   constexpr std::string_view kPrefix = "model.layers.";
   if (name.starts_with(kPrefix)) {

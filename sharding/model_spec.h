@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cow_vector.h"
 #include "core/dtype.h"
 #include "core/scheme.h"
 #include "core/status.h"
@@ -29,6 +30,7 @@ struct SourceSlice {
   std::string source;
   Region src;
   Dims dst_offset;
+  bool operator==(const SourceSlice&) const = default;
 };
 
 // One parameter of one rank, in full precision after fusion and sharding. Its processing (scheme)
@@ -41,6 +43,7 @@ struct ParamSpec {
   Scheme scheme = Scheme::kNone;    // processing into storage (core/scheme.h, kernels/quantize.h)
   std::vector<int64_t> shard_rows;  // logical shards of a fused parameter (q, k, v); empty: one
   std::vector<SourceSlice> slices;  // where every element comes from; disjoint
+  bool operator==(const ParamSpec&) const = default;
 };
 
 // One rank of one replica.
@@ -52,9 +55,17 @@ struct RankSpec {
   // Whose kernels read this rank's storage (kernels/quantize.h "Engine layouts"): the names, shapes
   // and arithmetic of every quantized parameter. Local to the rank: the plan does not depend on it.
   EngineLayout layout = EngineLayout::kFerry;
-  Manifest expects;  // every source tensor this rank's model takes, with its full shape
-  std::vector<ParamSpec> params;
+  // Every source tensor this rank's model takes, with its full shape, and the rank's parameters.
+  // Copies of a spec share both until one is written (core/cow_vector.h): the ranks of identical
+  // replicas hold them once, and the planner treats ranks that share them as laid out alike.
+  CowVector<SourceTensor> expects;
+  CowVector<ParamSpec> params;
 };
+
+// Makes `spec` share `other`'s tensors and parameters where they are equal (compared in full), as
+// if copied from it: ranks of identical replicas that were built apart (received over the wire)
+// then plan as fast as copies. True when both are shared.
+bool share_layout(RankSpec& spec, const RankSpec& other);
 
 // Destination box of a slice inside its parameter.
 Region slice_dst_region(const SourceSlice& slice, const ParamSpec& param);

@@ -80,95 +80,105 @@ std::vector<int> transfer_order(const std::vector<int64_t>& keys) {
   return order;
 }
 
-// Calls f(dst, param, slice, source, box k) for every piece: one per held box each slice meets
-// (one, for a trainer holding tensors whole); for each source, rank after rank, parameter after
-// parameter. The walk goes layer by layer (`keys`, each source's): every rank's slices of one layer,
-// rank after rank, then the next layer, so that the pieces it builds are written near each other.
-// Where some rank's slices are not in layer order it goes rank after rank instead.
-template <typename F>
-void for_each_piece(const std::vector<RankSpec>& ranks, const Holdings& held, const std::vector<int>& slice_sources,
-                    const std::vector<int64_t>& keys, F&& f) {
-  auto emit = [&](size_t d, size_t p, size_t s, int src) {
-    const auto& boxes = held.boxes[static_cast<size_t>(src)];
-    for (size_t k = 0; k < boxes.size(); ++k) {
-      // A slice meets every box of a source held whole (the one box), else those it overlaps.
-      if (boxes.size() == 1 || ranks[d].params[p].slices[s].src.overlaps(boxes[k].region)) f(d, p, s, src, k);
-    }
-  };
-  struct Cursor {
-    size_t p = 0, s = 0, flat = 0;
-  };
-  std::vector<Cursor> at(ranks.size());
-  bool by_layer = true;
-  size_t flat = 0;
+// Ranks laid out alike: the first rank whose parameters each rank shares (RankSpec's copies share
+// them; an identical replica's ranks do), so the walk below indexes each distinct layout once.
+std::vector<size_t> layout_classes(const std::vector<RankSpec>& ranks) {
+  std::unordered_map<const void*, size_t> first;
+  std::vector<size_t> cls(ranks.size());
   for (size_t d = 0; d < ranks.size(); ++d) {
-    at[d].flat = flat;
-    int64_t last = std::numeric_limits<int64_t>::min();
-    for (const ParamSpec& p : ranks[d].params) {
-      for (size_t s = 0; s < p.slices.size(); ++s) {
-        const int64_t k = keys[static_cast<size_t>(slice_sources[flat++])];
-        by_layer = by_layer && k >= last;
-        last = k;
-      }
-    }
+    const void* id = ranks[d].params.identity();
+    cls[d] = id == nullptr ? d : first.try_emplace(id, d).first->second;
   }
-  std::vector<int64_t> levels{std::numeric_limits<int64_t>::min()};  // one level: rank after rank
-  if (by_layer) {
-    levels = keys;
-    std::sort(levels.begin(), levels.end());
-    levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
-  }
-  for (int64_t level : levels) {
-    for (size_t d = 0; d < ranks.size(); ++d) {
-      Cursor& c = at[d];
-      const auto& params = ranks[d].params;
-      while (c.p < params.size()) {
-        if (c.s == params[c.p].slices.size()) {
-          ++c.p;
-          c.s = 0;
-          continue;
-        }
-        const int src = slice_sources[c.flat];
-        if (by_layer && keys[static_cast<size_t>(src)] != level) break;
-        emit(d, c.p, c.s, src);
-        ++c.s;
-        ++c.flat;
-      }
-    }
-  }
+  return cls;
 }
 
-// The pieces, grouped by source in transfer order (in each, rank after rank), with their sums.
-void place_pieces(const Manifest& manifest, const std::vector<RankSpec>& ranks, const Holdings& held,
-                  const std::vector<int>& slice_sources, const std::vector<int64_t>& keys, Plan& plan) {
-  std::vector<size_t> next(manifest.size(), 0);
-  for_each_piece(ranks, held, slice_sources, keys, [&](size_t, size_t, size_t, int src, size_t) { ++next[static_cast<size_t>(src)]; });
-  plan.by_source.resize(manifest.size());
-  size_t total = 0;
-  for (int src : plan.source_order) {
-    auto& mine = plan.by_source[static_cast<size_t>(src)];
-    mine.resize(next[static_cast<size_t>(src)]);
-    std::iota(mine.begin(), mine.end(), static_cast<int>(total));
-    next[static_cast<size_t>(src)] = total;
-    total += mine.size();
+// One layout's slices by source: those of source i are (param, slice) pairs entries[at[i], at[i + 1]),
+// in the rank's order (parameter after parameter), with the pieces they make (one per held box they
+// meet) counted.
+struct SlicesBySource {
+  std::vector<uint32_t> at;
+  std::vector<std::pair<uint32_t, uint32_t>> entries;
+  size_t pieces = 0;
+};
+
+size_t boxes_met(const Region& slice, const std::vector<HeldBox>& boxes) {
+  if (boxes.size() == 1) return 1;  // a source held whole: the one box
+  size_t n = 0;
+  for (const auto& b : boxes) n += slice.overlaps(b.region) ? 1 : 0;
+  return n;
+}
+
+SlicesBySource slices_by_source(const RankSpec& rank, const int* sources, size_t num_sources, const Holdings& held) {
+  SlicesBySource out;
+  out.at.assign(num_sources + 1, 0);
+  const int* next = sources;
+  for (const ParamSpec& p : rank.params) {
+    for (size_t s = 0; s < p.slices.size(); ++s) ++out.at[static_cast<size_t>(*next++) + 1];
   }
-  plan.pieces.resize(total);
+  for (size_t i = 0; i < num_sources; ++i) out.at[i + 1] += out.at[i];
+  out.entries.resize(out.at.back());
+  std::vector<uint32_t> fill(out.at.begin(), out.at.end() - 1);
+  next = sources;
+  for (size_t p = 0; p < rank.params.size(); ++p) {
+    const auto& slices = rank.params[p].slices;
+    for (size_t s = 0; s < slices.size(); ++s) {
+      const auto src = static_cast<size_t>(*next++);
+      out.entries[fill[src]++] = {static_cast<uint32_t>(p), static_cast<uint32_t>(s)};
+      out.pieces += boxes_met(slices[s].src, held.boxes[src]);
+    }
+  }
+  return out;
+}
+
+// The pieces, grouped by source in transfer order (in each, rank after rank, a rank's in its
+// parameter order), with their sums: one per held box each slice meets (one, for a trainer holding
+// tensors whole). Written in that order, each once.
+void place_pieces(const Manifest& manifest, const std::vector<RankSpec>& ranks, const Holdings& held,
+                  const std::vector<int>& slice_sources, Plan& plan) {
+  const std::vector<size_t> cls = layout_classes(ranks);
+  std::vector<SlicesBySource> layouts(ranks.size());
+  const int* sources = slice_sources.data();
+  size_t total = 0;
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    size_t n = 0;
+    for (const ParamSpec& p : ranks[d].params) n += p.slices.size();
+    if (cls[d] == d) layouts[d] = slices_by_source(ranks[d], sources, manifest.size(), held);
+    total += layouts[cls[d]].pieces;
+    sources += n;
+  }
+  plan.pieces.reserve(total);
+  plan.by_source.resize(manifest.size());
   plan.bytes_per_dst.assign(ranks.size(), 0);
-  for_each_piece(ranks, held, slice_sources, keys, [&](size_t d, size_t p, size_t s, int src, size_t k) {
-    const auto& boxes = held.boxes[static_cast<size_t>(src)];
-    const Region& whole = ranks[d].params[p].slices[s].src;
-    Piece& pc = plan.pieces[next[static_cast<size_t>(src)]++];
-    pc.dst = static_cast<int>(d);
-    pc.param = static_cast<int>(p);
-    pc.slice = static_cast<int>(s);
-    pc.source = src;
-    pc.box = static_cast<int>(k);
-    pc.src = boxes.size() == 1 ? whole : *intersect(whole, boxes[k].region);
-    pc.bytes = dtype_bytes(manifest[static_cast<size_t>(src)].dtype, pc.src.numel());
-    plan.bytes_per_dst[d] += pc.bytes;
-    plan.total_bytes += pc.bytes;
-    plan.max_row_bytes = std::max(plan.max_row_bytes, piece_rows(pc.src.size, pc.bytes).row_bytes);
-  });
+  for (int src : plan.source_order) {
+    const auto i = static_cast<size_t>(src);
+    const auto& boxes = held.boxes[i];
+    const size_t first = plan.pieces.size();
+    for (size_t d = 0; d < ranks.size(); ++d) {
+      const SlicesBySource& l = layouts[cls[d]];
+      const auto& params = ranks[d].params;
+      for (uint32_t e = l.at[i]; e < l.at[i + 1]; ++e) {
+        const auto [p, s] = l.entries[e];
+        const Region& whole = params[p].slices[s].src;
+        for (size_t k = 0; k < boxes.size(); ++k) {
+          if (boxes.size() > 1 && !whole.overlaps(boxes[k].region)) continue;
+          Piece& pc = plan.pieces.emplace_back();
+          pc.dst = static_cast<int>(d);
+          pc.param = static_cast<int>(p);
+          pc.slice = static_cast<int>(s);
+          pc.source = src;
+          pc.box = static_cast<int>(k);
+          pc.src = boxes.size() == 1 ? whole : *intersect(whole, boxes[k].region);
+          pc.bytes = dtype_bytes(manifest[i].dtype, pc.src.numel());
+          plan.bytes_per_dst[d] += pc.bytes;
+          plan.total_bytes += pc.bytes;
+          plan.max_row_bytes = std::max(plan.max_row_bytes, piece_rows(pc.src.size, pc.bytes).row_bytes);
+        }
+      }
+    }
+    auto& mine = plan.by_source[i];
+    mine.resize(plan.pieces.size() - first);
+    std::iota(mine.begin(), mine.end(), static_cast<int>(first));
+  }
 }
 
 // Piece indices by bytes, largest first, ties in plan order (a stable sort), in time linear in
@@ -333,7 +343,7 @@ Result<Plan> make_plan(const Manifest& manifest, const std::vector<RankSpec>& ra
     std::string layer = layer_of(manifest[static_cast<size_t>(i)].name);
     if (plan.layers.empty() || plan.layers.back() != layer) plan.layers.push_back(std::move(layer));
   }
-  place_pieces(manifest, ranks, held, slice_sources, keys, plan);
+  place_pieces(manifest, ranks, held, slice_sources, plan);
   assign_senders(held, senders.size(), plan);
   plan.buckets = cut_buckets(plan, bucket_bytes);
   return plan;

@@ -1,6 +1,7 @@
 #include "sharding/spec_check.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -166,8 +167,27 @@ Status check_and_resolve(const Manifest& manifest, const std::vector<RankSpec>& 
   expects.begin.assign(ranks.size() + 1, 0);
   slices.begin.assign(ranks.size() + 1, 0);
   std::vector<const Shape*> shapes;
+  // A rank sharing an earlier rank's tensors and parameters (a copy of its spec, as an identical
+  // replica's rank is) passes the same checks and resolves to the same indices: they are copied.
+  std::map<std::pair<const void*, const void*>, size_t> checked;
+  auto copy_rank = [](Resolved& x, size_t from, size_t d) {
+    const size_t at = x.index.size(), first = x.begin[from], last = x.begin[from + 1];
+    x.index.resize(at + (last - first));
+    std::copy(x.index.begin() + static_cast<ptrdiff_t>(first), x.index.begin() + static_cast<ptrdiff_t>(last),
+              x.index.begin() + static_cast<ptrdiff_t>(at));
+    x.begin[d + 1] = x.index.size();
+  };
   for (size_t d = 0; d < ranks.size(); ++d) {
     const RankSpec& r = ranks[d];
+    const std::pair<const void*, const void*> layout{r.expects.identity(), r.params.identity()};
+    if (layout.first != nullptr && layout.second != nullptr) {
+      auto [twin, added] = checked.try_emplace(layout, d);
+      if (!added) {
+        copy_rank(expects, twin->second, d);
+        copy_rank(slices, twin->second, d);
+        continue;
+      }
+    }
     const int ref = alike(ranks, d);
     for (size_t j = 0; j < r.expects.size(); ++j) {
       const SourceTensor& e = r.expects[j];

@@ -35,7 +35,7 @@ ferry::sharding::LlamaConfig Config::llama() const {
 Result<ferry::sharding::RankSpec> rank_spec(const Config& cfg, ferry::Scheme scheme) {
   FERRY_ASSIGN_OR_RETURN(auto spec, ferry::sharding::llama_rank_spec(cfg.llama(), 0, 1, scheme));
   // The lm_head is a linear layer too: the decoder's last GEMM runs under the same scheme.
-  for (auto& p : spec.params) {
+  for (auto& p : spec.params.edit()) {
     if (p.name == "lm_head.weight") p.scheme = scheme;
   }
   return spec;

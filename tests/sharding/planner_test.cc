@@ -9,6 +9,7 @@
 #include "sharding/model_config.h"
 #include "sharding/planner.h"
 #include "sharding/presets.h"
+#include "sharding/trainer_layouts.h"
 
 namespace ferry::sharding {
 namespace {
@@ -217,12 +218,111 @@ TEST(Planner, CacheReusesPlansAndKeysOnInputs) {
   EXPECT_NE(a->get(), c->get());
   Fixture g = small_model(4, 1);  // other specs
   EXPECT_NE(plan_key(f.manifest, f.ranks, senders), plan_key(g.manifest, g.ranks, senders));
-  f.ranks[1].params[3].scheme = Scheme::kFp8PerChannel;  // one scheme changes the key
+  f.ranks[1].params.edit()[3].scheme = Scheme::kFp8PerChannel;  // one scheme changes the key
   EXPECT_NE(plan_key(f.manifest, f.ranks, senders), a->get()->key);
   auto d = cache.get(f.manifest, f.ranks, senders, PlanOptions{4096});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(cache.misses(), 3u);
   EXPECT_EQ(cache.hits(), 1u);
+}
+
+// The same specs, each rank with buffers of its own: nothing shared between ranks.
+std::vector<RankSpec> built_apart(const std::vector<RankSpec>& ranks) {
+  std::vector<RankSpec> out = ranks;
+  for (RankSpec& r : out) {
+    r.params = CowVector<ParamSpec>(std::vector<ParamSpec>(r.params.get()));
+    r.expects = CowVector<SourceTensor>(std::vector<SourceTensor>(r.expects.get()));
+  }
+  return out;
+}
+
+void expect_same_plan(const Plan& a, const Plan& b) {
+  EXPECT_EQ(a.key, b.key);
+  EXPECT_EQ(a.layers, b.layers);
+  EXPECT_EQ(a.source_order, b.source_order);
+  ASSERT_EQ(a.pieces.size(), b.pieces.size());
+  for (size_t i = 0; i < a.pieces.size(); ++i) {
+    const Piece& x = a.pieces[i];
+    const Piece& y = b.pieces[i];
+    ASSERT_TRUE(x.dst == y.dst && x.param == y.param && x.slice == y.slice && x.source == y.source && x.src == y.src &&
+                x.bytes == y.bytes && x.sender == y.sender && x.box == y.box)
+        << "piece " << i;
+  }
+  EXPECT_EQ(a.by_source, b.by_source);
+  EXPECT_EQ(a.bytes_per_sender, b.bytes_per_sender);
+  EXPECT_EQ(a.bytes_per_dst, b.bytes_per_dst);
+  EXPECT_EQ(a.total_bytes, b.total_bytes);
+  EXPECT_EQ(a.max_row_bytes, b.max_row_bytes);
+  ASSERT_EQ(a.buckets.size(), b.buckets.size());
+  for (size_t i = 0; i < a.buckets.size(); ++i) {
+    const Bucket& x = a.buckets[i];
+    const Bucket& y = b.buckets[i];
+    ASSERT_TRUE(x.sender == y.sender && x.dst == y.dst && x.bytes == y.bytes && x.parts.size() == y.parts.size()) << i;
+    for (size_t k = 0; k < x.parts.size(); ++k) {
+      ASSERT_TRUE(x.parts[k].piece == y.parts[k].piece && x.parts[k].first_row == y.parts[k].first_row &&
+                  x.parts[k].rows == y.parts[k].rows && x.parts[k].bytes == y.parts[k].bytes)
+          << i << "/" << k;
+    }
+  }
+}
+
+// Identical replicas share their ranks' specs (model_rank_specs copies them), and the planner checks
+// and walks a shared layout once: the plan must be the one that specs built apart give, whole
+// tensors or boxes, dense or experts, with a rank written after it was copied.
+TEST(Planner, SharedSpecsPlanAsSpecsBuiltApart) {
+  struct Case {
+    std::string name;
+    Manifest manifest;
+    std::vector<RankSpec> ranks;
+    std::vector<SenderInfo> senders;
+  };
+  std::vector<Case> cases;
+  {
+    Fixture f = small_model(2, 3);
+    cases.push_back({"dense, whole", f.manifest, f.ranks, std::vector<SenderInfo>(3)});
+    std::vector<SenderInfo> fsdp;
+    for (int r = 0; r < 3; ++r) fsdp.push_back(fsdp_holdings(f.manifest, r, 3));
+    cases.push_back({"dense, fsdp", f.manifest, f.ranks, fsdp});
+    Fixture g = small_model(4, 2);
+    g.ranks[5].params.edit()[3].scheme = Scheme::kFp8PerChannel;  // written after the copy
+    cases.push_back({"dense, one rank written", g.manifest, g.ranks, std::vector<SenderInfo>(2)});
+  }
+  {
+    auto desc = preset_model("qwen3-30b-a3b");
+    ASSERT_TRUE(desc.ok());
+    ModelDesc small = *desc;
+    small.params.resize(40);  // the embedding and the first layers' attention and experts
+    auto ranks = model_rank_specs(small, 2, 4, 2, Scheme::kFp8Block);
+    ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
+    const Manifest manifest = model_manifest(small);
+    std::vector<SenderInfo> ep;
+    for (int r = 0; r < 4; ++r) ep.push_back(expert_holdings(manifest, r, 4));
+    cases.push_back({"experts, ep", manifest, *ranks, ep});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const size_t tp = static_cast<size_t>(c.ranks[0].tp_size);
+    ASSERT_GT(c.ranks.size(), tp);
+    EXPECT_TRUE(c.ranks[0].params.shares(c.ranks[tp].params));  // replica 1's rank 0 is replica 0's
+    const std::vector<RankSpec> apart = built_apart(c.ranks);
+    EXPECT_FALSE(apart[0].params.shares(apart[tp].params));
+    auto shared = make_plan(c.manifest, c.ranks, c.senders, PlanOptions{1 << 16});
+    auto separate = make_plan(c.manifest, apart, c.senders, PlanOptions{1 << 16});
+    ASSERT_TRUE(shared.ok()) << shared.status().to_string();
+    ASSERT_TRUE(separate.ok()) << separate.status().to_string();
+    expect_same_plan(*shared, *separate);
+  }
+}
+
+// A rank that shares its parameters with a checked one but expects other tensors is checked anew.
+TEST(Planner, ASharedRankWithOtherTensorsIsChecked) {
+  Fixture f = small_model(2, 2);
+  ASSERT_TRUE(f.ranks[0].params.shares(f.ranks[2].params));
+  f.ranks[2].expects.edit()[0].shape = {7, 7};
+  auto plan = make_plan(f.manifest, f.ranks, std::vector<SenderInfo>(1), PlanOptions{1 << 16});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("replica 1 rank 0 expects"), std::string::npos) << plan.status().to_string();
+  EXPECT_NE(plan.status().message().find(f.ranks[2].expects[0].name), std::string::npos);
 }
 
 }  // namespace

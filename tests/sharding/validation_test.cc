@@ -86,7 +86,7 @@ TEST(Validation, GroupSizeThatDoesNotDivideTheShard) {
   std::vector<RankSpec> ranks;
   for (int r = 0; r < 8; ++r) {
     RankSpec spec = *llama_rank_spec(*lc, r, 8, Scheme::kNone);
-    for (ParamSpec& p : spec.params) {
+    for (ParamSpec& p : spec.params.edit()) {
       if (p.name.ends_with("o_proj.weight")) p.scheme = Scheme::kInt4Group;
     }
     ranks.push_back(std::move(spec));
@@ -124,7 +124,7 @@ TEST(Validation, MissingSender) {
 
 TEST(Validation, OverlappingSlicesInAHandWrittenSpec) {
   Cluster s = make_cluster(cfg(), 1);
-  ParamSpec& qkv = s.ranks[0].params[2];
+  ParamSpec& qkv = s.ranks[0].params.edit()[2];
   ASSERT_EQ(qkv.name, "model.layers.0.self_attn.qkv_proj.weight");
   qkv.slices[1].dst_offset[0] -= 1;  // k lands one row into q
   expect_error(make_plan(s.manifest, s.ranks, {SenderInfo{}}).status(), StatusCode::kInvalidArgument, "overlap");
