@@ -80,6 +80,26 @@ std::vector<int> transfer_order(const std::vector<int64_t>& keys) {
   return order;
 }
 
+// The digest of one rank's parameters: names, shapes, schemes and every slice.
+uint64_t params_digest(const std::vector<ParamSpec>& params) {
+  Hasher h;
+  for (const ParamSpec& p : params) {
+    h.add(p.name);
+    h.add(p.layer);
+    h.add_shape(p.shape);
+    h.add_int(static_cast<int64_t>(p.source_dtype));
+    h.add(std::string(scheme_name(p.scheme)));
+    h.add_shape(p.shard_rows);
+    for (const SourceSlice& s : p.slices) {
+      h.add(s.source);
+      h.add_shape(s.src.offset);
+      h.add_shape(s.src.size);
+      h.add_shape(s.dst_offset);
+    }
+  }
+  return h.digest();
+}
+
 // Ranks laid out alike: the first rank whose parameters each rank shares (RankSpec's copies share
 // them; an identical replica's ranks do), so the walk below indexes each distinct layout once.
 std::vector<size_t> layout_classes(const std::vector<RankSpec>& ranks) {
@@ -286,25 +306,26 @@ uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, 
     h.add_int(static_cast<int64_t>(t.dtype));
     h.add_shape(t.shape);
   }
+  // Each rank's parameters enter as their own digest, computed once for the ranks that share them
+  // (identical replicas): the key is the same whether or not specs share, and hashing a plan of 16
+  // replicas reads one replica's parameters.
+  std::unordered_map<const void*, uint64_t> digests;
   for (const RankSpec& r : ranks) {
     h.add_int(r.replica);
     h.add_int(r.tp_rank);
     h.add_int(r.tp_size);
     h.add_int(r.ep_size);
-    for (const ParamSpec& p : r.params) {
-      h.add(p.name);
-      h.add(p.layer);
-      h.add_shape(p.shape);
-      h.add_int(static_cast<int64_t>(p.source_dtype));
-      h.add(std::string(scheme_name(p.scheme)));
-      h.add_shape(p.shard_rows);
-      for (const SourceSlice& s : p.slices) {
-        h.add(s.source);
-        h.add_shape(s.src.offset);
-        h.add_shape(s.src.size);
-        h.add_shape(s.dst_offset);
+    const void* id = r.params.identity();
+    auto it = id == nullptr ? digests.end() : digests.find(id);
+    if (it == digests.end()) {
+      const uint64_t digest = params_digest(r.params);
+      if (id == nullptr) {
+        h.add_int(static_cast<int64_t>(digest));
+        continue;
       }
+      it = digests.emplace(id, digest).first;
     }
+    h.add_int(static_cast<int64_t>(it->second));
   }
   for (const SenderInfo& s : senders) {
     h.add_int(static_cast<int64_t>(s.owns.size()));

@@ -325,5 +325,26 @@ TEST(Planner, ASharedRankWithOtherTensorsIsChecked) {
   EXPECT_NE(plan.status().message().find(f.ranks[2].expects[0].name), std::string::npos);
 }
 
+// Specs that arrive apart (over the wire, one per rank) share when equal, and only then.
+TEST(Planner, SpecsBuiltApartShareWhenEqual) {
+  Fixture f = small_model(2, 2);
+  std::vector<RankSpec> apart = built_apart(f.ranks);
+  ASSERT_FALSE(apart[2].params.shares(apart[0].params));
+  EXPECT_TRUE(share_layout(apart[2], apart[0]));  // replica 1's rank 0 is replica 0's
+  EXPECT_TRUE(apart[2].params.shares(apart[0].params));
+  EXPECT_TRUE(apart[2].expects.shares(apart[0].expects));
+  EXPECT_FALSE(share_layout(apart[3], apart[0]));  // rank 1 holds other shards
+  EXPECT_FALSE(apart[3].params.shares(apart[0].params));
+  apart[3].params.edit()[0].name += ".other";
+  EXPECT_FALSE(share_layout(apart[3], apart[1]));
+  EXPECT_EQ(apart[3].params[0].name, f.ranks[3].params[0].name + ".other");
+  auto shared = make_plan(f.manifest, f.ranks, std::vector<SenderInfo>(2), PlanOptions{1 << 16});
+  std::vector<RankSpec> mixed = built_apart(f.ranks);
+  ASSERT_TRUE(share_layout(mixed[2], mixed[0]));
+  auto after = make_plan(f.manifest, mixed, std::vector<SenderInfo>(2), PlanOptions{1 << 16});
+  ASSERT_TRUE(shared.ok() && after.ok());
+  expect_same_plan(*shared, *after);
+}
+
 }  // namespace
 }  // namespace ferry::sharding
