@@ -221,6 +221,9 @@ class ReloadEngine {
       int64_t row0 = 0;
       std::shared_ptr<const void> owner;
       bool borrowed = false;  // valid only until release_borrowed()
+      // A band (ProcessingKernel::can_process_band): rows [band, band + rows.dim(0)) of matrix
+      // `row0` of a stacked parameter, `rows` as [rows, cols...]. -1: whole rows.
+      int64_t band = -1;
     };
     std::vector<Lent> lent;  // processed at completion, straight into the target
     std::vector<Lent> whole;  // per input: a kept piece covering all of it, read in place of staging
@@ -257,7 +260,7 @@ class ReloadEngine {
   void note_changed_rows(Param& p, const Region& dst, const std::vector<std::pair<uint64_t, uint64_t>>& runs);
   Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
               const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes,
-              bool borrowed = false);
+              bool borrowed = false, bool band = false);
   // A complete layer into storage (engine_process.cc); on failure the layer is refused and released.
   Status process(Layer& layer);
   Status process_layer(Layer& layer);

@@ -141,7 +141,7 @@ Status ReloadEngine::stage_piecewise(Layer& layer, Param& p) {
 // it on its own) and `kept` (its bytes stay valid until then) allow.
 Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data,
                           size_t bytes, const std::shared_ptr<const void>* owner, Device data_device, bool rows,
-                          bool kept, bool completes, bool borrowed) {
+                          bool kept, bool completes, bool borrowed, bool band) {
   Param& p = params_[param];
   const auto& in = p.inputs[input];
   const DType dtype = in.dtype;
@@ -149,11 +149,15 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
   // Pieces whose bytes stay valid until the layer is processed (lent ones, and the piece that
   // completes the layer, processed within this call) are kept as they are: row pieces are
   // processed at completion straight into storage, and a piece covering a whole input is read in
-  // place of its staging, by any kernel. Other row pieces are processed now into scratch; the rest
-  // is staged in full precision.
-  enum class Hold { kKept, kWhole, kScratch, kStaged };
+  // place of its staging, by any kernel. Kept bands of one stacked matrix are processed at
+  // completion too. Other row pieces are processed now into scratch; the rest is staged in full
+  // precision.
+  enum class Hold { kKept, kWhole, kBand, kScratch, kStaged };
   const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;
-  const Hold how = rows ? (kept ? Hold::kKept : Hold::kScratch) : (kept && whole ? Hold::kWhole : Hold::kStaged);
+  const Hold how = rows               ? (kept ? Hold::kKept : Hold::kScratch)
+                   : kept && whole    ? Hold::kWhole
+                   : kept && band     ? Hold::kBand
+                                      : Hold::kStaged;
   Status st = ok_status();
   if (how == Hold::kStaged) {
     // A device piece into device storage is staged on the device (a whole fused parameter that one
@@ -170,7 +174,7 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     release(layer);
     return st;
   }
-  if ((how == Hold::kWhole || how == Hold::kKept) && borrowed && !completes) {
+  if ((how == Hold::kWhole || how == Hold::kKept || how == Hold::kBand) && borrowed && !completes) {
     borrowed_.push_back(Borrowed{param, input, dst, data, bytes, rows});
   }
   if (how == Hold::kWhole) {
@@ -180,6 +184,10 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
   } else if (how == Hold::kKept) {
     p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, dst.size, data_device), dst.offset[0],
                                  owner != nullptr ? *owner : nullptr, borrowed});
+  } else if (how == Hold::kBand) {
+    const Shape band_shape(dst.size.begin() + 1, dst.size.end());  // [rows, cols...] of matrix dst.offset[0]
+    p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, band_shape, data_device), dst.offset[0],
+                                 owner != nullptr ? *owner : nullptr, borrowed, dst.offset[1]});
   } else if (how == Hold::kScratch) {
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
     TensorView input_rows(const_cast<void*>(data), dtype, dst.size);
@@ -355,7 +363,14 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
   bool completes = !stage_all_;
   for (uint32_t q : layer.params) completes = completes && complete(params_[q]);
   const bool kept = owner != nullptr || completes || borrowed;
-  if (!rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1) {
+  // A kept band of one stacked matrix (an expert's gate rows from a trainer tensor per expert) is
+  // read in place at completion, as whole rows are, instead of being staged.
+  const bool band = !rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) &&
+                    p.kernel->can_process_band(dst);
+  if (band) {
+    FERRY_RETURN_IF_ERROR(hold(layer, param, input, dst, data, bytes, owner, data_device, false, kept, completes,
+                               borrowed, true));
+  } else if (!rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1) {
     // A kept piece of whole rows that the kernel cannot take as it is (a vocabulary shard that ends
     // inside a 128-row band, rows across per-tensor shards) may still hold a run of rows that it
     // can: that run is processed from the piece at completion, and only the rows around it are

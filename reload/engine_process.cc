@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -30,16 +31,25 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
   // covers that).
   const bool scratch = !p.piecewise.empty();
   const std::vector<TensorView>& target = scratch ? p.piecewise_views : p.storage;
+  const auto& in = p.inputs[0];
+  std::map<int64_t, int64_t> banded;  // matrix -> rows its bands cover
   for (const Param::Lent& l : p.lent) {
+    if (l.band >= 0) {
+      banded[l.row0] += l.rows.dim(0);
+      continue;
+    }
     if (Status st = p.kernel->process_rows(l.rows, l.row0, target, exec); !st.ok()) {
       return st.with_context(fmt::format("{} rows from {}", ps.name, l.row0));
     }
     p.rows_done.emplace_back(l.row0, l.row0 + l.rows.dim(0));
     if (!scratch) ++report_.direct_pieces;
   }
+  // A matrix its bands cover whole needs nothing from staging.
+  for (const auto& [m, n] : banded) {
+    if (in.shape.size() >= 2 && n == in.shape[1]) p.rows_done.emplace_back(m, m + 1);
+  }
   // Rows no piece covered whole: staged pieces and padding, processed from staging.
   std::sort(p.rows_done.begin(), p.rows_done.end());
-  const auto& in = p.inputs[0];
   const int64_t rows = in.shape[0], per_row = rows ? shape_numel(in.shape) / rows : 0;
   int64_t next = 0;
   const Device dev = storage_.device();
@@ -84,6 +94,15 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
     next = r1;
   }
   FERRY_RETURN_IF_ERROR(run(next, rows));
+  // Bands last: a matrix that bands cover in part was processed from staging just above, and its
+  // bands' rows (whole blocks under fp8_block, rows otherwise) are written over with their own.
+  for (const Param::Lent& l : p.lent) {
+    if (l.band < 0) continue;
+    if (Status st = p.kernel->process_band(l.rows, l.row0, l.band, target, exec); !st.ok()) {
+      return st.with_context(fmt::format("{} rows {}+{} of matrix {}", ps.name, l.band, l.rows.dim(0), l.row0));
+    }
+    if (!scratch) ++report_.direct_pieces;
+  }
   if (uploads.bytes() > 0) FERRY_RETURN_IF_ERROR(device_synchronize(dev));  // before the uploads are freed
   if (!scratch) return ok_status();
   // Copy-in: values go into the registered storage; its identity stays.

@@ -206,6 +206,34 @@ class OnlineKernel final : public ProcessingKernel {
     run.size[0] = r1 - r0;
     return can_process_rows(run) ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
   }
+  bool can_process_band(const Region& dst) const override {
+    const Shape& s = param_.shape;
+    if (s.size() != 3 || dst.rank() != 3 || dst.size[0] != 1 || dst.offset[2] != 0 || dst.size[2] != s[2]) return false;
+    if (scheme_ == Scheme::kFp8PerTensor) return false;  // one scale a matrix: only whole ones
+    if (scheme_ == Scheme::kFp8Block) {
+      const int64_t b = kFp8BlockSize;
+      return dst.offset[1] % b == 0 && (dst.size[1] % b == 0 || dst.offset[1] + dst.size[1] == s[1]);
+    }
+    return true;  // row-local: every row's codes and scale are its own
+  }
+  Status process_band(const TensorView& input, int64_t matrix, int64_t row0, std::span<const TensorView> out,
+                      const kernels::Exec& exec) override {
+    // Matrix `matrix` of every storage tensor (each [matrices, ...]), then its rows as a 2-D
+    // parameter's.
+    std::vector<TensorView> one;
+    one.reserve(out.size());
+    for (const TensorView& t : out) {
+      if (t.rank() < 2 || t.dim(0) != param_.shape[0]) {
+        return Status::internal(fmt::format("{}: storage {} is not stacked by matrix", param_.name,
+                                            shape_to_string(t.shape())));
+      }
+      const Shape inner(t.shape().begin() + 1, t.shape().end());
+      const int64_t per = t.numel() / t.dim(0);
+      one.emplace_back(static_cast<char*>(t.data()) + dtype_bytes(t.dtype(), matrix * per), t.dtype(), inner, t.device());
+    }
+    FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, one, row0, input.dim(0)));
+    return kernels::quantize(scheme_, layout_, input, {}, rows, exec);
+  }
   Status process_rows(const TensorView& input, int64_t row0, std::span<const TensorView> out,
                       const kernels::Exec& exec) override {
     if (scheme_ == Scheme::kFp8PerTensor) {

@@ -57,6 +57,17 @@ class ProcessingKernel {
                               const kernels::Exec& /*exec*/) {
     return Status::internal(name() + ": no piece-by-piece processing");
   }
+  // A band of one matrix of stacked ones ([matrices, rows, cols...]: the rows of one expert's gate
+  // or up in a fused w13, from a trainer that holds a tensor per expert): true when a piece landing
+  // at `dst` (one matrix, whole in every dimension after the rows) can be processed on its own
+  // (row-local schemes; fp8_block on whole 128-row blocks), whatever covers the matrix's other rows.
+  virtual bool can_process_band(const Region& /*dst*/) const { return false; }
+  // Processes rows [row0, row0 + input.dim(0)) of matrix `matrix`, `input` holding exactly those
+  // rows (as [rows, cols...]), into `out` (the storage's layout, all matrices).
+  virtual Status process_band(const TensorView& /*input*/, int64_t /*matrix*/, int64_t /*row0*/,
+                              std::span<const TensorView> /*out*/, const kernels::Exec& /*exec*/) {
+    return Status::internal(name() + ": no band processing");
+  }
 };
 
 // The kernel ferry uses for `param`'s scheme: online quantization for every online scheme, and
