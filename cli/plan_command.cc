@@ -4,6 +4,8 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <regex>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,8 +15,10 @@
 #include "core/settings.h"
 #include "sharding/cost_model.h"
 #include "sharding/layout.h"
+#include "sharding/model_config.h"
 #include "sharding/planner.h"
 #include "sharding/presets.h"
+#include "sharding/source_layout.h"
 #include "sharding/trainer_layouts.h"
 
 namespace ferry::cli {
@@ -68,12 +72,52 @@ Result<Side> plan_and_cost(const sharding::Manifest& manifest, const std::vector
   return side;
 }
 
+// `megatron-tpT` or `megatron-tpT-ppP`: T and P (P 1 when absent); nullopt for another layout name.
+std::optional<std::pair<int, int>> megatron_sizes(const std::string& layout) {
+  static const std::regex kName(R"(megatron-tp([1-9][0-9]{0,3})(?:-pp([1-9][0-9]{0,3}))?)");
+  std::smatch m;
+  if (!std::regex_match(layout, m, kName)) return std::nullopt;
+  return std::pair<int, int>{std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 1};
+}
+
+// Megatron-Core's trainer: the N ranks as DP x PP x TP (TP innermost, as Megatron orders them),
+// each holding its TP shard of its stage's layers in Megatron's fused tensors
+// (sharding::megatron_layout); the DP groups hold copies.
+Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, int tp, int pp) {
+  const int n = a.trainers;
+  if (tp < 1 || pp < 1 || n % (tp * pp) != 0) {
+    return Status::invalid_argument(fmt::format("--layout {}: {} trainers are not data-parallel groups of TP {} x PP {}",
+                                                a.layout, n, tp, pp));
+  }
+  sharding::ModelConfig cfg;
+  if (!a.model.empty()) {
+    FERRY_ASSIGN_OR_RETURN(const std::string text, sharding::preset_text(a.model));
+    FERRY_ASSIGN_OR_RETURN(cfg, sharding::parse_hf_config(text));
+  } else {
+    auto loaded = sharding::load_hf_config(a.config);
+    if (!loaded.ok()) {
+      return loaded.status().with_context(fmt::format("--layout {} needs the model's config.json", a.layout));
+    }
+    cfg = *loaded;
+  }
+  std::vector<sharding::SenderInfo> out;
+  for (int r = 0; r < n; ++r) {
+    const int stage = (r / tp) % pp;
+    const int64_t first = cfg.num_layers * stage / pp, last = cfg.num_layers * (stage + 1) / pp;
+    auto layout = sharding::megatron_layout(cfg, r % tp, tp, {first, last});
+    if (!layout.ok()) return layout.status().with_context(fmt::format("--layout {}", a.layout));
+    out.push_back(sharding::layout_holdings(*layout));
+  }
+  return out;
+}
+
 // The N trainer ranks' holdings under `--layout` (sharding/trainer_layouts.h); `whole`: every rank
 // holds every tensor whole (after its own gather), and the plan balances them freely.
 Result<std::vector<sharding::SenderInfo>> layout_senders(const PlanArgs& a, const sharding::Manifest& manifest) {
   const int n = a.trainers;
   std::vector<sharding::SenderInfo> out(static_cast<size_t>(n));
   if (a.layout == "whole") return out;
+  if (const auto sizes = megatron_sizes(a.layout)) return megatron_senders(a, sizes->first, sizes->second);
   const int group = a.shard_group > 0 ? a.shard_group : std::min(a.topo.gpus_per_node, n);
   if (a.layout == "hsdp" && (group <= 0 || n % group != 0)) {
     return Status::invalid_argument(fmt::format("--layout hsdp: {} trainers are not groups of {}", n, group));
@@ -94,7 +138,8 @@ Result<std::vector<sharding::SenderInfo>> layout_senders(const PlanArgs& a, cons
     } else if (a.layout == "ep") {
       s = sharding::expert_holdings(manifest, r, n);
     } else {
-      return Status::invalid_argument(fmt::format("unknown --layout {}: whole, fsdp, hsdp, pipeline or ep", a.layout));
+      return Status::invalid_argument(
+          fmt::format("unknown --layout {}: whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP]", a.layout));
     }
   }
   return out;
@@ -218,10 +263,10 @@ Status run_plan(const PlanArgs& a, std::ostream& out) {
                      a.topo.nvlink_gbps, a.topo.pcie_gbps, a.topo.nic_gbps, a.topo.gpus_per_node,
                      a.topo.colocated ? ", colocated" : "", a.quantize_on_sender ? "quantized by the sender" : "source dtype");
   const std::string sharded = "sharded (" + a.layout + ")";
-  out << fmt::format("{:<22}{:>26}{:>26}\n", "", whole ? "broadcast from rank 0" : "gather to rank 0, send",
+  out << fmt::format("{:<22}{:>30}{:>30}\n", "", whole ? "broadcast from rank 0" : "gather to rank 0, send",
                      whole ? "ferry balanced" : sharded);
   auto row = [&](const char* what, const std::string& x, const std::string& y) {
-    out << fmt::format("{:<22}{:>26}{:>26}\n", what, x, y);
+    out << fmt::format("{:<22}{:>30}{:>30}\n", what, x, y);
   };
   row("bytes moved", gb(bcast.cost.bytes_moved), gb(bal.cost.bytes_moved));
   row("senders used", std::to_string(bcast.cost.senders_used), std::to_string(bal.cost.senders_used));
@@ -273,8 +318,13 @@ void add_plan_command(CLI::App& app, std::ostream& out) {
   cmd->add_option("--layout", args->layout,
                   "what each trainer rank holds: whole (every tensor, after its gather), fsdp (Shard(0) rows), hsdp "
                   "(Shard(0) in groups of --shard-group, replicated across them), pipeline (layers split into stages), "
-                  "ep (routed experts split by index, the rest Shard(0))")
-      ->check(CLI::IsMember({"whole", "fsdp", "hsdp", "pipeline", "ep"}))
+                  "ep (routed experts split by index, the rest Shard(0)), megatron-tpT[-ppP] (Megatron-Core's fused "
+                  "linear_qkv / linear_fc1, TP T, P pipeline stages, the rest data-parallel copies)")
+      ->check([](const std::string& v) {
+        const bool known = v == "whole" || v == "fsdp" || v == "hsdp" || v == "pipeline" || v == "ep" ||
+                           megatron_sizes(v).has_value();
+        return known ? std::string() : "expected whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP], got " + v;
+      })
       ->capture_default_str();
   cmd->add_option("--experts", args->experts,
                   "how the trainer holds routed experts: per-expert (a tensor per expert, as checkpoints name them) "

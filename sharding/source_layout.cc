@@ -1,5 +1,7 @@
 #include "sharding/source_layout.h"
 
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "sharding/planner.h"
@@ -19,9 +21,7 @@ std::string mcore(int64_t l, const char* rest) { return fmt::format("decoder.lay
 
 Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
                                      std::pair<int64_t, int64_t> layers, int64_t vocab_divisible_by) {
-  if (cfg.num_experts > 0 || cfg.qkv_bias || cfg.qk_norm) {
-    return Status::invalid_argument("megatron_layout does not lay out mixture-of-experts layers, qkv biases and q/k norms");
-  }
+  if (cfg.num_experts > 0) return Status::invalid_argument("megatron_layout does not lay out mixture-of-experts layers");
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
     return Status::invalid_argument(fmt::format("megatron_layout: TP rank {} of {}", tp_rank, tp_size));
   }
@@ -44,15 +44,29 @@ Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp
   };
   if (first == 0) put(rows_box("model.embed_tokens.weight", v0, v1 - v0, h), "embedding.word_embeddings.weight", 0);
   for (int64_t l = first; l < last; ++l) {
-    const std::string qkv = mcore(l, "self_attention.linear_qkv.weight");
-    int64_t at = 0;
-    for (int64_t g = tp_rank * groups; g < (tp_rank + 1) * groups; ++g) {
-      put(rows_box(layer_name(l, "self_attn.q_proj.weight"), g * per_group * hd, per_group * hd, h), qkv, at);
-      at += per_group * hd;
-      put(rows_box(layer_name(l, "self_attn.k_proj.weight"), g * hd, hd, h), qkv, at);
-      at += hd;
-      put(rows_box(layer_name(l, "self_attn.v_proj.weight"), g * hd, hd, h), qkv, at);
-      at += hd;
+    // linear_qkv's rows (and its bias's elements), per query group of the rank: the group's query
+    // heads, its key head, its value head.
+    for (const char* kind : {"weight", "bias"}) {
+      const bool bias = std::string_view(kind) == "bias";
+      if (bias && !cfg.qkv_bias) continue;
+      const std::string qkv = mcore(l, fmt::format("self_attention.linear_qkv.{}", kind).c_str());
+      auto box = [&](const char* proj, int64_t row0, int64_t rows) {
+        const std::string name = layer_name(l, fmt::format("self_attn.{}.{}", proj, kind).c_str());
+        return bias ? Holding{name, Region{{row0}, {rows}}} : rows_box(name, row0, rows, h);
+      };
+      int64_t at = 0;
+      for (int64_t g = tp_rank * groups; g < (tp_rank + 1) * groups; ++g) {
+        put(box("q_proj", g * per_group * hd, per_group * hd), qkv, at);
+        at += per_group * hd;
+        put(box("k_proj", g * hd, hd), qkv, at);
+        at += hd;
+        put(box("v_proj", g * hd, hd), qkv, at);
+        at += hd;
+      }
+    }
+    if (cfg.qk_norm) {  // per head, the same on every rank (Megatron's q_layernorm / k_layernorm)
+      whole(layer_name(l, "self_attn.q_norm.weight"), hd, mcore(l, "self_attention.q_layernorm.weight"));
+      whole(layer_name(l, "self_attn.k_norm.weight"), hd, mcore(l, "self_attention.k_layernorm.weight"));
     }
     const int64_t cols = cfg.num_heads * hd / tp_size;
     put({layer_name(l, "self_attn.o_proj.weight"), Region{{0, tp_rank * cols}, {h, cols}}},

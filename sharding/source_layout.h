@@ -28,12 +28,14 @@ struct SourceLayout {
   bool empty() const { return boxes.empty(); }
 };
 
-// Megatron-Core's GPT layout of a dense Llama-family model for TP rank `tp_rank` of `tp_size`
+// Megatron-Core's GPT layout of a dense Llama-family model (Llama, Mistral, Qwen2, Qwen3; no experts) for TP rank `tp_rank` of `tp_size`
 // (pipeline stages simply hold different layers: `layers` [first, last) of them, the embedding on
 // the stage holding layer 0, the final norm and output layer on the one holding the last):
 //   embedding.word_embeddings.weight                     vocab rows split
 //   decoder.layers.L.self_attention.linear_qkv.weight    [groups/tp x (q heads, k, v) x head_dim, H]
+//   decoder.layers.L.self_attention.linear_qkv.bias      the same order (qkv biases: Qwen2, attention_bias)
 //   decoder.layers.L.self_attention.linear_qkv.layer_norm_weight   (input_layernorm)
+//   decoder.layers.L.self_attention.q_layernorm.weight, k_layernorm.weight   [head_dim] (q/k norms: Qwen3)
 //   decoder.layers.L.self_attention.linear_proj.weight   [H, heads/tp x head_dim]
 //   decoder.layers.L.mlp.linear_fc1.weight               [gate rows/tp; up rows/tp], H]
 //   decoder.layers.L.mlp.linear_fc1.layer_norm_weight    (post_attention_layernorm)

@@ -109,6 +109,35 @@ TEST(PlanLayouts, TextShowsBothSidesAndEverySenderOnRequest) {
   EXPECT_THAT(run(kLlama), HasSubstr("broadcast from rank 0"));
 }
 
+// Megatron-Core's trainer: DP x PP x TP ranks holding its fused linear_qkv / linear_fc1 shards
+// (sharding::megatron_layout), the data-parallel groups holding copies the plan balances.
+TEST(PlanLayouts, MegatronTrainers) {
+  const auto whole = run_json(kLlama);
+  const auto wper = whole["bytes_per_sender"].get<std::vector<uint64_t>>();
+  const uint64_t total = std::accumulate(wper.begin(), wper.end(), uint64_t{0});
+  for (const char* layout : {"megatron-tp2", "megatron-tp4", "megatron-tp2-pp2", "megatron-tp1-pp4"}) {
+    const auto j = run_json(with(kLlama, {"--layout", layout}));
+    EXPECT_EQ(j["layout"], layout);
+    const auto per = j["bytes_per_sender"].get<std::vector<uint64_t>>();
+    ASSERT_EQ(per.size(), 4u) << layout;
+    EXPECT_EQ(std::accumulate(per.begin(), per.end(), uint64_t{0}), total) << layout;
+    EXPECT_GT(j["sender_payload"]["min"].get<uint64_t>(), 0u) << layout;
+    EXPECT_GT(j["speedup_over_gather_then_send"].get<double>(), 1.0) << layout;
+  }
+  // TP 2 in two data-parallel copies: the copies share the sending, each TP rank's half split in two.
+  EXPECT_LE(run_json(with(kLlama, {"--layout", "megatron-tp2"}))["sender_imbalance"].get<double>(), 0.10);
+  // Qwen2's qkv biases and Qwen3's q/k norms are laid out too.
+  for (const char* model : {"qwen2-7b", "qwen3-8b"}) {
+    const auto j = run_json({"--model", model, "--trainers", "4", "--tp", "2", "--layout", "megatron-tp2"});
+    EXPECT_EQ(j["bytes_per_sender"].size(), 4u) << model;
+  }
+  EXPECT_THROW(run(with(kLlama, {"--layout", "megatron-tp3"})), CLI::RuntimeError);  // 4 trainers
+  EXPECT_THROW(run({"--model", "llama3-8b", "--trainers", "16", "--layout", "megatron-tp16"}), CLI::RuntimeError);  // 8 KV heads
+  EXPECT_THROW(run({"--model", "qwen3-30b-a3b", "--trainers", "4", "--layout", "megatron-tp2"}), CLI::RuntimeError);
+  EXPECT_THROW(run(with(kLlama, {"--layout", "megatron-tp0"})), CLI::ValidationError);
+  EXPECT_THROW(run(with(kLlama, {"--layout", "megatron-tp2-pp"})), CLI::ValidationError);
+}
+
 TEST(PlanLayouts, RefusesLayoutsThatDoNotFit) {
   EXPECT_THROW(run(with(kLlama, {"--layout", "ep"})), CLI::RuntimeError);  // a dense model has no experts
   EXPECT_THROW(run(with(kLlama, {"--layout", "hsdp", "--shard-group", "3"})), CLI::RuntimeError);  // 4 % 3
