@@ -5,8 +5,8 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -72,12 +72,29 @@ Result<Side> plan_and_cost(const sharding::Manifest& manifest, const std::vector
   return side;
 }
 
-// `megatron-tpT` or `megatron-tpT-ppP`: T and P (P 1 when absent); nullopt for another layout name.
-std::optional<std::pair<int, int>> megatron_sizes(const std::string& layout) {
-  static const std::regex kName(R"(megatron-tp([1-9][0-9]{0,3})(?:-pp([1-9][0-9]{0,3}))?)");
-  std::smatch m;
-  if (!std::regex_match(layout, m, kName)) return std::nullopt;
-  return std::pair<int, int>{std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 1};
+// `megatron-tpT` or `megatron-tpT-ppP` (T, P from 1 to 9999): T and P (P 1 when absent); nullopt
+// for another layout name.
+std::optional<std::pair<int, int>> megatron_sizes(std::string_view layout) {
+  // A positive number of up to four digits at the front of `s`, which it consumes.
+  auto number = [](std::string_view& s) -> std::optional<int> {
+    size_t n = 0;
+    while (n < s.size() && n < 5 && s[n] >= '0' && s[n] <= '9') ++n;
+    if (n == 0 || n > 4 || s[0] == '0') return std::nullopt;
+    int v = 0;
+    for (size_t i = 0; i < n; ++i) v = v * 10 + (s[i] - '0');
+    s.remove_prefix(n);
+    return v;
+  };
+  if (!layout.starts_with("megatron-tp")) return std::nullopt;
+  layout.remove_prefix(std::string_view("megatron-tp").size());
+  const auto tp = number(layout);
+  if (!tp) return std::nullopt;
+  if (layout.empty()) return std::pair<int, int>{*tp, 1};
+  if (!layout.starts_with("-pp")) return std::nullopt;
+  layout.remove_prefix(3);
+  const auto pp = number(layout);
+  if (!pp || !layout.empty()) return std::nullopt;
+  return std::pair<int, int>{*tp, *pp};
 }
 
 // Megatron-Core's trainer: the N ranks as DP x PP x TP (TP innermost, as Megatron orders them),

@@ -135,7 +135,9 @@ TEST(PlanLayouts, MegatronTrainers) {
   EXPECT_THROW(run({"--model", "llama3-8b", "--trainers", "16", "--layout", "megatron-tp16"}), CLI::RuntimeError);  // 8 KV heads
   EXPECT_THROW(run({"--model", "qwen3-30b-a3b", "--trainers", "4", "--layout", "megatron-tp2"}), CLI::RuntimeError);
   EXPECT_THROW(run(with(kLlama, {"--layout", "megatron-tp0"})), CLI::ValidationError);
-  EXPECT_THROW(run(with(kLlama, {"--layout", "megatron-tp2-pp"})), CLI::ValidationError);
+  for (const char* bad : {"megatron-tp2-pp", "megatron-tp02", "megatron-tp2-pp2x", "megatron-tp12345", "megatron-tp"}) {
+    EXPECT_THROW(run(with(kLlama, {"--layout", bad})), CLI::ValidationError) << bad;
+  }
 }
 
 TEST(PlanLayouts, RefusesLayoutsThatDoNotFit) {
