@@ -97,9 +97,10 @@ std::optional<std::pair<int, int>> megatron_sizes(std::string_view layout) {
   return std::pair<int, int>{*tp, *pp};
 }
 
-// Megatron-Core's trainer: the N ranks as DP x PP x TP (TP innermost, as Megatron orders them),
-// each holding its TP shard of its stage's layers in Megatron's fused tensors
-// (sharding::megatron_layout); the DP groups hold copies.
+// Megatron-Core's trainer: the N ranks in Megatron's default order "tp-cp-ep-dp-pp" (TP innermost,
+// then data parallel, pipeline stages outermost; no context or expert parallelism here), each
+// holding its TP shard of its stage's layers in Megatron's fused tensors (sharding::megatron_layout);
+// the data-parallel groups hold copies.
 Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, int tp, int pp) {
   const int n = a.trainers;
   if (tp < 1 || pp < 1 || n % (tp * pp) != 0) {
@@ -117,9 +118,13 @@ Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, in
     }
     cfg = *loaded;
   }
+  if (cfg.num_layers % pp != 0) {  // Megatron's default pipeline: the same layers a stage
+    return Status::invalid_argument(fmt::format("--layout {}: {} layers do not split into {} pipeline stages", a.layout,
+                                                cfg.num_layers, pp));
+  }
   std::vector<sharding::SenderInfo> out;
   for (int r = 0; r < n; ++r) {
-    const int stage = (r / tp) % pp;
+    const int stage = r / (n / pp);  // n / pp = tp x dp ranks a stage
     const int64_t first = cfg.num_layers * stage / pp, last = cfg.num_layers * (stage + 1) / pp;
     auto layout = sharding::megatron_layout(cfg, r % tp, tp, {first, last});
     if (!layout.ok()) return layout.status().with_context(fmt::format("--layout {}", a.layout));

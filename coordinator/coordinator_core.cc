@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_core.h"
 
 #include <algorithm>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -170,6 +171,12 @@ void CoordinatorCore::on_registration(const std::shared_ptr<Channel>& c, const w
     old_channel->close(Status::unavailable("replaced by a rejoining rank"));
     on_closed(old_channel, Status::unavailable("replaced by a rejoining rank"));
   }
+  // The ranks of identical replicas share one copy of their layout: each start's checks read it once.
+  std::vector<const sharding::RankSpec*> known;
+  for (const auto& [id, x] : members_) {
+    if (x.role == "rollout") known.push_back(&x.spec);
+  }
+  sharding::share_with_alike(*spec, known);
   Member m;
   m.role = h.role();
   m.channel = c;

@@ -196,13 +196,10 @@ class TrainerImpl final : public Trainer {
         auto spec = from_wire(m.spec());
         if (!spec.ok()) return end_open_update(spec.status());
         // The ranks of identical replicas share one copy of their layout, so the plan checks,
-        // hashes and walks it once (sharding::share_layout compares before it shares).
-        for (const auto& [id, other] : specs_) {
-          if (other.tp_rank == spec->tp_rank && other.tp_size == spec->tp_size && other.ep_size == spec->ep_size &&
-              sharding::share_layout(*spec, other)) {
-            break;
-          }
-        }
+        // hashes and walks it once.
+        std::vector<const sharding::RankSpec*> known;
+        for (const auto& [id, other] : specs_) known.push_back(&other);
+        sharding::share_with_alike(*spec, known);
         specs_[m.member_id()] = std::move(*spec);
       } else if (!specs_.contains(m.member_id())) {
         return end_open_update(Status::internal(fmt::format("the coordinator sent no spec for member {}", m.member_id())));

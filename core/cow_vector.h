@@ -7,7 +7,10 @@
 // push_back() and emplace_back() first give this copy a buffer of its own when another copy shares
 // it. A reference taken through edit() must not be written after this object is copied (the copy
 // shares what it points into). Like std::vector, one object is not written from two threads at
-// once; distinct copies may be read and written from different threads.
+// once. Distinct copies may be read and written from different threads, with one condition: a
+// write finding no other copy left writes in place, so a copy that another thread read and then
+// destroyed must be ordered before it by the program's own synchronization (a join, a lock), as
+// anything handed between threads is; the count of copies alone does not order it.
 #pragma once
 
 #include <cstddef>

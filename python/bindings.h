@@ -32,20 +32,6 @@ struct type_caster<ferry::Dims> {
   }
 };
 
-// ferry::CowVector (a rank spec's tensors and parameters) as a Python list, as std::vector is.
-template <typename T>
-struct type_caster<ferry::CowVector<T>> {
-  PYBIND11_TYPE_CASTER(ferry::CowVector<T>, const_name("list[") + make_caster<T>::name + const_name("]"));
-  bool load(handle src, bool convert) {
-    make_caster<std::vector<T>> items;
-    if (!items.load(src, convert)) return false;
-    value = cast_op<std::vector<T>&&>(std::move(items));
-    return true;
-  }
-  static handle cast(const ferry::CowVector<T>& v, return_value_policy policy, handle parent) {
-    return make_caster<std::vector<T>>::cast(v.get(), policy, parent);
-  }
-};
 }  // namespace pybind11::detail
 
 namespace ferry::python {

@@ -125,8 +125,16 @@ void init_model(py::module_& m) {
       .def_readwrite("tp_rank", &RankSpec::tp_rank)
       .def_readwrite("tp_size", &RankSpec::tp_size)
       .def_readwrite("ep_size", &RankSpec::ep_size)
-      .def_readwrite("expects", &RankSpec::expects)
-      .def_readwrite("params", &RankSpec::params)
+      // A spec's tensors and parameters may be shared with its copies (core/cow_vector.h): Python
+      // reads this spec's own, so that writing an element changes this spec only.
+      .def_property(
+          "expects", [](RankSpec& s) -> std::vector<sharding::SourceTensor>& { return s.expects.edit(); },
+          [](RankSpec& s, std::vector<sharding::SourceTensor> v) { s.expects = std::move(v); },
+          py::return_value_policy::reference_internal)
+      .def_property(
+          "params", [](RankSpec& s) -> std::vector<sharding::ParamSpec>& { return s.params.edit(); },
+          [](RankSpec& s, std::vector<sharding::ParamSpec> v) { s.params = std::move(v); },
+          py::return_value_policy::reference_internal)
       .def("validate", [](const RankSpec& s, py::handle manifest) {
         check(sharding::validate_rank_spec(s, manifest_from_python(manifest)));
       })

@@ -18,7 +18,10 @@
 // and pieces it borrows with borrow_piece() (kept until release_borrowed(): a transport's bucket
 // during its callback, so that every layer the bucket completes is processed from it in place).
 // Of a kept piece the kernel cannot take whole (a vocabulary shard ending inside a 128-row band),
-// the run of rows it can take is processed the same way; only the rows around it are staged.
+// the run of rows it can take is processed the same way; only the rows around it are staged. A kept
+// band of one matrix of a stacked parameter (an expert's gate rows in a fused w13, from a trainer
+// holding a tensor per expert) is processed the same way, after whatever was staged for the rest of
+// its matrix (ProcessingKernel::can_process_band).
 //
 // Rollback (EngineOptions::rollback, FERRY_ROLLBACK=host): before a layer's storage is first written,
 // every registered tensor of the layer is copied to host memory. rollback() copies them back in

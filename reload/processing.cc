@@ -100,6 +100,16 @@ void* ProcessStreams::stream(size_t) const { return nullptr; }
 Status ProcessStreams::join(size_t) { return Status::unavailable("process streams: ferry was built without CUDA"); }
 #endif
 
+namespace {
+
+// Rows [row0, row0 + rows) of a matrix of `total` rows are whole 128-row blocks of fp8_block (the
+// last one however short when they reach the matrix's end).
+bool whole_blocks(int64_t row0, int64_t rows, int64_t total) {
+  return row0 % kFp8BlockSize == 0 && (rows % kFp8BlockSize == 0 || row0 + rows == total);
+}
+
+}  // namespace
+
 Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const TensorView> full, int64_t row0,
                                              int64_t rows) {
   if (scheme == Scheme::kFp8PerTensor || scheme == Scheme::kGptqInt4) {
@@ -113,7 +123,7 @@ Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const Tens
   // fp8_block's scales cover 128-row bands of a matrix; of stacked matrices ([E, rows, cols]) the
   // first dimension counts whole matrices, each with its own scales, as it does any scheme's.
   const bool blocks = scheme == Scheme::kFp8Block && full[0].rank() == 2;
-  if (blocks && (row0 % kFp8BlockSize != 0 || (rows % kFp8BlockSize != 0 && row0 + rows != total))) {
+  if (blocks && !whole_blocks(row0, rows, total)) {
     return Status::invalid_argument(fmt::format("fp8_block: rows {}+{} do not cover whole 128-row blocks", row0, rows));
   }
   std::vector<TensorView> out;
@@ -170,8 +180,7 @@ class OnlineKernel final : public ProcessingKernel {
       return s.size() == 2 && shard_span(dst.offset[0], dst.size[0]).has_value();
     }
     if (scheme_ == Scheme::kFp8Block && s.size() == 2) {  // stacked matrices: any whole ones
-      const int64_t b = kFp8BlockSize;
-      return dst.offset[0] % b == 0 && (dst.size[0] % b == 0 || dst.offset[0] + dst.size[0] == s[0]);
+      return whole_blocks(dst.offset[0], dst.size[0], s[0]);
     }
     return true;
   }
@@ -210,10 +219,7 @@ class OnlineKernel final : public ProcessingKernel {
     const Shape& s = param_.shape;
     if (s.size() != 3 || dst.rank() != 3 || dst.size[0] != 1 || dst.offset[2] != 0 || dst.size[2] != s[2]) return false;
     if (scheme_ == Scheme::kFp8PerTensor) return false;  // one scale a matrix: only whole ones
-    if (scheme_ == Scheme::kFp8Block) {
-      const int64_t b = kFp8BlockSize;
-      return dst.offset[1] % b == 0 && (dst.size[1] % b == 0 || dst.offset[1] + dst.size[1] == s[1]);
-    }
+    if (scheme_ == Scheme::kFp8Block) return whole_blocks(dst.offset[1], dst.size[1], s[1]);
     return true;  // row-local: every row's codes and scale are its own
   }
   Status process_band(const TensorView& input, int64_t matrix, int64_t row0, std::span<const TensorView> out,

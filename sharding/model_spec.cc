@@ -45,6 +45,16 @@ bool share_layout(RankSpec& spec, const RankSpec& other) {
   return spec.params.share_if_equal(other.params) && spec.expects.share_if_equal(other.expects);
 }
 
+bool share_with_alike(RankSpec& spec, std::span<const RankSpec* const> others) {
+  for (const RankSpec* other : others) {
+    if (other != &spec && other->tp_rank == spec.tp_rank && other->tp_size == spec.tp_size &&
+        other->ep_size == spec.ep_size && share_layout(spec, *other)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string layer_of(const std::string& name) {
   constexpr std::string_view kPrefix = "model.layers.";
   if (name.starts_with(kPrefix)) {

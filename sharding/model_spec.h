@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,10 @@ struct RankSpec {
 // if copied from it: ranks of identical replicas that were built apart (received over the wire)
 // then plan as fast as copies. True when both are shared.
 bool share_layout(RankSpec& spec, const RankSpec& other);
+// share_layout() with the first of `others` at the same TP rank, TP size and expert groups whose
+// tensors and parameters equal `spec`'s (the same rank of another identical replica); true when
+// `spec` then shares them.
+bool share_with_alike(RankSpec& spec, std::span<const RankSpec* const> others);
 
 // Destination box of a slice inside its parameter.
 Region slice_dst_region(const SourceSlice& slice, const ParamSpec& param);

@@ -126,6 +126,15 @@ TEST(PlanLayouts, MegatronTrainers) {
   }
   // TP 2 in two data-parallel copies: the copies share the sending, each TP rank's half split in two.
   EXPECT_LE(run_json(with(kLlama, {"--layout", "megatron-tp2"}))["sender_imbalance"].get<double>(), 0.10);
+  // Megatron's rank order puts the pipeline stages outermost: of 8 ranks as TP 2 x DP 2 x PP 2,
+  // ranks 0-3 are stage 0, which holds the (tied) embedding, and 4-7 stage 1.
+  const auto staged = run_json({"--model", "llama3.2-1b", "--trainers", "8", "--layout", "megatron-tp2-pp2"});
+  const auto bytes = staged["bytes_per_sender"].get<std::vector<uint64_t>>();
+  ASSERT_EQ(bytes.size(), 8u);
+  const uint64_t first = std::accumulate(bytes.begin(), bytes.begin() + 4, uint64_t{0});
+  const uint64_t second = std::accumulate(bytes.begin() + 4, bytes.end(), uint64_t{0});
+  EXPECT_GT(static_cast<double>(first), 1.2 * static_cast<double>(second));
+  EXPECT_THROW(run({"--model", "llama3.2-1b", "--trainers", "3", "--layout", "megatron-tp1-pp3"}), CLI::RuntimeError);  // 16 layers
   // Qwen2's qkv biases and Qwen3's q/k norms are laid out too.
   for (const char* model : {"qwen2-7b", "qwen3-8b"}) {
     const auto j = run_json({"--model", model, "--trainers", "4", "--tp", "2", "--layout", "megatron-tp2"});

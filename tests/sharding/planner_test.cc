@@ -338,6 +338,12 @@ TEST(Planner, SpecsBuiltApartShareWhenEqual) {
   apart[3].params.edit()[0].name += ".other";
   EXPECT_FALSE(share_layout(apart[3], apart[1]));
   EXPECT_EQ(apart[3].params[0].name, f.ranks[3].params[0].name + ".other");
+  // Among many, the one of the same TP rank (rank 1 of replica 1 finds rank 1 of replica 0).
+  std::vector<RankSpec> again = built_apart(f.ranks);
+  const std::vector<const RankSpec*> others{&again[0], &again[1], &again[3]};
+  EXPECT_TRUE(share_with_alike(again[3], others));  // itself is skipped
+  EXPECT_TRUE(again[3].params.shares(again[1].params));
+  EXPECT_FALSE(again[3].params.shares(again[0].params));
   auto shared = make_plan(f.manifest, f.ranks, std::vector<SenderInfo>(2), PlanOptions{1 << 16});
   std::vector<RankSpec> mixed = built_apart(f.ranks);
   ASSERT_TRUE(share_layout(mixed[2], mixed[0]));
