@@ -17,7 +17,6 @@
 #include "bench/e2e_trainers.h"
 #include "core/settings.h"
 #include "coordinator/trainer.h"
-#include "examples/demo/llama_config.h"
 #include "sharding/cost_model.h"
 #include "sharding/llama.h"
 #include "sharding/planner.h"
@@ -75,7 +74,7 @@ Status one_update(coordinator::Trainer& trainer, const sharding::Manifest& manif
 
 void print(const E2eOptions& o, const std::string& transport, const sharding::Plan& plan, const Measured& m,
            const sharding::CostReport& c, const e2e::Links& l) {
-  const std::string name = transport + "/" + o.scheme;
+  const std::string name = transport + "/" + o.scheme + (o.model == "demo" ? "" : "/" + o.model);
   const double ratio = m.seconds > 0 ? c.predicted_seconds / m.seconds : 0;
   if (o.json) {
     fmt::print(
@@ -115,8 +114,7 @@ void print(const E2eOptions& o, const std::string& transport, const sharding::Pl
 Status run_case(const E2eOptions& o, const std::string& transport) {
   setenv("FERRY_TRANSPORT", transport.c_str(), 1);  // the trainer and the ranks (inherited) use only it
   FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
-  const demo::Model model;
-  const sharding::LlamaConfig cfg = demo::llama_config(model);
+  FERRY_ASSIGN_OR_RETURN(const sharding::LlamaConfig cfg, e2e::model_config(o.model));
   const sharding::Manifest manifest = sharding::llama_manifest(cfg);
   FERRY_ASSIGN_OR_RETURN(const std::vector<sharding::RankSpec> specs, e2e::demo_rank_specs(cfg, o.tp, o.scheme));
   FERRY_RETURN_IF_ERROR(sharding::check_manifest(manifest, specs));  // a scheme the demo model cannot take fails here
@@ -133,7 +131,7 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
   FERRY_RETURN_IF_ERROR(listener.open());
   std::vector<Child> children;
   FERRY_ASSIGN_OR_RETURN(auto ranks, e2e::start_ranks(listener, children, trainer->coordinator_address(), o.tp, o.scheme,
-                                                      transport, timeout_ms));
+                                                      transport, timeout_ms, o.model));
   FERRY_RETURN_IF_ERROR(trainer->wait_for_ranks(o.tp, timeout_ms));
 
   // Rounds of link measurements, each followed by one update; the first round warms up.

@@ -1,4 +1,4 @@
-// `ferry bench e2e`: whole updates of the demo model from a trainer into a TP replica whose ranks
+// `ferry bench e2e`: whole updates of a model (demo or delta) from a trainer into a TP replica whose ranks
 // are separate processes, over one transport, beside the cost model's prediction for the same plan
 // from links measured between the same processes in the same run.
 #pragma once
@@ -16,6 +16,9 @@ struct E2eOptions {
   int tp = 2;
   std::string bucket_bytes;       // empty: FERRY_BUCKET_BYTES
   bool json = false;
+  // The model updated: "demo" (5.49 MB of bf16), or "delta" (117M parameters, 234 MB: links and
+  // senders matter more than the fixed costs of an update). --delta always uses "delta".
+  std::string model = "demo";
   // Non-empty: a sharded trainer of each of these sizes beside gather-then-send (e2e_trainers.h)
   // instead of the one-trainer update.
   std::vector<int> trainers;

@@ -99,7 +99,8 @@ Status ProbeSocket::read_all(void* out, size_t n, Clock::time_point deadline) {
 Result<std::string> ProbeSocket::recv(Clock::time_point deadline) {
   uint32_t n = 0;
   FERRY_RETURN_IF_ERROR(read_all(&n, 4, deadline));
-  if (n > (64u << 20)) return Status::data_loss(fmt::format("probe: frame of {} bytes", n));
+  // Up to a gathering trainer rank's rows of the larger bench model (half of its 234 MB, and more).
+  if (n > (1u << 30)) return Status::data_loss(fmt::format("probe: frame of {} bytes, over 1 GiB", n));
   std::string frame(n, '\0');
   FERRY_RETURN_IF_ERROR(read_all(frame.data(), n, deadline));
   return frame;

@@ -15,7 +15,6 @@
 #include "core/settings.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/trainer.h"
-#include "examples/demo/llama_config.h"
 #include "sharding/cost_model.h"
 #include "sharding/llama.h"
 #include "sharding/planner.h"
@@ -59,9 +58,10 @@ Status expect(e2e::ProbeSocket& s, std::string_view want, std::string* rest = nu
 // The updates of one trainer process: `sharded` sends its own rows as trainer rank r of n;
 // otherwise rank 0 gathers every rank's rows over loopback TCP and sends whole tensors alone.
 Status trainer_process(uint16_t probe_port, const std::string& address, int r, int n, bool sharded, int updates,
-                       uint64_t first) {
+                       uint64_t first, const std::string& model) {
   set_log_identity(fmt::format("bench trainer {}", r));
-  const sharding::Manifest m = sharding::llama_manifest(demo::llama_config(demo::Model{}));
+  FERRY_ASSIGN_OR_RETURN(const sharding::LlamaConfig cfg, e2e::model_config(model));
+  const sharding::Manifest m = sharding::llama_manifest(cfg);
   FERRY_ASSIGN_OR_RETURN(auto probe, e2e::ProbeSocket::connect(probe_port));
   std::unique_ptr<coordinator::Trainer> trainer;
   if (sharded || r == 0) {
@@ -147,7 +147,8 @@ Status trainer_process(uint16_t probe_port, const std::string& address, int r, i
 
 // One mode at one N: the trainer processes' median update time, from trainer rank 0.
 // Versions first .. first + updates.
-Result<double> run_mode(const std::string& address, int n, bool sharded, int updates, uint64_t first, int64_t timeout_ms) {
+Result<double> run_mode(const std::string& address, int n, bool sharded, int updates, uint64_t first, int64_t timeout_ms,
+                        const std::string& model) {
   e2e::ProbeListener listener;
   FERRY_RETURN_IF_ERROR(listener.open());
   std::vector<Child> children(static_cast<size_t>(n));
@@ -155,7 +156,7 @@ Result<double> run_mode(const std::string& address, int n, bool sharded, int upd
     FERRY_RETURN_IF_ERROR(children[static_cast<size_t>(r)].spawn(
         {"ferry", "bench", "e2e-trainer", "--probe-port", std::to_string(listener.port()), "--coordinator", address,
          "--trainer-rank", std::to_string(r), "--trainers", std::to_string(n), "--mode", sharded ? "sharded" : "gather",
-         "--updates", std::to_string(updates), "--first-version", std::to_string(first)}));
+         "--updates", std::to_string(updates), "--first-version", std::to_string(first), "--model", model}));
   }
   std::vector<e2e::ProbeSocket> trainers;
   std::vector<bool> gathered;  // a rank that sends its rows to rank 0 (said "ready" in gather mode)
@@ -193,7 +194,7 @@ Result<double> run_mode(const std::string& address, int n, bool sharded, int upd
 Status run_trainers_case(const E2eOptions& o, const std::string& transport, int n) {
   setenv("FERRY_TRANSPORT", transport.c_str(), 1);  // every process here and below uses only it
   FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
-  const sharding::LlamaConfig cfg = demo::llama_config(demo::Model{});
+  FERRY_ASSIGN_OR_RETURN(const sharding::LlamaConfig cfg, e2e::model_config(o.model));
   const sharding::Manifest manifest = sharding::llama_manifest(cfg);
   FERRY_ASSIGN_OR_RETURN(const std::vector<sharding::RankSpec> specs, e2e::demo_rank_specs(cfg, o.tp, o.scheme));
   const transport::TransportOptions topts = transport::transport_options(settings);
@@ -210,7 +211,7 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   FERRY_RETURN_IF_ERROR(listener.open());
   std::vector<Child> ranks_proc;
   FERRY_ASSIGN_OR_RETURN(auto ranks, e2e::start_ranks(listener, ranks_proc, coord->address(), o.tp, o.scheme, transport,
-                                                      settings.timeout_ms));
+                                                      settings.timeout_ms, o.model));
   FERRY_RETURN_IF_ERROR(coord->wait_for_ranks(o.tp, settings.timeout_ms));
   // The links from this process, as for one trainer: the cost model's inputs for both modes.
   FERRY_ASSIGN_OR_RETURN(auto probe, e2e::LinkProbe::open(ranks, transport, one, specs, manifest,
@@ -221,9 +222,10 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r.send("done"));
 
   const uint64_t next = static_cast<uint64_t>(o.updates) + 2;
-  FERRY_ASSIGN_OR_RETURN(const double sharded, run_mode(coord->address(), n, true, o.updates, 1, settings.timeout_ms));
+  FERRY_ASSIGN_OR_RETURN(const double sharded,
+                         run_mode(coord->address(), n, true, o.updates, 1, settings.timeout_ms, o.model));
   FERRY_ASSIGN_OR_RETURN(const double gathered,
-                         run_mode(coord->address(), n, false, o.updates, next, settings.timeout_ms));
+                         run_mode(coord->address(), n, false, o.updates, next, settings.timeout_ms, o.model));
 
   sharding::Topology topo;
   sharding::CostOptions cost;
@@ -239,7 +241,7 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
     own += bytes / static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(to - from);
   }
   const double gather_predicted = p_one.predicted_seconds + static_cast<double>(total - own) / links.host_bytes_per_second;
-  const std::string name = transport + "/" + o.scheme;
+  const std::string name = transport + "/" + o.scheme + (o.model == "demo" ? "" : "/" + o.model);
   if (o.json) {
     fmt::print("{{\"bench\":\"e2e-trainers\",\"case\":\"{}\",\"trainers\":{},\"tp\":{},\"updates\":{},\"bytes\":{},"
                "\"sharded_seconds\":{:.9f},\"sharded_predicted_seconds\":{:.9f},\"gather_seconds\":{:.9f},"
@@ -264,8 +266,8 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
 }
 
 int run_e2e_trainer(uint16_t probe_port, const std::string& coordinator, int rank, int trainers, const std::string& mode,
-                    int updates, uint64_t first_version) {
-  Status st = trainer_process(probe_port, coordinator, rank, trainers, mode == "sharded", updates, first_version);
+                    int updates, uint64_t first_version, const std::string& model) {
+  Status st = trainer_process(probe_port, coordinator, rank, trainers, mode == "sharded", updates, first_version, model);
   if (!st.ok()) {
     fmt::print(stderr, "bench e2e trainer {}: {}\n", rank, st.to_string());
     return 1;

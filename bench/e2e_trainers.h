@@ -25,6 +25,6 @@ Status run_trainers_case(const E2eOptions& options, const std::string& transport
 
 // The trainer processes (hidden subcommand `ferry bench e2e-trainer`).
 int run_e2e_trainer(uint16_t probe_port, const std::string& coordinator, int rank, int trainers, const std::string& mode,
-                    int updates, uint64_t first_version);
+                    int updates, uint64_t first_version, const std::string& model);
 
 }  // namespace ferry

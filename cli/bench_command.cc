@@ -97,6 +97,10 @@ void add_bench_command(CLI::App& app) {
   e2e->add_flag("--delta", e2e_options.delta,
                 "delta updates (changes from Adam steps at lr 1e-6) beside dense ones, each with and without "
                 "staging while serving, on a 117M-parameter model");
+  e2e->add_option("--model", e2e_options.model,
+                  "demo (5.49 MB of bf16) or delta (117M parameters, 234 MB); --delta always uses delta")
+      ->check(CLI::IsMember({"demo", "delta"}))
+      ->capture_default_str();
   e2e->add_option("--trainers", e2e_options.trainers,
                   "sharded trainers of these sizes (e.g. 1,2,4), each beside gather-then-send from as many processes")
       ->delimiter(',')
@@ -108,7 +112,7 @@ void add_bench_command(CLI::App& app) {
   // The bench's trainer processes for --trainers: this binary, re-run.
   auto* e2e_trainer = bench->add_subcommand("e2e-trainer", "")->group("");
   static int trainer_port = 0, trainer_rank = 0, trainer_count = 1, trainer_updates = 1;
-  static std::string trainer_coordinator, trainer_mode;
+  static std::string trainer_coordinator, trainer_mode, trainer_model = "demo";
   static uint64_t trainer_first = 1;
   e2e_trainer->add_option("--probe-port", trainer_port)->required();
   e2e_trainer->add_option("--coordinator", trainer_coordinator)->required();
@@ -117,9 +121,10 @@ void add_bench_command(CLI::App& app) {
   e2e_trainer->add_option("--mode", trainer_mode)->required()->check(CLI::IsMember({"sharded", "gather"}));
   e2e_trainer->add_option("--updates", trainer_updates)->required();
   e2e_trainer->add_option("--first-version", trainer_first)->required();
+  e2e_trainer->add_option("--model", trainer_model);
   e2e_trainer->callback([] {
     const int rc = run_e2e_trainer(static_cast<uint16_t>(trainer_port), trainer_coordinator, trainer_rank,
-                                   trainer_count, trainer_mode, trainer_updates, trainer_first);
+                                   trainer_count, trainer_mode, trainer_updates, trainer_first, trainer_model);
     if (rc) throw CLI::RuntimeError(rc);
   });
   // The bench's rank processes: this binary, re-run by `ferry bench e2e`.
