@@ -136,7 +136,8 @@ Status run_case(const E2eOptions& o, const std::string& transport) {
 
   // Rounds of link measurements, each followed by one update; the first round warms up.
   FERRY_ASSIGN_OR_RETURN(auto probe,
-                         e2e::LinkProbe::open(ranks, transport, plan, specs, manifest, static_cast<int>(in_flight)));
+                         e2e::LinkProbe::open(ranks, transport, plan, specs, manifest, static_cast<int>(in_flight),
+                                              e2e::pack_deltas(settings)));
   Samples samples;
   Measured m;
   for (int v = 1; v <= o.updates + 1; ++v) {

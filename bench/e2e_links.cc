@@ -14,6 +14,8 @@
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
 #include "dataplane/bucket_sender.h"
+#include "dataplane/delta_base.h"
+#include "dataplane/piece_pack.h"
 #include "examples/demo/llama_config.h"
 #include "coordinator/channel.h"
 #include "coordinator/mailbox.h"
@@ -46,9 +48,12 @@ constexpr auto kRoundTripGap = std::chrono::milliseconds(5);
 class Probe final : public LinkProbe {
  public:
   Probe(std::vector<ProbeSocket>& ranks, const sharding::Plan& plan, const std::vector<sharding::RankSpec>& specs,
-        const sharding::Manifest& manifest, int in_flight)
+        const sharding::Manifest& manifest, int in_flight, const PackDeltas& deltas)
       : ranks_(ranks), plan_(plan), specs_(specs), manifest_(manifest),
-        slots_(static_cast<size_t>(std::max(1, in_flight))), work_(asio::make_work_guard(io_)), acceptor_(io_) {}
+        slots_(static_cast<size_t>(std::max(1, in_flight))), work_(asio::make_work_guard(io_)), acceptor_(io_) {
+    deltas_ = deltas;
+    if (deltas.max_bytes > 0) bases_ = std::make_unique<dataplane::DeltaBases>(deltas.max_bytes);
+  }
 
   ~Probe() override {
     conns_.clear();
@@ -241,10 +246,13 @@ class Probe final : public LinkProbe {
   }
 
   // A new version's weights packed into the plan's buckets in the warm bucket buffers, as the trainer
-  // does every update.
+  // does every update: with deltas on, each part compared with the copy of the version packed
+  // before and sent whole or as a delta, and each tensor's copy kept after it (dataplane::pack_part,
+  // DeltaBases), which every byte pays.
   Status packing(bool keep) {
     for (int i = 0; i < 3; ++i) {
-      const Weights w(manifest_, 1000 + (++packs_));
+      const uint64_t version = 1000 + (++packs_);
+      const Weights w(manifest_, version);
       const auto t0 = Clock::now();
       for (const sharding::Bucket& bucket : plan_.buckets) {
         dataplane::BucketBuilder& b = *builders_[static_cast<size_t>(bucket.dst)];
@@ -255,10 +263,20 @@ class Probe final : public LinkProbe {
           const auto [src, dst] =
               sharding::part_regions(pc.src, sharding::piece_dst_region(pc, param), part.first_row, part.rows);
           const auto& source = manifest_[static_cast<size_t>(pc.source)];
-          uint8_t* where = b.add_piece(static_cast<uint32_t>(pc.param), dst, source.dtype, part.bytes);
-          FERRY_RETURN_IF_ERROR(pack_region(w.views[static_cast<size_t>(pc.source)], src, where, part.bytes));
+          const TensorView& tensor = w.views[static_cast<size_t>(pc.source)];
+          const dataplane::DeltaBases::Base* base =
+              bases_ ? bases_->find(source.name, Region::whole(source.shape), source.dtype, source.shape) : nullptr;
+          const size_t row_bytes = part.rows > 0 ? part.bytes / static_cast<size_t>(part.rows) : 0;
+          FERRY_RETURN_IF_ERROR(dataplane::pack_part(b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst,
+                                                     source.dtype, std::nullopt, tensor, tensor, part.first_row,
+                                                     part.rows, row_bytes, base, deltas_.prefer, scratch_, tally_));
         }
         FERRY_RETURN_IF_ERROR(b.seal(false).status());
+      }
+      if (bases_) {
+        for (size_t t = 0; t < manifest_.size(); ++t) {
+          bases_->record(manifest_[t].name, Region::whole(manifest_[t].shape), w.views[t], version);
+        }
       }
       if (keep) pack_.push_back(since(t0));
     }
@@ -288,6 +306,10 @@ class Probe final : public LinkProbe {
 
   std::vector<std::unique_ptr<dataplane::BucketBuilder>> builders_;
   uint64_t packs_ = 0;
+  PackDeltas deltas_;
+  std::unique_ptr<dataplane::DeltaBases> bases_;  // with deltas on: the copies of the version packed before
+  dataplane::PackScratch scratch_;
+  dataplane::DeltaTally tally_;
 
   std::vector<double> rtt_, pack_, small_, big_;
   std::map<size_t, std::vector<double>> process_;
@@ -312,6 +334,11 @@ Weights::Weights(const sharding::Manifest& m, uint64_t version) {
   }
 }
 
+PackDeltas pack_deltas(const Settings& s) {
+  if (s.delta == "off") return {};
+  return {s.delta_max_bytes, s.delta == "always"};
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -321,8 +348,9 @@ double median(std::vector<double> v) {
 Result<std::unique_ptr<LinkProbe>> LinkProbe::open(std::vector<ProbeSocket>& ranks, const std::string& transport,
                                                    const sharding::Plan& plan,
                                                    const std::vector<sharding::RankSpec>& specs,
-                                                   const sharding::Manifest& manifest, int in_flight) {
-  auto p = std::make_unique<Probe>(ranks, plan, specs, manifest, in_flight);
+                                                   const sharding::Manifest& manifest, int in_flight,
+                                                   const PackDeltas& deltas) {
+  auto p = std::make_unique<Probe>(ranks, plan, specs, manifest, in_flight, deltas);
   FERRY_RETURN_IF_ERROR(p->open(transport));
   return std::unique_ptr<LinkProbe>(std::move(p));
 }

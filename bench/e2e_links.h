@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench/e2e_probe.h"
+#include "core/settings.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "sharding/planner.h"
@@ -38,13 +39,23 @@ struct Links {
   double process_bytes_per_second = 0;  // the slowest rank's
 };
 
+// How the trainer packs with FERRY_DELTA on: each part compared with its copy of the version sent
+// before, and a copy of each tensor kept after it, which every byte pays whether or not a delta is
+// sent. max_bytes 0: deltas off.
+struct PackDeltas {
+  uint64_t max_bytes = 0;  // FERRY_DELTA_MAX_BYTES
+  bool prefer = false;     // FERRY_DELTA=always
+};
+PackDeltas pack_deltas(const Settings& s);
+
 class LinkProbe {
  public:
   // Opens a control channel to every rank (`ranks` in rank order) and connects to each over
-  // `transport`.
+  // `transport`. The packing measurement packs as the trainer does under `deltas`.
   static Result<std::unique_ptr<LinkProbe>> open(std::vector<ProbeSocket>& ranks, const std::string& transport,
                                                  const sharding::Plan& plan, const std::vector<sharding::RankSpec>& specs,
-                                                 const sharding::Manifest& manifest, int in_flight);
+                                                 const sharding::Manifest& manifest, int in_flight,
+                                                 const PackDeltas& deltas);
   virtual ~LinkProbe() = default;
   // One round of every measurement; `keep` false for a warm-up round.
   virtual Status round(bool keep) = 0;

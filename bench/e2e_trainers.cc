@@ -215,7 +215,8 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   FERRY_RETURN_IF_ERROR(coord->wait_for_ranks(o.tp, settings.timeout_ms));
   // The links from this process, as for one trainer: the cost model's inputs for both modes.
   FERRY_ASSIGN_OR_RETURN(auto probe, e2e::LinkProbe::open(ranks, transport, one, specs, manifest,
-                                                          static_cast<int>(topts.buckets_in_flight)));
+                                                          static_cast<int>(topts.buckets_in_flight),
+                                                          e2e::pack_deltas(settings)));
   for (int round = 0; round < 4; ++round) FERRY_RETURN_IF_ERROR(probe->round(round > 0));
   const e2e::Links links = probe->links();
   probe.reset();

@@ -269,10 +269,11 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     rep.process_seconds = std::max(rep.process_seconds, processors[d].busy);
   }
   // One host: every stage is work for the same cores, and each rate was measured with the host to
-  // itself, so the host does one stage at a time and the pipeline lasts at least all of its work.
+  // itself, so the host does one stage at a time and the pipeline lasts at least all of its work;
+  // but sender processes pack side by side (each its own share, on a core of its own), so packing
+  // counts once, as the busiest sender's.
   if (one_host) {
-    double host = 0;
-    for (uint64_t b : sent) host += pack_rate > 0 ? static_cast<double>(b) / pack_rate : 0.0;
+    double host = rep.pack_seconds;
     for (size_t i = kHostTx; i < link_chains.size(); i += kLinks) host += link_chains[i].busy;
     for (const auto& c : processors) host += c.busy;
     rep.host_seconds = host;

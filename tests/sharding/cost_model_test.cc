@@ -202,6 +202,34 @@ TEST(CostModel, OneHostAddsEveryStageAndTheRoundTrips) {
   EXPECT_NEAR(c->predicted_seconds, 5e-3 + 5.44288e-3, 1e-12);
 }
 
+// Two sender processes on the host, each holding the rows one rank takes: they pack side by side,
+// so the host's work counts the busiest sender's packing once, beside every link's and rank's work.
+TEST(CostModel, OneHostSendersPackSideBySide) {
+  Tiny t = tiny(1024, 2, false);
+  std::vector<SenderInfo> halves(2);
+  halves[0].holds.push_back({"model.layers.0.mlp.w.weight", Region{{0, 0}, {512, 1024}}});
+  halves[1].holds.push_back({"model.layers.0.mlp.w.weight", Region{{512, 0}, {512, 1024}}});
+  auto plan = make_plan(t.manifest, t.ranks, halves, PlanOptions{4 << 20});
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_EQ(plan->buckets.size(), 2u);
+  Topology topo;
+  topo.placement = Placement::kOneHost;
+  topo.host_gbps = 8;  // 1 GB/s
+  topo.seconds_per_bucket = 1e-4;
+  CostOptions o;
+  o.stages.pack_bytes_per_second = 2e9;
+  o.stages.process_bytes_per_second = 1e9;
+  auto c = estimate_cost(*plan, t.ranks, 2, topo, o);
+  ASSERT_TRUE(c.ok());
+  const double mib = 1024.0 * 1024;
+  const double pack = mib / 2e9;                  // each sender its 1 MiB, side by side
+  const double wire = 2 * (mib / 1e9 + 1e-4);     // each sender's host_tx, one bucket each
+  const double process = 2 * (mib / 1e9);         // each rank its 1 MiB
+  EXPECT_NEAR(c->pack_seconds, pack, 1e-12);
+  EXPECT_NEAR(c->host_seconds, pack + wire + process, 1e-12);
+  EXPECT_NEAR(c->predicted_seconds, pack + wire + process, 1e-12);
+}
+
 // GPUs on two nodes, 4 buckets of 512 KiB over a 1 GB/s NIC: the busiest link's 2.097152 ms, plus
 // the fill before its first bucket (packed at 2 GB/s: 0.262144 ms) and the drain after its last
 // (processed at 4 GB/s: 0.131072 ms).
