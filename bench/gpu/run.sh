@@ -15,7 +15,7 @@
 #   beside its floor and the PyTorch baselines of the same trainer layout, same run
 #   layouts: the colocated 8B update into vLLM's and SGLang's layouts (docs/engines.md) beside ferry's own,
 #   per fp8 scheme, in the same run
-#   trainers: ferry bench e2e --trainers 1,2,4 over the host transports (CPU processes; the GPU
+#   trainers: ferry bench e2e --trainers 1,2,4 (the 117M-parameter and the demo model) over the host transports (CPU processes; the GPU
 #   machine has the cores): a sharded trainer beside gather-then-send and the cost model
 #   sharded: the colocated 8B fp8_per_channel update from 4 trainer processes on the GPU (each
 #   holding Shard(0) rows), beside one trainer process and the floor
@@ -141,8 +141,10 @@ fi
 
 if want trainers; then
   echo "=== bench e2e --trainers" >> "$out/tests.log"
-  FERRY_LOG_LEVEL=error timeout 600 "$bin/ferry" bench e2e --transport all --trainers 1,2,4 --updates 10 --json \
-    >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "bench e2e --trainers failed" >> "$out/tests.log"; status=1; }
+  for model in delta demo; do
+    FERRY_LOG_LEVEL=error timeout 600 "$bin/ferry" bench e2e --transport all --trainers 1,2,4 --model $model --updates 8 \
+      --json >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "bench e2e --trainers failed" >> "$out/tests.log"; status=1; }
+  done
 fi
 
 if want bench; then
