@@ -105,10 +105,7 @@ uint64_t params_digest(const std::vector<ParamSpec>& params) {
 std::vector<size_t> layout_classes(const std::vector<RankSpec>& ranks) {
   std::unordered_map<const void*, size_t> first;
   std::vector<size_t> cls(ranks.size());
-  for (size_t d = 0; d < ranks.size(); ++d) {
-    const void* id = ranks[d].params.identity();
-    cls[d] = id == nullptr ? d : first.try_emplace(id, d).first->second;
-  }
+  for (size_t d = 0; d < ranks.size(); ++d) cls[d] = first.try_emplace(ranks[d].params.identity(), d).first->second;
   return cls;
 }
 
@@ -308,23 +305,15 @@ uint64_t plan_key(const Manifest& manifest, const std::vector<RankSpec>& ranks, 
   }
   // Each rank's parameters enter as their own digest, computed once for the ranks that share them
   // (identical replicas): the key is the same whether or not specs share, and hashing a plan of 16
-  // replicas reads one replica's parameters.
+  // replicas reads one replica's parameters. (Every vector without a buffer is empty: one digest.)
   std::unordered_map<const void*, uint64_t> digests;
   for (const RankSpec& r : ranks) {
     h.add_int(r.replica);
     h.add_int(r.tp_rank);
     h.add_int(r.tp_size);
     h.add_int(r.ep_size);
-    const void* id = r.params.identity();
-    auto it = id == nullptr ? digests.end() : digests.find(id);
-    if (it == digests.end()) {
-      const uint64_t digest = params_digest(r.params);
-      if (id == nullptr) {
-        h.add_int(static_cast<int64_t>(digest));
-        continue;
-      }
-      it = digests.emplace(id, digest).first;
-    }
+    auto [it, added] = digests.try_emplace(r.params.identity(), 0);
+    if (added) it->second = params_digest(r.params);
     h.add_int(static_cast<int64_t>(it->second));
   }
   for (const SenderInfo& s : senders) {

@@ -179,14 +179,11 @@ Status check_and_resolve(const Manifest& manifest, const std::vector<RankSpec>& 
   };
   for (size_t d = 0; d < ranks.size(); ++d) {
     const RankSpec& r = ranks[d];
-    const std::pair<const void*, const void*> layout{r.expects.identity(), r.params.identity()};
-    if (layout.first != nullptr && layout.second != nullptr) {
-      auto [twin, added] = checked.try_emplace(layout, d);
-      if (!added) {
-        copy_rank(expects, twin->second, d);
-        copy_rank(slices, twin->second, d);
-        continue;
-      }
+    // (Vectors without a buffer are empty, and alike too.)
+    if (auto [twin, added] = checked.try_emplace({r.expects.identity(), r.params.identity()}, d); !added) {
+      copy_rank(expects, twin->second, d);
+      copy_rank(slices, twin->second, d);
+      continue;
     }
     const int ref = alike(ranks, d);
     for (size_t j = 0; j < r.expects.size(); ++j) {
