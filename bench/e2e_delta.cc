@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -99,11 +100,12 @@ struct CaseFigures {
   bool staged = true;
 };
 
-Status run_one(const E2eOptions& o, const std::string& transport, bool delta, bool stage,
+Status run_one(const E2eOptions& o, const std::string& transport, bool delta, bool stage, int zstd,
                const sharding::Manifest& manifest, const std::vector<std::vector<std::vector<uint16_t>>>& versions,
                CaseFigures* out) {
   setenv("FERRY_TRANSPORT", transport.c_str(), 1);
   setenv("FERRY_DELTA", delta ? "auto" : "off", 1);
+  setenv("FERRY_DELTA_ZSTD", std::to_string(zstd).c_str(), 1);
   FERRY_ASSIGN_OR_RETURN(Settings settings, load_settings());
   coordinator::TrainerOptions to;
   to.settings = settings;
@@ -170,34 +172,43 @@ Status run_delta_case(const E2eOptions& o, const std::string& transport) {
     adam.step();
     versions.push_back(adam.snapshot());
   }
-  const char* names[] = {"dense", "delta", "dense_staged", "delta_staged"};
-  CaseFigures f[4];
-  for (int k = 0; k < 4; ++k) {
-    FERRY_RETURN_IF_ERROR(run_one(o, transport, k % 2 == 1, k >= 2, manifest, versions, &f[k]).with_context(names[k]));
+  // The last case: deltas as XORs in zstd frames (FERRY_DELTA_ZSTD=1).
+  const char* names[] = {"dense", "delta", "dense_staged", "delta_staged", "delta_zstd"};
+  constexpr int kCases = 5;
+  CaseFigures f[kCases];
+  for (int k = 0; k < kCases; ++k) {
+    const bool delta = k % 2 == 1 || k == 4, stage = k == 2 || k == 3;
+    FERRY_RETURN_IF_ERROR(
+        run_one(o, transport, delta, stage, k == 4 ? 1 : 0, manifest, versions, &f[k]).with_context(names[k]));
   }
   const double changed = f[1].elements ? static_cast<double>(f[1].changed) / static_cast<double>(f[1].elements) : 0;
   const double wire_ratio = e2e::median(f[1].wire) > 0 ? e2e::median(f[0].wire) / e2e::median(f[1].wire) : 0;
   const double speedup = e2e::median(f[1].seconds) > 0 ? e2e::median(f[0].seconds) / e2e::median(f[1].seconds) : 0;
+  const double zstd_wire_ratio = e2e::median(f[4].wire) > 0 ? e2e::median(f[0].wire) / e2e::median(f[4].wire) : 0;
+  const double zstd_speedup = e2e::median(f[4].seconds) > 0 ? e2e::median(f[0].seconds) / e2e::median(f[4].seconds) : 0;
   const double window_over_apply =
       e2e::median(f[3].apply) > 0 ? e2e::median(f[3].window) / e2e::median(f[3].apply) : 0;
   const std::string name = transport + "/" + o.scheme;
   if (o.json) {
     fmt::print("{{\"bench\":\"e2e-delta\",\"case\":\"{}\",\"tp\":{},\"updates\":{},\"bytes\":{},\"changed_fraction\":{:.6f},"
-               "\"dense\":{},\"delta\":{},\"dense_staged\":{},\"delta_staged\":{},\"wire_ratio\":{:.2f},"
-               "\"speedup\":{:.2f},\"window_over_apply\":{:.2f}}}\n",
+               "\"dense\":{},\"delta\":{},\"dense_staged\":{},\"delta_staged\":{},\"delta_zstd\":{},"
+               "\"wire_ratio\":{:.2f},\"speedup\":{:.2f},\"zstd_wire_ratio\":{:.2f},\"zstd_speedup\":{:.2f},"
+               "\"window_over_apply\":{:.2f}}}\n",
                name, o.tp, o.updates, bytes, changed, figures_json(f[0]), figures_json(f[1]), figures_json(f[2]),
-               figures_json(f[3]), wire_ratio, speedup, window_over_apply);
+               figures_json(f[3]), figures_json(f[4]), wire_ratio, speedup, zstd_wire_ratio, zstd_speedup,
+               window_over_apply);
   } else {
     fmt::print("e2e-delta {:<20} tp {} {} B, {:.3f}% of elements changed per Adam step (lr 1e-6)\n", name, o.tp, bytes,
                100 * changed);
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < kCases; ++k) {
       fmt::print("    {:<13} wire {:>11.0f} B  update {:.4f} s (sending {:.4f})  not serving {:.4f} s  apply {:.4f} s{}\n",
                  names[k], e2e::median(f[k].wire), e2e::median(f[k].seconds), e2e::median(f[k].transfer),
                  e2e::median(f[k].window), e2e::median(f[k].apply),
-                 k >= 2 && !f[k].staged ? "  (fell back to pause first)" : "");
+                 (k == 2 || k == 3) && !f[k].staged ? "  (fell back to pause first)" : "");
     }
-    fmt::print("    delta vs dense: {:.1f}x fewer bytes, {:.2f}x faster; staged delta: not serving {:.2f}x its apply\n",
-               wire_ratio, speedup, window_over_apply);
+    fmt::print("    delta vs dense: {:.1f}x fewer bytes, {:.2f}x faster; with zstd {:.1f}x fewer, {:.2f}x faster; "
+               "staged delta: not serving {:.2f}x its apply\n",
+               wire_ratio, speedup, zstd_wire_ratio, zstd_speedup, window_over_apply);
   }
   std::fflush(stdout);
   return ok_status();

@@ -269,7 +269,7 @@ class Probe final : public LinkProbe {
           const size_t row_bytes = part.rows > 0 ? part.bytes / static_cast<size_t>(part.rows) : 0;
           FERRY_RETURN_IF_ERROR(dataplane::pack_part(b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst,
                                                      source.dtype, std::nullopt, tensor, tensor, part.first_row,
-                                                     part.rows, row_bytes, base, deltas_.prefer, scratch_, tally_));
+                                                     part.rows, row_bytes, base, {deltas_.prefer, deltas_.zstd}, scratch_, tally_));
         }
         FERRY_RETURN_IF_ERROR(b.seal(false).status());
       }
@@ -336,7 +336,7 @@ Weights::Weights(const sharding::Manifest& m, uint64_t version) {
 
 PackDeltas pack_deltas(const Settings& s) {
   if (s.delta == "off") return {};
-  return {s.delta_max_bytes, s.delta == "always"};
+  return {s.delta_max_bytes, s.delta == "always", static_cast<int>(s.delta_zstd)};
 }
 
 double median(std::vector<double> v) {

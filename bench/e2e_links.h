@@ -45,6 +45,7 @@ struct Links {
 struct PackDeltas {
   uint64_t max_bytes = 0;  // FERRY_DELTA_MAX_BYTES
   bool prefer = false;     // FERRY_DELTA=always
+  int zstd = 0;            // FERRY_DELTA_ZSTD
 };
 PackDeltas pack_deltas(const Settings& s);
 

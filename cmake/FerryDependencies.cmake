@@ -21,6 +21,12 @@ find_library(XXHASH_LIBRARY xxhash REQUIRED)
 add_library(ferry_xxhash INTERFACE)
 target_include_directories(ferry_xxhash INTERFACE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(ferry_xxhash INTERFACE ${XXHASH_LIBRARY})
+# zstd compresses delta pieces (FERRY_DELTA_ZSTD).
+find_path(ZSTD_INCLUDE_DIR zstd.h REQUIRED)
+find_library(ZSTD_LIBRARY zstd REQUIRED)
+add_library(ferry_zstd INTERFACE)
+target_include_directories(ferry_zstd INTERFACE ${ZSTD_INCLUDE_DIR})
+target_link_libraries(ferry_zstd INTERFACE ${ZSTD_LIBRARY})
 
 set(FERRY_BACKENDS "tcp")
 

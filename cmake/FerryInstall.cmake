@@ -36,11 +36,11 @@ elseif(FERRY_TSAN)
 endif()
 target_link_options(ferry_package INTERFACE ${FERRY_SANITIZER_FLAGS})
 
-foreach(lib ${FERRY_INSTALL_LIBRARIES} ${FERRY_INSTALL_UMBRELLAS} ferry_xxhash)
+foreach(lib ${FERRY_INSTALL_LIBRARIES} ${FERRY_INSTALL_UMBRELLAS} ferry_xxhash ferry_zstd)
   string(REGEX REPLACE "^ferry_" "" short ${lib})
   set_target_properties(${lib} PROPERTIES EXPORT_NAME ${short})
 endforeach()
-install(TARGETS ${FERRY_INSTALL_LIBRARIES} ${FERRY_INSTALL_UMBRELLAS} ferry_xxhash ferry_package EXPORT ferryTargets
+install(TARGETS ${FERRY_INSTALL_LIBRARIES} ${FERRY_INSTALL_UMBRELLAS} ferry_xxhash ferry_zstd ferry_package EXPORT ferryTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ferry)
 install(TARGETS ferry RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
@@ -63,7 +63,7 @@ file(RELATIVE_PATH FERRY_PC_PREFIX_FROM_PCFILEDIR /root/${CMAKE_INSTALL_LIBDIR}/
 string(REGEX REPLACE "/$" "" FERRY_PC_PREFIX_FROM_PCFILEDIR ${FERRY_PC_PREFIX_FROM_PCFILEDIR})
 list(TRANSFORM FERRY_INSTALL_LIBRARIES PREPEND -l OUTPUT_VARIABLE FERRY_PC_LIBS)
 list(JOIN FERRY_PC_LIBS " " FERRY_PC_LIBS)
-set(FERRY_PC_REQUIRES "protobuf spdlog fmt nlohmann_json libcrypto libxxhash")
+set(FERRY_PC_REQUIRES "protobuf spdlog fmt nlohmann_json libcrypto libxxhash libzstd")
 set(FERRY_PC_CFLAGS "")
 set(FERRY_PC_EXTRA_LIBS "-lrt -pthread ${FERRY_SANITIZER_FLAGS}")
 if(FERRY_HAVE_UCX)

@@ -72,6 +72,7 @@ class TrainerImpl final : public Trainer {
                : settings.delta == "always" ? dataplane::DeltaMode::kAlways
                                             : dataplane::DeltaMode::kAuto;
     ss.delta_max_bytes = settings.delta_max_bytes;
+    ss.delta_zstd = static_cast<int>(settings.delta_zstd);
     stage_ = settings.stage == "on";
     ss.direct = settings.direct == "auto" && transport::ipc_share_available();
     ss.transport = settings.transport;

@@ -56,6 +56,10 @@ constexpr SettingInfo kSettings[] = {
     {"FERRY_DELTA_MAX_BYTES", SettingType::kBytes, "64G",
      "trainer: bound on the host copy of the last version sent, which deltas are computed against; tensors "
      "past it are sent whole", "", &Settings::delta_max_bytes},
+    {"FERRY_DELTA_ZSTD", SettingType::kInt, "0",
+     "trainer: zstd level for delta pieces, whose changed values then travel as XORs with the old ones "
+     "(about a third fewer bytes for Adam steps; pays on links slower than about 1 Gbit/s); 0: off",
+     "", &Settings::delta_zstd, 0, 19},
     {"FERRY_DELTA_SHADOW", SettingType::kChoice, "host",
      "rank: keep a full-precision host copy of its shard so that deltas apply on top of it (off: every "
      "update to this rank is sent whole)",

@@ -46,6 +46,7 @@ struct Settings {
   int64_t metrics_port = 0;                        // FERRY_METRICS_PORT, 0 to 65535
   std::string delta = "auto";                      // FERRY_DELTA
   uint64_t delta_max_bytes = uint64_t{64} << 30;   // FERRY_DELTA_MAX_BYTES
+  int64_t delta_zstd = 0;                          // FERRY_DELTA_ZSTD, 0 (off) to 19
   std::string delta_shadow = "host";               // FERRY_DELTA_SHADOW
   std::string stage = "off";                       // FERRY_STAGE
 

@@ -159,7 +159,7 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
 Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst, DType dtype, const uint8_t* payload,
                                   Device payload_device) {
   if (p.ref_alloc() != 0) return Status::data_loss(fmt::format("direct piece for parameter #{} carries a delta", p.param()));
-  const auto encoding = static_cast<DeltaEncoding>(p.encoding());
+  const uint32_t encoding = p.encoding();  // with its flags
   const uint8_t* encoded = payload + p.offset();
   std::vector<uint8_t> host;
   if (!payload_device.is_cpu()) {

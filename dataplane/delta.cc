@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <system_error>
 #include <thread>
 #include <utility>
 
 #include <fmt/format.h>
+#include <zstd.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace ferry::dataplane {
 namespace {
@@ -34,62 +40,115 @@ bool get_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
   return false;
 }
 
-// The runs of changed elements, [start, start + length), in order, into `runs` (the caller's, so
-// that its memory is reused from piece to piece).
-void changed_runs(const uint8_t* before, const uint8_t* after, size_t n, size_t elem,
-                  std::vector<std::pair<uint64_t, uint64_t>>& runs) {
-  runs.clear();
-  uint64_t start = 0;
-  bool in_run = false;
-  const auto mark = [&](uint64_t e, bool changed) {
-    if (changed && !in_run) start = e, in_run = true;
-    if (!changed && in_run) runs.emplace_back(start, e - start), in_run = false;
-  };
-  size_t e = 0;
-  if (elem <= 8 && 8 % elem == 0) {
-    // A word (8 / elem elements) at a time: most of a tensor does not change between steps, and a
-    // word that did is split into its elements by lane.
-    const size_t lanes = 8 / elem;
-    const uint64_t lane_mask = elem == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * elem)) - 1;
-    for (; e + lanes <= n; e += lanes) {
-      uint64_t a, b;
-      std::memcpy(&a, before + e * elem, 8);
-      std::memcpy(&b, after + e * elem, 8);
-      const uint64_t x = a ^ b;
-      if (x == 0) {
-        if (in_run) runs.emplace_back(start, e - start), in_run = false;
-        continue;
-      }
-      for (size_t l = 0; l < lanes; ++l) mark(e + l, ((x >> (8 * elem * l)) & lane_mask) != 0);
-    }
+// The bits of 8 elements of E bytes at `a` and `b` that differ, element j as bit j: one bitmap
+// byte. With SSE2 (every x86-64) a vector compare per 16 bytes; elsewhere element by element.
+template <size_t E>
+inline uint8_t changed8(const uint8_t* a, const uint8_t* b) {
+#if defined(__SSE2__)
+  if constexpr (E == 1) {
+    const __m128i eq = _mm_cmpeq_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+    return static_cast<uint8_t>(~_mm_movemask_epi8(eq));
+  } else if constexpr (E == 2) {
+    const __m128i eq = _mm_cmpeq_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    return static_cast<uint8_t>(~_mm_movemask_epi8(_mm_packs_epi16(eq, eq)));
+  } else if constexpr (E == 4) {
+    const auto lo = _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    const auto hi = _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+    const __m128i eq = _mm_packs_epi32(lo, hi);  // all ones or zero per lane: no saturation
+    return static_cast<uint8_t>(~_mm_movemask_epi8(_mm_packs_epi16(eq, eq)));
   }
-  for (; e < n; ++e) mark(e, std::memcmp(before + e * elem, after + e * elem, elem) != 0);
-  if (in_run) runs.emplace_back(start, n - start);
+#endif
+  uint8_t m = 0;
+  for (size_t j = 0; j < 8; ++j) m |= static_cast<uint8_t>((std::memcmp(a + j * E, b + j * E, E) != 0) << j);
+  return m;
 }
 
-// changed_runs() over several threads for a large piece: each scans a slice (a multiple of 8
-// elements) into runs of its own, and a run that crosses a slice boundary is joined back. One slice
-// per Mi elements, at most the hardware's threads (8 at most): the compare is the trainer's share
-// of a delta update, and on one core it runs at about 1.2 GB/s of bf16.
-void changed_runs_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem,
-                           std::vector<std::pair<uint64_t, uint64_t>>& runs) {
+// Scans n elements of E bytes (runtime `elem` when E is 0): the changed ones' bits into `bitmap`
+// (element i as bit i % 8 of byte i / 8; bits past n clear) and their new values, in order, to
+// `values`. Returns how many changed. A group of 8 elements that did not change (most of them
+// between two RL steps) costs one compare and one store.
+// With Xor, the values are new XOR old.
+template <size_t E, bool Xor>
+uint64_t scan_changes(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, uint8_t* bitmap,
+                      uint8_t* values) {
+  const size_t width = E != 0 ? E : elem;
+  uint8_t* v = values;
+  size_t e = 0;
+  if constexpr (E != 0) {
+    for (; e + 8 <= n; e += 8) {
+      uint8_t m = changed8<E>(before + e * E, after + e * E);
+      bitmap[e / 8] = m;
+      for (; m != 0; m &= static_cast<uint8_t>(m - 1)) {
+        const size_t at = (e + static_cast<size_t>(__builtin_ctz(m))) * E;
+        std::memcpy(v, after + at, E);
+        if constexpr (Xor) {
+          for (size_t i = 0; i < E; ++i) v[i] ^= before[at + i];
+        }
+        v += E;
+      }
+    }
+  }
+  for (; e < n; e += 8) {
+    uint8_t m = 0;
+    for (size_t j = 0; j < 8 && e + j < n; ++j) {
+      const uint8_t* a = after + (e + j) * width;
+      if (std::memcmp(before + (e + j) * width, a, width) == 0) continue;
+      m |= static_cast<uint8_t>(1u << j);
+      std::memcpy(v, a, width);
+      if constexpr (Xor) {
+        for (size_t i = 0; i < width; ++i) v[i] ^= before[(e + j) * width + i];
+      }
+      v += width;
+    }
+    bitmap[e / 8] = m;
+  }
+  return static_cast<uint64_t>(v - values) / width;
+}
+
+template <bool Xor>
+uint64_t scan_width(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, uint8_t* bitmap,
+                    uint8_t* values) {
+  switch (elem) {
+    case 1:
+      return scan_changes<1, Xor>(before, after, n, elem, bitmap, values);
+    case 2:
+      return scan_changes<2, Xor>(before, after, n, elem, bitmap, values);
+    case 4:
+      return scan_changes<4, Xor>(before, after, n, elem, bitmap, values);
+    default:
+      return scan_changes<0, Xor>(before, after, n, elem, bitmap, values);
+  }
+}
+
+uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
+                  uint8_t* bitmap, uint8_t* values) {
+  return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values)
+                    : scan_width<false>(before, after, n, elem, bitmap, values);
+}
+
+// scan_any() over several threads for a large piece: each scans a slice (a multiple of 8
+// elements, so each writes bitmap bytes of its own) with its values at the slice's own offset of
+// `values`, then the values are closed up in order. One slice per Mi elements, at most the
+// hardware's threads (8 at most).
+uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
+                       uint8_t* bitmap, uint8_t* values) {
   constexpr size_t kSlice = size_t{1} << 20;
   const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
   const size_t slices = std::min({hw, size_t{8}, n / kSlice});
-  if (slices < 2) return changed_runs(before, after, n, elem, runs);
-  // This thread's (a worker naming `parts` would get its own, empty one).
-  thread_local std::vector<std::vector<std::pair<uint64_t, uint64_t>>> mine;
-  mine.resize(slices);
-  auto& parts = mine;
+  if (slices < 2) return scan_any(before, after, n, elem, xor_values, bitmap, values);
   const size_t step = (n / slices) & ~size_t{7};
+  std::vector<uint64_t> counts(slices, 0);
   {
     std::vector<std::jthread> threads;
     for (size_t t = 0; t < slices; ++t) {
       const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
-      auto* slot = &parts[t];
-      const auto scan = [=] {
-        changed_runs(before + lo * elem, after + lo * elem, hi - lo, elem, *slot);
-        for (auto& r : *slot) r.first += lo;
+      const auto scan = [=, &counts] {
+        counts[t] = scan_any(before + lo * elem, after + lo * elem, hi - lo, elem, xor_values, bitmap + lo / 8,
+                             values + lo * elem);
       };
       try {
         threads.emplace_back(scan);
@@ -98,16 +157,38 @@ void changed_runs_parallel(const uint8_t* before, const uint8_t* after, size_t n
       }
     }
   }
-  runs.clear();
-  for (auto& part : parts) {
-    for (const auto& r : part) {
-      if (!runs.empty() && runs.back().first + runs.back().second == r.first) {
-        runs.back().second += r.second;
-      } else {
-        runs.push_back(r);
-      }
-    }
-    if (part.capacity() > (size_t{1} << 18)) part = {};  // at most 4 MiB kept per slice
+  uint64_t k = counts[0];
+  for (size_t t = 1; t < slices; ++t) {
+    std::memmove(values + k * elem, values + t * step * elem, counts[t] * elem);
+    k += counts[t];
+  }
+  return k;
+}
+
+// The runs of set bits of a bitmap of n bits (padded with clear bits to whole 64-bit words),
+// [first, first + length) in order: `visit(first, length)` for each, until it returns false.
+template <typename Visit>
+void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
+  const size_t words = (n + 63) / 64;
+  const auto word = [bitmap](size_t w) {
+    uint64_t x;
+    std::memcpy(&x, bitmap + w * 8, 8);
+    return x;
+  };
+  size_t e = 0;
+  while (e < n) {
+    // The next set bit at or after e.
+    size_t w = e / 64;
+    uint64_t x = word(w) & (~uint64_t{0} << (e % 64));
+    while (x == 0 && ++w < words) x = word(w);
+    if (x == 0) return;
+    const size_t first = w * 64 + static_cast<size_t>(__builtin_ctzll(x));
+    // The next clear bit after it (the padding is clear).
+    uint64_t y = ~word(w) & (~uint64_t{0} << (first % 64));
+    while (y == 0) y = ~word(++w);
+    const size_t end = std::min(n, w * 64 + static_cast<size_t>(__builtin_ctzll(y)));
+    if (!visit(static_cast<uint64_t>(first), static_cast<uint64_t>(end - first))) return;
+    e = end;
   }
 }
 
@@ -172,6 +253,32 @@ Result<uint64_t> walk(DeltaEncoding encoding, const uint8_t* enc, size_t bytes, 
   return k;
 }
 
+// Memory a thread reuses from piece to piece, left uninitialised (only what is written is read),
+// and given back when a large piece grew it past 64 MiB.
+class Scratch {
+ public:
+  uint8_t* get(size_t bytes) {
+    if (bytes > size_) {
+      data_.reset(new uint8_t[bytes]);
+      size_ = bytes;
+    }
+    return data_.get();
+  }
+  void trim() {
+    if (size_ > (size_t{64} << 20)) data_.reset(), size_ = 0;
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0;
+};
+
+uint8_t* put_varint(uint8_t* w, uint64_t v) {
+  while (v >= 0x80) *w++ = static_cast<uint8_t>(v | 0x80), v >>= 7;
+  *w++ = static_cast<uint8_t>(v);
+  return w;
+}
+
 }  // namespace
 
 std::string_view encoding_name(DeltaEncoding encoding) {
@@ -187,79 +294,121 @@ std::string_view encoding_name(DeltaEncoding encoding) {
 }
 
 DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool prefer_delta,
-                         std::vector<uint8_t>& out) {
+                         std::vector<uint8_t>& out, bool xor_values) {
   out.clear();
-  thread_local std::vector<std::pair<uint64_t, uint64_t>> runs;
-  changed_runs_parallel(before, after, n, elem, runs);
-  uint64_t k = 0;
-  size_t run_bytes = varint_size(runs.size());
-  uint64_t at = 0;
-  for (const auto& [start, len] : runs) {
-    k += len;
-    run_bytes += varint_size(start - at) + varint_size(len);
-    at = start + len;
-  }
-  const size_t values = static_cast<size_t>(k) * elem;
-  const size_t bitmap = (n + 7) / 8 + values;
-  const size_t by_runs = run_bytes + values;
-  const size_t smallest = std::min(bitmap, by_runs);
+  thread_local Scratch bitmap_memory, values_memory, runs_memory;
+  // The scan's bitmap, padded with clear bits to whole words, and the changed values (as many as
+  // n at most; only what is written is touched).
+  const size_t map_bytes = (n + 7) / 8;
+  uint8_t* bitmap = bitmap_memory.get((n + 63) / 64 * 8 + 16);
+  std::memset(bitmap + map_bytes / 8 * 8, 0, 16);
+  uint8_t* values = values_memory.get(std::max<size_t>(n * elem, 1));
+  const uint64_t k = scan_parallel(before, after, n, elem, xor_values, bitmap, values);
+  // The runs' varints, for as long as they stay smaller than the bitmap (past it, the bitmap wins).
+  uint8_t* runs = runs_memory.get(map_bytes + 32);
+  uint8_t* w = runs;
+  const uint8_t* runs_limit = runs + map_bytes;
+  uint64_t r = 0, at = 0;
+  for_each_run(bitmap, n, [&](uint64_t first, uint64_t len) {
+    w = put_varint(put_varint(w, first - at), len);
+    at = first + len;
+    ++r;
+    return w <= runs_limit;
+  });
+  const size_t value_bytes = static_cast<size_t>(k) * elem;
+  const size_t by_bitmap = map_bytes + value_bytes;
+  const size_t by_runs = w <= runs_limit ? varint_size(r) + static_cast<size_t>(w - runs) + value_bytes : SIZE_MAX;
   DeltaChoice choice{DeltaEncoding::kDense, k};
-  if (!prefer_delta && smallest >= n * elem) {
-    if (runs.capacity() > (size_t{1} << 22)) runs = {};
-    return choice;
-  }
-  // Written through a pointer into memory sized up front: a run costs a few stores, not calls.
-  out.assign(by_runs <= bitmap ? by_runs : bitmap, 0);
-  uint8_t* w = out.data();
-  const auto varint = [&w](uint64_t v) {
-    while (v >= 0x80) *w++ = static_cast<uint8_t>(v | 0x80), v >>= 7;
-    *w++ = static_cast<uint8_t>(v);
-  };
-  if (by_runs <= bitmap) {
-    choice.encoding = DeltaEncoding::kRuns;
-    varint(runs.size());
-    at = 0;
-    for (const auto& [start, len] : runs) {
-      varint(start - at);
-      varint(len);
-      at = start + len;
+  if (prefer_delta || std::min(by_bitmap, by_runs) < n * elem) {
+    out.resize(std::min(by_runs, by_bitmap));
+    uint8_t* o = out.data();
+    if (by_runs <= by_bitmap) {
+      choice.encoding = DeltaEncoding::kRuns;
+      o = put_varint(o, r);
+      std::memcpy(o, runs, static_cast<size_t>(w - runs));
+      o += w - runs;
+    } else {
+      choice.encoding = DeltaEncoding::kBitmap;
+      std::memcpy(o, bitmap, map_bytes);
+      o += map_bytes;
     }
-  } else {
-    choice.encoding = DeltaEncoding::kBitmap;
-    for (const auto& [start, len] : runs) {
-      for (uint64_t e = start; e < start + len; ++e) w[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
-    }
-    w += (n + 7) / 8;
+    if (value_bytes != 0) std::memcpy(o, values, value_bytes);
   }
-  for (const auto& [start, len] : runs) {
-    std::memcpy(w, after + start * elem, len * elem);
-    w += len * elem;
-  }
-  if (runs.capacity() > (size_t{1} << 22)) runs = {};  // keeps at most 64 MiB of runs between calls
+  bitmap_memory.trim();
+  values_memory.trim();
+  runs_memory.trim();
   return choice;
 }
 
-Result<uint64_t> delta_changed(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, size_t n,
-                               size_t elem) {
-  return walk(encoding, encoded, encoded_bytes, n, elem, [](size_t, const uint8_t*) {});
+bool compress_delta(std::vector<uint8_t>& encoded, int level) {
+  thread_local std::vector<uint8_t> frame;
+  frame.resize(ZSTD_compressBound(encoded.size()));
+  const size_t n = ZSTD_compress(frame.data(), frame.size(), encoded.data(), encoded.size(), level);
+  if (ZSTD_isError(n) || n > encoded.size() - encoded.size() / 8) return false;
+  frame.resize(n);
+  encoded.swap(frame);
+  if (frame.capacity() > (size_t{64} << 20)) frame = {};
+  return true;
 }
 
-Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
+namespace {
+
+// The encoding `field` names and its bytes, a zstd frame inflated into `inflated` first. DataLoss
+// for unknown flags, a frame that does not say its size or says more than n elements can take,
+// and a frame that does not inflate to exactly that.
+Result<std::pair<const uint8_t*, size_t>> unpack_field(uint32_t field, const uint8_t* encoded, size_t bytes, size_t n,
+                                                       size_t elem, std::vector<uint8_t>& inflated) {
+  if ((field & ~(0xffu | kDeltaXor | kDeltaZstd)) != 0) return bad(fmt::format("unknown encoding flags {:#x}", field));
+  if ((field & kDeltaZstd) == 0) return std::pair{encoded, bytes};
+  const unsigned long long size = ZSTD_getFrameContentSize(encoded, bytes);
+  // A bitmap and every value, or a run of two varints of 10 bytes at most per element.
+  const unsigned long long most = static_cast<unsigned long long>(n) * (elem + 20) + 16;
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return bad("zstd frame without its size");
+  if (size > most) return bad(fmt::format("zstd frame of {} bytes for {} elements", size, n));
+  inflated.resize(static_cast<size_t>(size));
+  const size_t got = ZSTD_decompress(inflated.data(), inflated.size(), encoded, bytes);
+  if (ZSTD_isError(got) || got != inflated.size()) {
+    return bad(fmt::format("zstd frame: {}", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "shorter than it says"));
+  }
+  return std::pair<const uint8_t*, size_t>{inflated.data(), inflated.size()};
+}
+
+}  // namespace
+
+Result<uint64_t> delta_changed(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem) {
+  std::vector<uint8_t> inflated;
+  FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
+  return walk(static_cast<DeltaEncoding>(field & 0xff), bytes.first, bytes.second, n, elem,
+              [](size_t, const uint8_t*) {});
+}
+
+Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
                    size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
+  thread_local std::vector<uint8_t> inflated;
+  FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
+  const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
+  const bool xor_values = (field & kDeltaXor) != 0;
   // Checked whole first: a bad encoding leaves the values as they were.
-  FERRY_RETURN_IF_ERROR(delta_changed(encoding, encoded, encoded_bytes, n, elem).status());
+  FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [](size_t, const uint8_t*) {}).status());
   if (changed != nullptr) changed->clear();
-  return walk(encoding, encoded, encoded_bytes, n, elem,
-              [&](size_t e, const uint8_t* v) {
-                std::memcpy(values + e * elem, v, elem);
-                if (changed == nullptr) return;
-                if (!changed->empty() && changed->back().first + changed->back().second == e) {
-                  ++changed->back().second;
-                } else {
-                  changed->emplace_back(e, 1);
-                }
-              })
-      .status();
+  Status st = walk(encoding, bytes.first, bytes.second, n, elem,
+                   [&](size_t e, const uint8_t* v) {
+                     uint8_t* at = values + e * elem;
+                     if (xor_values) {
+                       for (size_t i = 0; i < elem; ++i) at[i] ^= v[i];
+                     } else {
+                       std::memcpy(at, v, elem);
+                     }
+                     if (changed == nullptr) return;
+                     if (!changed->empty() && changed->back().first + changed->back().second == e) {
+                       ++changed->back().second;
+                     } else {
+                       changed->emplace_back(e, 1);
+                     }
+                   })
+                  .status();
+  if (inflated.capacity() > (size_t{64} << 20)) inflated = {};
+  return st;
 }
 
 }  // namespace ferry::dataplane

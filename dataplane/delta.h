@@ -9,6 +9,12 @@
 //           changed ones; then k values (k = sum of lengths).
 // The sender takes the smaller of these and the dense bytes (encode_delta); the receiver checks
 // every count and bound before it writes an element (apply_delta), since the bytes come off a wire.
+//
+// A piece's encoding field may carry two flags beside the encoding:
+//   kDeltaXor:  each value is the new element XOR the old one (a step of Adam moves a bf16 value by
+//               an ulp or two, so most of these bytes are zero or small: they compress well);
+//   kDeltaZstd: the encoding's bytes are one zstd frame that states its content size (FERRY_DELTA_ZSTD).
+// The sender sets both together (compress_delta); the receiver takes any combination.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +26,8 @@
 namespace ferry::dataplane {
 
 enum class DeltaEncoding : uint32_t { kDense = 0, kBitmap = 1, kRuns = 2 };
+inline constexpr uint32_t kDeltaXor = 0x100;
+inline constexpr uint32_t kDeltaZstd = 0x200;
 
 struct DeltaChoice {
   DeltaEncoding encoding = DeltaEncoding::kDense;
@@ -29,19 +37,33 @@ struct DeltaChoice {
 // Compares `n` elements of `elem` bytes of `before` and `after`, and writes into `out` the
 // smallest of the delta encodings. kDense (and `out` empty) when the dense bytes are no larger,
 // unless `prefer_delta` (FERRY_DELTA=always), which keeps the smaller delta encoding anyway.
+// `xor_values`: the values written are new XOR old (kDeltaXor).
 DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool prefer_delta,
-                         std::vector<uint8_t>& out);
+                         std::vector<uint8_t>& out, bool xor_values = false);
+
+// Replaces `encoded` by one zstd frame of it at `level` when that saves at least an eighth of its
+// bytes; returns whether it did (the piece then carries kDeltaZstd).
+bool compress_delta(std::vector<uint8_t>& encoded, int level);
 
 // Applies `encoded` (`encoding`, as encode_delta wrote it) onto `values`, n elements of `elem` bytes
 // holding the old ones. DataLoss, and nothing written, when the encoding does not describe exactly
 // n elements (a count, a run past the end, values too few or too many).
 // `changed`, when given, receives the runs [first, first + count) of the elements it wrote.
-Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
+// `field`: a piece's encoding field, the encoding with its flags (a zstd frame must inflate to
+// no more than any encoding of n elements can take).
+Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
                    size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr);
+inline Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values,
+                          size_t n, size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr) {
+  return apply_delta(static_cast<uint32_t>(encoding), encoded, encoded_bytes, values, n, elem, changed);
+}
 
 // How many elements `encoded` says changed; the same checks as apply_delta, nothing written.
-Result<uint64_t> delta_changed(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, size_t n,
-                               size_t elem);
+Result<uint64_t> delta_changed(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem);
+inline Result<uint64_t> delta_changed(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, size_t n,
+                                      size_t elem) {
+  return delta_changed(static_cast<uint32_t>(encoding), encoded, encoded_bytes, n, elem);
+}
 
 std::string_view encoding_name(DeltaEncoding encoding);
 

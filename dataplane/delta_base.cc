@@ -58,7 +58,8 @@ void DeltaBases::record(const std::string& name, const Region& held, const Tenso
 }
 
 Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, const uint8_t* packed, size_t bytes,
-                              bool prefer_delta, std::vector<uint8_t>& scratch, std::vector<uint8_t>& encoded) {
+                              const DeltaOptions& options, std::vector<uint8_t>& scratch,
+                              std::vector<uint8_t>& encoded) {
   const uint8_t* old = region_span(base.view(), src);
   if (old == nullptr) {
     scratch.resize(bytes);
@@ -67,8 +68,14 @@ Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, c
   }
   // Sub-byte elements (packed int4) compare byte by byte.
   const size_t elem = std::max<size_t>(dtype_bits(base.dtype) / 8, 1);
-  const DeltaChoice c = encode_delta(old, packed, bytes / elem, elem, prefer_delta, encoded);
-  return PartDelta{static_cast<uint32_t>(c.encoding), c.changed};
+  const bool zstd = options.zstd > 0;
+  const DeltaChoice c = encode_delta(old, packed, bytes / elem, elem, options.prefer, encoded, zstd);
+  uint32_t field = static_cast<uint32_t>(c.encoding);
+  if (field != 0 && zstd) {
+    field |= kDeltaXor;
+    if (compress_delta(encoded, options.zstd)) field |= kDeltaZstd;
+  }
+  return PartDelta{field, c.changed};
 }
 
 }  // namespace ferry::dataplane

@@ -45,15 +45,24 @@ class DeltaBases {
   std::map<std::string, Base> bases_;
 };
 
+// How a sender encodes deltas: `prefer` (FERRY_DELTA=always) keeps a delta even when its encoding
+// is not smaller than the dense bytes; `zstd` (FERRY_DELTA_ZSTD, 0: off) compresses each at that
+// level, its values XORs with the old ones.
+struct DeltaOptions {
+  bool prefer = false;
+  int zstd = 0;
+};
+
 // The changed elements of one part of a piece, as the sender encodes it: `packed` (the part's new
-// elements, contiguous) against the same box of `base`. Returns the encoding chosen (kDense when
-// the dense bytes are smaller, unless `prefer_delta`) and fills `encoded`; `scratch` holds the old
-// elements.
+// elements, contiguous) against the same box of `base`. Returns the encoding field chosen (kDense
+// when the dense bytes are smaller, unless preferred; flags with it, delta.h) and fills `encoded`;
+// `scratch` holds the old elements.
 struct PartDelta {
   uint32_t encoding = 0;
   uint64_t changed = 0;
 };
 Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, const uint8_t* packed, size_t bytes,
-                              bool prefer_delta, std::vector<uint8_t>& scratch, std::vector<uint8_t>& encoded);
+                              const DeltaOptions& options, std::vector<uint8_t>& scratch,
+                              std::vector<uint8_t>& encoded);
 
 }  // namespace ferry::dataplane

@@ -43,7 +43,7 @@ Status host_copy(const TensorView& tensor, Buffer& host, TensorView& view) {
 Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
                  DType dtype, const std::optional<std::pair<uint64_t, uint64_t>>& runs, const TensorView& tensor,
                  const TensorView& host, int64_t row, int64_t rows, size_t row_bytes, const DeltaBases::Base* base,
-                 bool prefer_delta, PackScratch& scratch, DeltaTally& tally) {
+                 const DeltaOptions& delta, PackScratch& scratch, DeltaTally& tally) {
   const size_t bytes = static_cast<size_t>(rows) * row_bytes;
   if (base != nullptr) {
     // The new elements: read in place when the box is one run of the host tensor.
@@ -53,7 +53,7 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
       FERRY_RETURN_IF_ERROR(pack_region(host, src, scratch.packed.data(), bytes));
       now = scratch.packed.data();
     }
-    FERRY_ASSIGN_OR_RETURN(const PartDelta pd, encode_part(*base, src, now, bytes, prefer_delta, scratch.old, scratch.encoded));
+    FERRY_ASSIGN_OR_RETURN(const PartDelta pd, encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
     tally.elements += static_cast<uint64_t>(src.numel());
     tally.changed += pd.changed;
     if (pd.encoding != 0 && scratch.encoded.size() <= bucket.payload_room()) {

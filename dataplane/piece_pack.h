@@ -42,11 +42,11 @@ struct PackScratch {
 // One part of a piece (rows [row, row + rows) of it, box `src` of the local tensor) into `bucket`
 // (memory on `bucket_device`) for parameter `param` at `dst`. With `base` (the copy of the version
 // the rank holds), as a delta when its encoding is smaller than the dense bytes, or whenever it
-// fits with `prefer_delta`; else dense: from `host` on the host, or on a device straight from
+// fits when `delta` prefers it; else dense: from `host` on the host, or on a device straight from
 // `tensor` when its rows are `runs`. Device copies land when the bucket is sealed.
 Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
                  DType dtype, const std::optional<std::pair<uint64_t, uint64_t>>& runs, const TensorView& tensor,
                  const TensorView& host, int64_t row, int64_t rows, size_t row_bytes, const DeltaBases::Base* base,
-                 bool prefer_delta, PackScratch& scratch, DeltaTally& tally);
+                 const DeltaOptions& delta, PackScratch& scratch, DeltaTally& tally);
 
 }  // namespace ferry::dataplane

@@ -37,8 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t n = 1;
     for (int64_t d : p.size()) n = d < 0 ? 0 : std::min<uint64_t>(n * static_cast<uint64_t>(d), 1 << 20);
     std::vector<uint8_t> values(n * 2, 0x5a);
-    const ferry::Status applied = apply_delta(static_cast<DeltaEncoding>(p.encoding()), data + p.offset(),
-                                              in_payload, values.data(), n, 2);
+    const ferry::Status applied = apply_delta(p.encoding(), data + p.offset(), in_payload, values.data(), n, 2);
     if (!applied.ok() && applied.code() != ferry::StatusCode::kDataLoss) std::abort();
   }
   return 0;

@@ -328,18 +328,27 @@ void buckets() {
   put("bucket", "bad_magic", ok.substr(0, ok.size() - 1) + "X");
   put("bucket", "bad_header_length", ok.substr(0, ok.size() - 8) + u32(0x7fffffff) + ok.substr(ok.size() - 4));
   put("bucket", "bad_short", ok.substr(ok.size() - 6));
-  // A delta piece: 3 of 64 bf16 elements changed, as runs, against version 2.
-  {
-    std::vector<uint8_t> before(128, 0), after(128, 0), encoded;
-    after[10] = after[11] = after[90] = 1;
-    const DeltaChoice c = encode_delta(before.data(), after.data(), 64, 2, false, encoded);
-    BucketBuilder b(4096);
+  // Delta pieces against version 2: 3 of 64 bf16 elements changed, as runs; and 40 of 1024 as XORs
+  // in a zstd frame (FERRY_DELTA_ZSTD).
+  for (const bool zstd : {false, true}) {
+    const size_t n = zstd ? 1024 : 64;
+    std::vector<uint8_t> before(n * 2, 0), after(n * 2, 0), encoded;
+    if (zstd) {
+      for (size_t e = 0; e < n; e += 25) after[e * 2] = 1;
+    } else {
+      after[10] = after[11] = after[90] = 1;
+    }
+    const DeltaChoice c = encode_delta(before.data(), after.data(), n, 2, false, encoded, zstd);
+    uint32_t field = static_cast<uint32_t>(c.encoding);
+    if (zstd) field |= kDeltaXor | (compress_delta(encoded, 1) ? kDeltaZstd : 0);
+    BucketBuilder b(8192);
     b.reset(3, 1, 8);
-    uint8_t* at = b.add_delta_piece(0, Region{{0, 0}, {8, 8}}, DType::kBF16, 128, static_cast<uint32_t>(c.encoding), 2,
-                                    encoded.size());
+    const int64_t rows = static_cast<int64_t>(n / 8);
+    uint8_t* at = b.add_delta_piece(0, Region{{0, 0}, {rows, 8}}, DType::kBF16, n * 2, field, 2, encoded.size());
     std::copy(encoded.begin(), encoded.end(), at);
-    auto n = b.seal(false);
-    put("bucket", "delta_runs", std::string(reinterpret_cast<const char*>(b.data()), n.ok() ? *n : 0));
+    auto sealed = b.seal(false);
+    put("bucket", zstd ? "delta_zstd" : "delta_runs",
+        std::string(reinterpret_cast<const char*>(b.data()), sealed.ok() ? *sealed : 0));
   }
 
   wire::BucketHeader h;

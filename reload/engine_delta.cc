@@ -134,8 +134,9 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
 // input its storage was processed from last time (the shadow's base version; a delta is refused on
 // any other). A row-local kernel (none, per-channel, int4 groups) then writes the same bytes there
 // again: those rows are left as they are, and only the changed rows are processed, from the
-// shadow, straight into storage. Per-tensor and per-block scales, device storage, and pieces
-// processed on arrival take the whole path.
+// shadow, straight into storage; under fp8_block the 128-row blocks they fall in, under
+// fp8_per_tensor their logical shards. Device storage and pieces processed on arrival take the
+// whole path.
 Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   // (shadow_base_: storage holds that version processed; a first update, or one after a failure,
   // has none and processes everything.)
@@ -148,6 +149,8 @@ Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamS
   const uint32_t param = static_cast<uint32_t>(&p - params_.data());
   if (shadow_.size() <= param || shadow_[param].empty() || shadow_[param][0].data() == nullptr) return false;
   const auto& in = p.inputs[0];
+  // Each run widened to what its processing rewrites (blocks, shards), then merged.
+  for (auto& r : p.changed_rows) r = p.kernel->rows_around(r.first, r.second);
   std::sort(p.changed_rows.begin(), p.changed_rows.end());
   std::vector<std::pair<int64_t, int64_t>> rows;
   for (const auto& r : p.changed_rows) {

@@ -215,6 +215,25 @@ class OnlineKernel final : public ProcessingKernel {
     run.size[0] = r1 - r0;
     return can_process_rows(run) ? std::pair<int64_t, int64_t>{r0, r1} : std::pair<int64_t, int64_t>{0, 0};
   }
+  std::pair<int64_t, int64_t> rows_around(int64_t r0, int64_t r1) const override {
+    const Shape& s = param_.shape;
+    if (s.size() != 2) return {r0, r1};  // stacked matrices: a row of the first dimension is a matrix
+    if (scheme_ == Scheme::kFp8Block) {
+      return {r0 / kFp8BlockSize * kFp8BlockSize, std::min(s[0], (r1 + kFp8BlockSize - 1) / kFp8BlockSize * kFp8BlockSize)};
+    }
+    if (scheme_ != Scheme::kFp8PerTensor) return {r0, r1};
+    if (param_.shard_rows.empty()) return {0, s[0]};
+    int64_t at = 0, b0 = 0, b1 = s[0];
+    for (const int64_t n : param_.shard_rows) {
+      if (at <= r0) b0 = at;
+      at += n;
+      if (at >= r1) {
+        b1 = at;
+        break;
+      }
+    }
+    return {b0, b1};
+  }
   bool can_process_band(const Region& dst) const override {
     const Shape& s = param_.shape;
     if (s.size() != 3 || dst.rank() != 3 || dst.size[0] != 1 || dst.offset[2] != 0 || dst.size[2] != s[2]) return false;

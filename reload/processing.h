@@ -51,6 +51,10 @@ class ProcessingKernel {
   // For a piece of whole rows that can_process_rows() refuses: the largest run of its rows
   // [first, second) that it accepts, so that only the rest waits in staging; empty when none.
   virtual std::pair<int64_t, int64_t> rows_within(const Region& /*dst*/) const { return {0, 0}; }
+  // The smallest run of whole rows around rows [r0, r1) whose processing writes everything those
+  // rows' values reach: the rows themselves for row-local schemes, their 128-row blocks under
+  // fp8_block, their logical shards under fp8_per_tensor (a scale sees every element of its shard).
+  virtual std::pair<int64_t, int64_t> rows_around(int64_t r0, int64_t r1) const { return {r0, r1}; }
   // Processes rows [row0, row0 + input.dim(0)) of the parameter, `input` holding exactly those
   // rows, into `out`, which has the layout of the storage (a scratch copy of it).
   virtual Status process_rows(const TensorView& /*input*/, int64_t /*row0*/, std::span<const TensorView> /*out*/,

@@ -8,7 +8,7 @@ packages=(
   libboost-dev libboost-system-dev
   libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
-  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libssl-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libzstd-dev libssl-dev
   libucx-dev ucx-utils
   libopenmpi-dev openmpi-bin
   pybind11-dev python3-dev python3-numpy python3-pytest python3-venv

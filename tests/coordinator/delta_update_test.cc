@@ -23,9 +23,12 @@ namespace {
 struct Case {
   Scheme scheme;
   const char* mode;  // FERRY_DELTA
+  const char* zstd = "0";  // FERRY_DELTA_ZSTD
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << scheme_name(c.scheme) << " " << c.mode; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << scheme_name(c.scheme) << " " << c.mode << " zstd " << c.zstd;
+}
 
 // Changes `fraction` of every tensor's elements, each by one unit in the last place (what a step
 // at a small learning rate does to most changed bf16 weights).
@@ -63,6 +66,7 @@ TEST_P(DeltaUpdate, EveryUpdateMatchesADenseOneByteForByte) {
   const Case tc = GetParam();
   const bool always = std::string(tc.mode) == "always";
   ScopedEnv delta("FERRY_DELTA", tc.mode);
+  ScopedEnv zstd("FERRY_DELTA_ZSTD", tc.zstd);
   ScopedEnv transport("FERRY_TRANSPORT", "tcp");
   const Config cfg = kv_above_tp();
   const std::string name(scheme_name(tc.scheme));
@@ -118,7 +122,12 @@ TEST_P(DeltaUpdate, EveryUpdateMatchesADenseOneByteForByte) {
 
   nudge(ck, 0.03, rng);
   move_amax(ck, rng);
-  update(4, "3% changed, amax moved", deltas);
+  r = update(4, "3% changed, amax moved", deltas);
+  for (const auto& d : r.delta) {
+    // Plain, a delta carries each changed bf16 value whole; as XORs in zstd frames, less than that.
+    if (std::string(tc.zstd) != "0") EXPECT_LT(d.delta_bytes, d.changed * 2) << "zstd frames";
+    if (std::string(tc.zstd) == "0") EXPECT_GE(d.delta_bytes, d.changed * 2);
+  }
 
   renew(ck, rng);
   // Auto compares every piece and sends its dense bytes; always sends the (larger) deltas.
@@ -147,6 +156,7 @@ std::vector<Case> all_cases() {
     if (s == Scheme::kGptqInt4) continue;  // quantized reload, not an online scheme
     out.push_back({s, "auto"});
     out.push_back({s, "always"});
+    out.push_back({s, "auto", "3"});  // XORs in zstd frames
   }
   return out;
 }
@@ -155,7 +165,8 @@ INSTANTIATE_TEST_SUITE_P(AllOnlineSchemes, DeltaUpdate, ::testing::ValuesIn(all_
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string s(scheme_name(info.param.scheme));
                            std::erase(s, '_');
-                           return s + "_" + info.param.mode;
+                           return s + "_" + info.param.mode +
+                                  (std::string(info.param.zstd) == "0" ? "" : std::string("_zstd"));
                          });
 
 // FERRY_DELTA=off: every update carries every byte, and the trainer keeps no copy.

@@ -3,6 +3,7 @@
 // update that failed, was rolled back, or bypassed it.
 #include <cstring>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "core/region_copy.h"
@@ -110,7 +111,15 @@ TEST(DeltaShadow, AFailedRolledBackOrBypassedUpdateLeavesNoBase) {
 // of one parameter leaves every other row as it was, and storage ends byte-identical to a cold
 // engine loaded with that version densely.
 TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
-  for (Scheme scheme : {Scheme::kNone, Scheme::kFp8PerChannel, Scheme::kInt4Group, Scheme::kFp8Block}) {
+  // What each scheme processes again for one changed element in row 128 of layer 0's up_proj,
+  // which is rows [256, 512) of the fused gate_up (tiny config: intermediate 256, hidden 128): the
+  // row alone where every row's codes and scale are its own, its 128-row block under fp8_block
+  // (rows 384-511), and the whole up shard under fp8_per_tensor (a scale sees all 256 rows).
+  const std::map<Scheme, uint64_t> processed = {{Scheme::kNone, 1},     {Scheme::kFp8PerChannel, 1},
+                                                {Scheme::kInt4Group, 1}, {Scheme::kFp8Block, 128},
+                                                {Scheme::kFp8PerTensor, 256}};
+  std::optional<uint64_t> kept_by_rows;  // kNone's kept rows, one row processed
+  for (const auto& [scheme, rows_processed] : processed) {
     SCOPED_TRACE(scheme_name(scheme));
     const tiny::Config cfg;
     auto rank = make_rank(cfg, scheme, shadow(true));
@@ -127,8 +136,8 @@ TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
     }
     std::string moved;
     for (auto& [name, b] : bytes) {
-      if (name.find("layers.0") != std::string::npos && name.find("proj.weight") != std::string::npos) {
-        b[b.size() / 2] ^= 0x40;  // an element in the middle row
+      if (name.find("layers.0.mlp.up_proj.weight") != std::string::npos) {
+        b[b.size() / 2] ^= 0x40;  // an element of the middle row
         moved = name;
         break;
       }
@@ -162,9 +171,11 @@ TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_TRUE(contents(rank->storage) == contents(cold->storage)) << "storage differs from a dense load of v2";
     EXPECT_EQ(r->census.moved, 0u);
-    // (fp8_block processes the changed parameter whole, its 128 x 128 blocks; every scheme leaves
-    // unchanged parameters as they were.)
+    // Every scheme leaves the unchanged parameters as they were, and of the changed one all rows
+    // but those its change reaches.
     EXPECT_GT(r->kept_rows, 100u) << "rows without a change are left as they were";
+    if (!kept_by_rows) kept_by_rows = r->kept_rows + 1;
+    EXPECT_EQ(r->kept_rows, *kept_by_rows - rows_processed) << "rows processed again";
   }
 }
 
