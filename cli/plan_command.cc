@@ -72,9 +72,15 @@ Result<Side> plan_and_cost(const sharding::Manifest& manifest, const std::vector
   return side;
 }
 
-// `megatron-tpT` or `megatron-tpT-ppP` (T, P from 1 to 9999): T and P (P 1 when absent); nullopt
-// for another layout name.
-std::optional<std::pair<int, int>> megatron_sizes(std::string_view layout) {
+// Megatron-Core's parallel sizes in a layout name.
+struct MegatronSizes {
+  int tp = 1, pp = 1, ep = 1;
+  int etp = 0;  // 0: the TP size, as Megatron-Core's expert_tensor_parallel_size defaults
+};
+
+// `megatron-tpT[-ppP][-epE][-etpX]` (each from 1 to 9999; PP and EP 1 and expert TP T when
+// absent); nullopt for another layout name.
+std::optional<MegatronSizes> megatron_sizes(std::string_view layout) {
   // A positive number of up to four digits at the front of `s`, which it consumes.
   auto number = [](std::string_view& s) -> std::optional<int> {
     size_t n = 0;
@@ -85,27 +91,35 @@ std::optional<std::pair<int, int>> megatron_sizes(std::string_view layout) {
     s.remove_prefix(n);
     return v;
   };
-  if (!layout.starts_with("megatron-tp")) return std::nullopt;
-  layout.remove_prefix(std::string_view("megatron-tp").size());
-  const auto tp = number(layout);
-  if (!tp) return std::nullopt;
-  if (layout.empty()) return std::pair<int, int>{*tp, 1};
-  if (!layout.starts_with("-pp")) return std::nullopt;
-  layout.remove_prefix(3);
-  const auto pp = number(layout);
-  if (!pp || !layout.empty()) return std::nullopt;
-  return std::pair<int, int>{*tp, *pp};
+  // "-KEYn" at the front of `s`, when there: n, which it consumes.
+  auto part = [&number](std::string_view& s, std::string_view key, int* out) {
+    if (!s.starts_with(key)) return true;
+    s.remove_prefix(key.size());
+    const auto v = number(s);
+    if (v) *out = *v;
+    return v.has_value();
+  };
+  if (!layout.starts_with("megatron")) return std::nullopt;
+  layout.remove_prefix(std::string_view("megatron").size());
+  MegatronSizes m;
+  if (!layout.starts_with("-tp") || !part(layout, "-tp", &m.tp) || !part(layout, "-pp", &m.pp) ||
+      !part(layout, "-ep", &m.ep)) {
+    return std::nullopt;
+  }
+  if (!part(layout, "-etp", &m.etp) || !layout.empty()) return std::nullopt;
+  return m;
 }
 
 // Megatron-Core's trainer: the N ranks in Megatron's default order "tp-cp-ep-dp-pp" (TP innermost,
-// then data parallel, pipeline stages outermost; no context or expert parallelism here), each
-// holding its TP shard of its stage's layers in Megatron's fused tensors (sharding::megatron_layout);
-// the data-parallel groups hold copies.
-Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, int tp, int pp) {
-  const int n = a.trainers;
-  if (tp < 1 || pp < 1 || n % (tp * pp) != 0) {
-    return Status::invalid_argument(fmt::format("--layout {}: {} trainers are not data-parallel groups of TP {} x PP {}",
-                                                a.layout, n, tp, pp));
+// then data parallel, pipeline stages outermost; experts: expert TP innermost, then EP; no context
+// parallelism here), each holding its TP shard of its stage's layers and its experts in Megatron's
+// fused tensors (sharding::megatron_layout); the data-parallel groups hold copies.
+Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, const MegatronSizes& m) {
+  const int n = a.trainers, tp = m.tp, pp = m.pp, etp = m.etp > 0 ? m.etp : m.tp;
+  if (tp < 1 || pp < 1 || n % (tp * pp) != 0 || (n / pp) % (m.ep * etp) != 0) {
+    return Status::invalid_argument(
+        fmt::format("--layout {}: {} trainers are not data-parallel groups of TP {} x PP {} (nor of EP {} x expert TP {})",
+                    a.layout, n, tp, pp, m.ep, etp));
   }
   sharding::ModelConfig cfg;
   if (!a.model.empty()) {
@@ -123,10 +137,14 @@ Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, in
                                                 cfg.num_layers, pp));
   }
   std::vector<sharding::SenderInfo> out;
+  if (m.ep > 1 && cfg.num_experts == 0) {
+    return Status::invalid_argument(fmt::format("--layout {}: {} has no routed experts", a.layout, cfg.family));
+  }
   for (int r = 0; r < n; ++r) {
-    const int stage = r / (n / pp);  // n / pp = tp x dp ranks a stage
+    int stage = 0;
+    FERRY_ASSIGN_OR_RETURN(const sharding::MegatronRank place, sharding::megatron_rank(r, n, tp, pp, m.ep, etp, &stage));
     const int64_t first = cfg.num_layers * stage / pp, last = cfg.num_layers * (stage + 1) / pp;
-    auto layout = sharding::megatron_layout(cfg, r % tp, tp, {first, last});
+    auto layout = sharding::megatron_layout(cfg, place, {first, last});
     if (!layout.ok()) return layout.status().with_context(fmt::format("--layout {}", a.layout));
     out.push_back(sharding::layout_holdings(*layout));
   }
@@ -139,7 +157,7 @@ Result<std::vector<sharding::SenderInfo>> layout_senders(const PlanArgs& a, cons
   const int n = a.trainers;
   std::vector<sharding::SenderInfo> out(static_cast<size_t>(n));
   if (a.layout == "whole") return out;
-  if (const auto sizes = megatron_sizes(a.layout)) return megatron_senders(a, sizes->first, sizes->second);
+  if (const auto sizes = megatron_sizes(a.layout)) return megatron_senders(a, *sizes);
   const int group = a.shard_group > 0 ? a.shard_group : std::min(a.topo.gpus_per_node, n);
   if (a.layout == "hsdp" && (group <= 0 || n % group != 0)) {
     return Status::invalid_argument(fmt::format("--layout hsdp: {} trainers are not groups of {}", n, group));
@@ -161,7 +179,7 @@ Result<std::vector<sharding::SenderInfo>> layout_senders(const PlanArgs& a, cons
       s = sharding::expert_holdings(manifest, r, n);
     } else {
       return Status::invalid_argument(
-          fmt::format("unknown --layout {}: whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP]", a.layout));
+          fmt::format("unknown --layout {}: whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP][-epE[-etpX]]", a.layout));
     }
   }
   return out;
@@ -340,12 +358,14 @@ void add_plan_command(CLI::App& app, std::ostream& out) {
   cmd->add_option("--layout", args->layout,
                   "what each trainer rank holds: whole (every tensor, after its gather), fsdp (Shard(0) rows), hsdp "
                   "(Shard(0) in groups of --shard-group, replicated across them), pipeline (layers split into stages), "
-                  "ep (routed experts split by index, the rest Shard(0)), megatron-tpT[-ppP] (Megatron-Core's fused "
-                  "linear_qkv / linear_fc1, TP T, P pipeline stages, the rest data-parallel copies)")
+                  "ep (routed experts split by index, the rest Shard(0)), megatron-tpT[-ppP][-epE][-etpX] (Megatron-Core's "
+                  "fused linear_qkv / linear_fc1 and grouped experts, TP T, P pipeline stages, E expert-parallel "
+                  "ranks, expert TP X (T when absent), the rest data-parallel copies)")
       ->check([](const std::string& v) {
         const bool known = v == "whole" || v == "fsdp" || v == "hsdp" || v == "pipeline" || v == "ep" ||
                            megatron_sizes(v).has_value();
-        return known ? std::string() : "expected whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP], got " + v;
+        return known ? std::string()
+                     : "expected whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP][-epE][-etpX], got " + v;
       })
       ->capture_default_str();
   cmd->add_option("--experts", args->experts,

@@ -19,11 +19,40 @@ std::string mcore(int64_t l, const char* rest) { return fmt::format("decoder.lay
 
 }  // namespace
 
-Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
+Result<MegatronRank> megatron_rank(int rank, int ranks, int tp, int pp, int ep, int etp, int* stage) {
+  if (tp < 1 || pp < 1 || ep < 1 || etp < 1 || ranks % (tp * pp) != 0 || (ranks / pp) % (ep * etp) != 0 || rank < 0 ||
+      rank >= ranks) {
+    return Status::invalid_argument(fmt::format(
+        "Megatron ranks: {} trainers are not pipeline stages of TP {} x data-parallel groups, and expert-parallel "
+        "groups of EP {} x expert TP {}, with PP {}",
+        ranks, tp, ep, etp, pp));
+  }
+  const int per_stage = ranks / pp, in_stage = rank % per_stage;
+  if (stage != nullptr) *stage = rank / per_stage;
+  return MegatronRank{tp, in_stage % tp, ep, (in_stage / etp) % ep, etp, in_stage % etp};
+}
+
+Result<SourceLayout> megatron_layout(const ModelConfig& cfg, const MegatronRank& rank,
                                      std::pair<int64_t, int64_t> layers, int64_t vocab_divisible_by) {
-  if (cfg.num_experts > 0) return Status::invalid_argument("megatron_layout does not lay out mixture-of-experts layers");
+  const int tp_rank = rank.tp_rank, tp_size = rank.tp;
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
     return Status::invalid_argument(fmt::format("megatron_layout: TP rank {} of {}", tp_rank, tp_size));
+  }
+  const bool moe = cfg.num_experts > 0;
+  if (moe && (cfg.n_shared_experts > 0 || cfg.shared_expert_intermediate_size > 0 || cfg.family == "deepseek_v3" ||
+              cfg.family == "qwen3_next")) {
+    return Status::invalid_argument(
+        fmt::format("megatron_layout: {} has shared experts or MLA attention, which it does not lay out", cfg.family));
+  }
+  if (rank.ep < 1 || rank.ep_rank < 0 || rank.ep_rank >= rank.ep || rank.etp < 1 || rank.etp_rank < 0 ||
+      rank.etp_rank >= rank.etp) {
+    return Status::invalid_argument(
+        fmt::format("megatron_layout: EP rank {} of {}, expert TP rank {} of {}", rank.ep_rank, rank.ep, rank.etp_rank, rank.etp));
+  }
+  if (moe && (cfg.num_experts % rank.ep || cfg.moe_intermediate_size % rank.etp)) {
+    return Status::invalid_argument(fmt::format(
+        "megatron_layout: {} experts of intermediate size {} do not split over EP {} and expert TP {}", cfg.num_experts,
+        cfg.moe_intermediate_size, rank.ep, rank.etp));
   }
   const int64_t h = cfg.hidden_size, hd = cfg.effective_head_dim(), kv = cfg.num_kv_heads;
   const int64_t inter = cfg.intermediate_size, vocab = cfg.vocab_size;
@@ -71,11 +100,31 @@ Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp
     const int64_t cols = cfg.num_heads * hd / tp_size;
     put({layer_name(l, "self_attn.o_proj.weight"), Region{{0, tp_rank * cols}, {h, cols}}},
         mcore(l, "self_attention.linear_proj.weight"), 0);
+    whole(layer_name(l, "input_layernorm.weight"), h, mcore(l, "self_attention.linear_qkv.layer_norm_weight"));
+    if (cfg.layer_is_moe(l)) {
+      // The router and the rank's experts; Mixtral names them block_sparse_moe, w1 / w3 / w2.
+      const bool mixtral = cfg.family == "mixtral";
+      const std::string block = mixtral ? "block_sparse_moe" : "mlp";
+      whole(layer_name(l, "post_attention_layernorm.weight"), h, mcore(l, "pre_mlp_layernorm.weight"));
+      put(rows_box(layer_name(l, (block + ".gate.weight").c_str()), 0, cfg.num_experts, h), mcore(l, "mlp.router.weight"), 0);
+      const int64_t local = cfg.num_experts / rank.ep, mi = cfg.moe_intermediate_size / rank.etp;
+      for (int64_t i = 0; i < local; ++i) {
+        const int64_t e = rank.ep_rank * local + i;
+        auto expert = [&](const char* proj) {
+          return layer_name(l, fmt::format("{}.experts.{}.{}.weight", block, e, proj).c_str());
+        };
+        const std::string fc1 = mcore(l, fmt::format("mlp.experts.linear_fc1.weight{}", i).c_str());
+        put(rows_box(expert(mixtral ? "w1" : "gate_proj"), rank.etp_rank * mi, mi, h), fc1, 0);
+        put(rows_box(expert(mixtral ? "w3" : "up_proj"), rank.etp_rank * mi, mi, h), fc1, mi);
+        put({expert(mixtral ? "w2" : "down_proj"), Region{{0, rank.etp_rank * mi}, {h, mi}}},
+            mcore(l, fmt::format("mlp.experts.linear_fc2.weight{}", i).c_str()), 0);
+      }
+      continue;
+    }
     const std::string fc1 = mcore(l, "mlp.linear_fc1.weight");
     put(rows_box(layer_name(l, "mlp.gate_proj.weight"), tp_rank * fc, fc, h), fc1, 0);
     put(rows_box(layer_name(l, "mlp.up_proj.weight"), tp_rank * fc, fc, h), fc1, fc);
     put({layer_name(l, "mlp.down_proj.weight"), Region{{0, tp_rank * fc}, {h, fc}}}, mcore(l, "mlp.linear_fc2.weight"), 0);
-    whole(layer_name(l, "input_layernorm.weight"), h, mcore(l, "self_attention.linear_qkv.layer_norm_weight"));
     whole(layer_name(l, "post_attention_layernorm.weight"), h, mcore(l, "mlp.linear_fc1.layer_norm_weight"));
   }
   if (last == cfg.num_layers) {

@@ -28,7 +28,17 @@ struct SourceLayout {
   bool empty() const { return boxes.empty(); }
 };
 
-// Megatron-Core's GPT layout of a dense Llama-family model (Llama, Mistral, Qwen2, Qwen3; no experts) for TP rank `tp_rank` of `tp_size`
+// A Megatron-Core trainer rank's place: its TP rank of the attention and dense layers, and, for
+// mixture-of-experts layers, its expert-parallel rank (holding experts [ep_rank, ep_rank + 1) x
+// experts / ep) and its expert-tensor-parallel rank (Megatron's expert_tensor_parallel_size).
+struct MegatronRank {
+  int tp = 1, tp_rank = 0;
+  int ep = 1, ep_rank = 0;
+  int etp = 1, etp_rank = 0;
+};
+
+// Megatron-Core's GPT layout of a Llama-family model (Llama, Mistral, Qwen2, Qwen3, and the
+// Qwen3-MoE and Mixtral experts) for one trainer rank
 // (pipeline stages simply hold different layers: `layers` [first, last) of them, the embedding on
 // the stage holding layer 0, the final norm and output layer on the one holding the last):
 //   embedding.word_embeddings.weight                     vocab rows split
@@ -41,13 +51,30 @@ struct SourceLayout {
 //   decoder.layers.L.mlp.linear_fc1.layer_norm_weight    (post_attention_layernorm)
 //   decoder.layers.L.mlp.linear_fc2.weight               [H, intermediate/tp]
 //   decoder.final_layernorm.weight, output_layer.weight  (vocab rows split)
+// A mixture-of-experts layer instead of linear_fc1 / linear_fc2 (megatron/core/transformer/moe:
+// TEGroupedMLP's sharded_state_dict, local expert i is global expert ep_rank x local + i):
+//   decoder.layers.L.pre_mlp_layernorm.weight            (post_attention_layernorm)
+//   decoder.layers.L.mlp.router.weight                   [experts, H] (mlp.gate / block_sparse_moe.gate)
+//   decoder.layers.L.mlp.experts.linear_fc1.weight{i}    [gate rows/etp; up rows/etp], H]
+//   decoder.layers.L.mlp.experts.linear_fc2.weight{i}    [H, moe_intermediate/etp]
+// Shared experts are not laid out (refused).
 // Norms are replicated over the TP ranks (copies: the planner sends each from one of them). KV
 // heads must split over the TP ranks. The vocabulary is padded as Megatron pads it (to a multiple
 // of `vocab_divisible_by` x tp_size, its make-vocab-size-divisible-by, 128 by default) and each rank
 // holds padded / tp_size rows; a box covers the real rows among them, the padding lies beyond it.
 // `layers` {first, -1}: through the last layer.
-Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
+Result<SourceLayout> megatron_layout(const ModelConfig& cfg, const MegatronRank& rank,
                                      std::pair<int64_t, int64_t> layers = {0, -1}, int64_t vocab_divisible_by = 128);
+inline Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
+                                            std::pair<int64_t, int64_t> layers = {0, -1},
+                                            int64_t vocab_divisible_by = 128) {
+  return megatron_layout(cfg, MegatronRank{tp_size, tp_rank}, layers, vocab_divisible_by);
+}
+
+// Where trainer rank `rank` (of `ranks`, a multiple of tp x pp) sits in Megatron-Core's default
+// order, "tp-cp-ep-dp-pp": pipeline stages outermost; within a stage, the dense grid puts TP
+// innermost, and the expert grid expert-TP innermost, then EP. Its stage in `stage`.
+Result<MegatronRank> megatron_rank(int rank, int ranks, int tp, int pp, int ep, int etp, int* stage);
 
 // The holdings a source layout declares.
 SenderInfo layout_holdings(const SourceLayout& layout);

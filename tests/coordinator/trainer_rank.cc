@@ -10,13 +10,14 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "coordinator/trainer.h"
 #include "sharding/source_layout.h"
-#include "tests/coordinator/megatron_shards.h"
+#include "tests/common/megatron_shards.h"
 #include "tests/coordinator/sharded.h"
 
 int main(int argc, char** argv) {
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
     std::optional<testutil::MegatronShards> fused;
     std::optional<testutil::LocalShards> shards;
     if (layout == "megatron") {
-      views = fused.emplace(cfg.llama, ck, rank, ranks).views;
+      const auto source = [&ck](const std::string& name) { return std::span<const uint16_t>(ck.data.at(name)); };
+      views = fused.emplace(cfg.llama, source, sharding::MegatronRank{ranks, rank}).views;
     } else {
       views = shards.emplace(manifest, ck, u.holdings).views;
     }
