@@ -1,8 +1,10 @@
 // The plan owns the buckets: an update over each transport posts exactly the buckets the planner
 // cut for the cost model (the host transports here; cuda_ipc and nccl where GPUs are, run by
 // bench/gpu/run.sh), and a trainer and a rank whose FERRY_BUCKET_BYTES differ (two processes)
-// complete an update, the rank taking buckets far larger than its own setting would size.
+// complete an update, the rank taking buckets far larger than its own setting would size. Over the
+// device transports, an update staged while serving lands the same bytes.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -127,7 +129,10 @@ class DeviceReplica {
       o.coordinator = trainer_->coordinator_address();
       o.spec = spec;
       o.storage = storage_.back().get();
-      o.pause = [](const coordinator::PauseRequest&) { return ok_status(); };
+      o.pause = [this](const coordinator::PauseRequest&) {
+        ++pauses_;
+        return ok_status();
+      };
       o.resume = [](uint64_t) { return ok_status(); };
       FERRY_ASSIGN_OR_RETURN(auto w, coordinator::RolloutWorker::create(std::move(o)));
       workers_.push_back(std::move(w));
@@ -137,7 +142,7 @@ class DeviceReplica {
   }
 
   // The checkpoint's tensors copied to the trainer's GPU; the update posts them all.
-  Result<coordinator::UpdateReport> update(uint64_t version, const Checkpoint& ck) {
+  Result<coordinator::UpdateReport> update(uint64_t version, const Checkpoint& ck, bool stage = false) {
     std::map<std::string, TensorView> views;
     std::vector<Buffer> held;
     const Device gpu = Device::cuda(c_.trainer_gpu);
@@ -147,11 +152,14 @@ class DeviceReplica {
       views.emplace(name, TensorView(b.data(), v.dtype(), v.shape(), gpu));
       held.push_back(std::move(b));
     }
-    FERRY_RETURN_IF_ERROR(trainer_->start_weight_update(version, sharding::llama_manifest(tiny_llama())));
+    coordinator::UpdateOptions o;
+    o.stage = stage;
+    FERRY_RETURN_IF_ERROR(trainer_->start_weight_update(version, sharding::llama_manifest(tiny_llama()), o));
     coordinator::MapSource src(views);
     FERRY_RETURN_IF_ERROR(trainer_->update_weights(src));
     return trainer_->finish_weight_update();
   }
+  int pauses() const { return pauses_.load(); }
 
   // XXH3 over every rank's storage, read back to the host.
   Result<uint64_t> fingerprint() const {
@@ -168,24 +176,32 @@ class DeviceReplica {
 
  private:
   DeviceCase c_;
+  std::atomic<int> pauses_{0};
   std::unique_ptr<coordinator::Trainer> trainer_;
   std::vector<std::unique_ptr<reload::ModelStorage>> storage_;
   std::vector<std::unique_ptr<coordinator::RolloutWorker>> workers_;
 };
 
+// Why `c` cannot run here, or "".
+std::string device_case_skip(const DeviceCase& c) {
+  bool built = false;
+  for (const auto& f : transport::transport_factories()) built = built || f.name == c.transport;
+  if (!built) return c.transport + " is not built here (needs CUDA" + (c.transport == "nccl" ? " and NCCL)" : ")");
+  const int need = std::max(c.trainer_gpu, c.rank_gpu) + 1;
+  const int have = cuda_devices();
+  if (have < need) {
+    return fmt::format("{}: the case needs {} CUDA device(s), this machine has {} (bench/gpu/run.sh runs it on a GPU "
+                       "machine)",
+                       c.transport, need, have);
+  }
+  return "";
+}
+
 class BucketPlanOnDevice : public ::testing::TestWithParam<DeviceCase> {};
 
 TEST_P(BucketPlanOnDevice, SendsThePlansBuckets) {
   const DeviceCase& c = GetParam();
-  bool built = false;
-  for (const auto& f : transport::transport_factories()) built = built || f.name == c.transport;
-  if (!built) GTEST_SKIP() << c.transport << " is not built here (needs CUDA" << (c.transport == "nccl" ? " and NCCL)" : ")");
-  const int need = std::max(c.trainer_gpu, c.rank_gpu) + 1;
-  const int have = cuda_devices();
-  if (have < need) {
-    GTEST_SKIP() << c.transport << ": the plan-against-sent check needs " << need << " CUDA device(s), this machine has "
-                 << have << " (bench/gpu/run.sh runs it on a GPU machine)";
-  }
+  if (const std::string why = device_case_skip(c); !why.empty()) GTEST_SKIP() << why;
   ScopedEnv transport("FERRY_TRANSPORT", c.transport);
   ScopedEnv direct("FERRY_DIRECT", "off");
   Checkpoint ck(sharding::llama_manifest(tiny_llama()), 11);
@@ -217,6 +233,44 @@ TEST_P(BucketPlanOnDevice, SendsThePlansBuckets) {
   auto f = small.fingerprint();
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   EXPECT_EQ(*f, reference) << "small buckets changed what landed";
+}
+
+// Staged while serving over a device transport: the ranks take the whole update into staging (device
+// buckets, as the transport delivers them), pause once each only after every byte arrived, and
+// storage then holds exactly what a pause-first update of the same version leaves.
+TEST_P(BucketPlanOnDevice, AStagedUpdateLandsWhatAPauseFirstOneDoes) {
+  const DeviceCase& c = GetParam();
+  if (const std::string why = device_case_skip(c); !why.empty()) GTEST_SKIP() << why;
+  ScopedEnv transport("FERRY_TRANSPORT", c.transport);
+  ScopedEnv direct("FERRY_DIRECT", "off");
+  const Checkpoint v1(sharding::llama_manifest(tiny_llama()), 21), v2(sharding::llama_manifest(tiny_llama()), 22);
+  uint64_t reference = 0;
+  {
+    DeviceReplica first(c);
+    ASSERT_TRUE(first.start().ok());
+    ASSERT_TRUE(first.update(1, v1).ok());
+    auto r = first.update(2, v2);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_FALSE(r->staged);
+    auto f = first.fingerprint();
+    ASSERT_TRUE(f.ok());
+    reference = *f;
+  }
+  DeviceReplica staged(c);
+  ASSERT_TRUE(staged.start().ok());
+  ASSERT_TRUE(staged.update(1, v1).ok());
+  auto before = staged.fingerprint();
+  ASSERT_TRUE(before.ok());
+  EXPECT_NE(*before, reference) << "the two versions land different bytes";
+  const int pauses = staged.pauses();
+  auto r = staged.update(2, v2, /*stage=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->staged) << "the update fell back to pause first";
+  EXPECT_EQ(staged.pauses(), pauses + c.tp) << "each rank pauses once, to apply";
+  EXPECT_LT(r->pause_window_seconds, r->seconds);
+  auto f = staged.fingerprint();
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*f, reference) << "a staged update landed other bytes than a pause-first one";
 }
 
 INSTANTIATE_TEST_SUITE_P(DeviceTransports, BucketPlanOnDevice,
