@@ -190,25 +190,27 @@ Status run_delta_case(const E2eOptions& o, const std::string& transport) {
       e2e::median(f[3].apply) > 0 ? e2e::median(f[3].window) / e2e::median(f[3].apply) : 0;
   const std::string name = transport + "/" + o.scheme;
   if (o.json) {
-    fmt::print("{{\"bench\":\"e2e-delta\",\"case\":\"{}\",\"tp\":{},\"updates\":{},\"bytes\":{},\"changed_fraction\":{:.6f},"
-               "\"dense\":{},\"delta\":{},\"dense_staged\":{},\"delta_staged\":{},\"delta_zstd\":{},"
-               "\"wire_ratio\":{:.2f},\"speedup\":{:.2f},\"zstd_wire_ratio\":{:.2f},\"zstd_speedup\":{:.2f},"
-               "\"window_over_apply\":{:.2f}}}\n",
-               name, o.tp, o.updates, bytes, changed, figures_json(f[0]), figures_json(f[1]), figures_json(f[2]),
-               figures_json(f[3]), figures_json(f[4]), wire_ratio, speedup, zstd_wire_ratio, zstd_speedup,
-               window_over_apply);
+    fmt::print(
+        "{{\"bench\":\"e2e-delta\",\"case\":\"{}\",\"tp\":{},\"updates\":{},\"bytes\":{},\"changed_fraction\":{:.6f},"
+        "\"dense\":{},\"delta\":{},\"dense_staged\":{},\"delta_staged\":{},\"delta_zstd\":{},"
+        "\"wire_ratio\":{:.2f},\"speedup\":{:.2f},\"zstd_wire_ratio\":{:.2f},\"zstd_speedup\":{:.2f},"
+        "\"window_over_apply\":{:.2f}}}\n",
+        name, o.tp, o.updates, bytes, changed, figures_json(f[0]), figures_json(f[1]), figures_json(f[2]),
+        figures_json(f[3]), figures_json(f[4]), wire_ratio, speedup, zstd_wire_ratio, zstd_speedup, window_over_apply);
   } else {
     fmt::print("e2e-delta {:<20} tp {} {} B, {:.3f}% of elements changed per Adam step (lr 1e-6)\n", name, o.tp, bytes,
                100 * changed);
     for (int k = 0; k < kCases; ++k) {
-      fmt::print("    {:<13} wire {:>11.0f} B  update {:.4f} s (sending {:.4f})  not serving {:.4f} s  apply {:.4f} s{}\n",
-                 names[k], e2e::median(f[k].wire), e2e::median(f[k].seconds), e2e::median(f[k].transfer),
-                 e2e::median(f[k].window), e2e::median(f[k].apply),
-                 (k == 2 || k == 3) && !f[k].staged ? "  (fell back to pause first)" : "");
+      fmt::print(
+          "    {:<13} wire {:>11.0f} B  update {:.4f} s (sending {:.4f})  not serving {:.4f} s  apply {:.4f} s{}\n",
+          names[k], e2e::median(f[k].wire), e2e::median(f[k].seconds), e2e::median(f[k].transfer),
+          e2e::median(f[k].window), e2e::median(f[k].apply),
+          (k == 2 || k == 3) && !f[k].staged ? "  (fell back to pause first)" : "");
     }
-    fmt::print("    delta vs dense: {:.1f}x fewer bytes, {:.2f}x faster; with zstd {:.1f}x fewer, {:.2f}x faster; "
-               "staged delta: not serving {:.2f}x its apply\n",
-               wire_ratio, speedup, zstd_wire_ratio, zstd_speedup, window_over_apply);
+    fmt::print(
+        "    delta vs dense: {:.1f}x fewer bytes, {:.2f}x faster; with zstd {:.1f}x fewer, {:.2f}x faster; "
+        "staged delta: not serving {:.2f}x its apply\n",
+        wire_ratio, speedup, zstd_wire_ratio, zstd_speedup, window_over_apply);
   }
   std::fflush(stdout);
   return ok_status();

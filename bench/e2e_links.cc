@@ -267,9 +267,9 @@ class Probe final : public LinkProbe {
           const dataplane::DeltaBases::Base* base =
               bases_ ? bases_->find(source.name, Region::whole(source.shape), source.dtype, source.shape) : nullptr;
           const size_t row_bytes = part.rows > 0 ? part.bytes / static_cast<size_t>(part.rows) : 0;
-          FERRY_RETURN_IF_ERROR(dataplane::pack_part(b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst,
-                                                     source.dtype, std::nullopt, tensor, tensor, part.first_row,
-                                                     part.rows, row_bytes, base, {deltas_.prefer, deltas_.zstd}, scratch_, tally_));
+          FERRY_RETURN_IF_ERROR(dataplane::pack_part(
+              b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst, source.dtype, std::nullopt, tensor, tensor,
+              part.first_row, part.rows, row_bytes, base, {deltas_.prefer, deltas_.zstd}, scratch_, tally_));
         }
         FERRY_RETURN_IF_ERROR(b.seal(false).status());
       }

@@ -116,11 +116,6 @@ std::optional<MegatronSizes> megatron_sizes(std::string_view layout) {
 // fused tensors (sharding::megatron_layout); the data-parallel groups hold copies.
 Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, const MegatronSizes& m) {
   const int n = a.trainers, tp = m.tp, pp = m.pp, etp = m.etp > 0 ? m.etp : m.tp;
-  if (tp < 1 || pp < 1 || n % (tp * pp) != 0 || (n / pp) % (m.ep * etp) != 0) {
-    return Status::invalid_argument(
-        fmt::format("--layout {}: {} trainers are not data-parallel groups of TP {} x PP {} (nor of EP {} x expert TP {})",
-                    a.layout, n, tp, pp, m.ep, etp));
-  }
   sharding::ModelConfig cfg;
   if (!a.model.empty()) {
     FERRY_ASSIGN_OR_RETURN(const std::string text, sharding::preset_text(a.model));
@@ -142,9 +137,10 @@ Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, co
   }
   for (int r = 0; r < n; ++r) {
     int stage = 0;
-    FERRY_ASSIGN_OR_RETURN(const sharding::MegatronRank place, sharding::megatron_rank(r, n, tp, pp, m.ep, etp, &stage));
+    auto place = sharding::megatron_rank(r, n, tp, pp, m.ep, etp, &stage);
+    if (!place.ok()) return place.status().with_context(fmt::format("--layout {}", a.layout));
     const int64_t first = cfg.num_layers * stage / pp, last = cfg.num_layers * (stage + 1) / pp;
-    auto layout = sharding::megatron_layout(cfg, place, {first, last});
+    auto layout = sharding::megatron_layout(cfg, *place, {first, last});
     if (!layout.ok()) return layout.status().with_context(fmt::format("--layout {}", a.layout));
     out.push_back(sharding::layout_holdings(*layout));
   }
@@ -178,8 +174,8 @@ Result<std::vector<sharding::SenderInfo>> layout_senders(const PlanArgs& a, cons
     } else if (a.layout == "ep") {
       s = sharding::expert_holdings(manifest, r, n);
     } else {
-      return Status::invalid_argument(
-          fmt::format("unknown --layout {}: whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP][-epE[-etpX]]", a.layout));
+      return Status::invalid_argument(fmt::format(
+          "unknown --layout {}: whole, fsdp, hsdp, pipeline, ep or megatron-tpT[-ppP][-epE][-etpX]", a.layout));
     }
   }
   return out;
@@ -355,12 +351,13 @@ void add_plan_command(CLI::App& app, std::ostream& out) {
   }());
   cmd->add_option("--config", args->config, "a Hugging Face config.json, or a ferry mapping file");
   cmd->add_option("--trainers", args->trainers, "trainer (sender) GPUs")->capture_default_str();
-  cmd->add_option("--layout", args->layout,
-                  "what each trainer rank holds: whole (every tensor, after its gather), fsdp (Shard(0) rows), hsdp "
-                  "(Shard(0) in groups of --shard-group, replicated across them), pipeline (layers split into stages), "
-                  "ep (routed experts split by index, the rest Shard(0)), megatron-tpT[-ppP][-epE][-etpX] (Megatron-Core's "
-                  "fused linear_qkv / linear_fc1 and grouped experts, TP T, P pipeline stages, E expert-parallel "
-                  "ranks, expert TP X (T when absent), the rest data-parallel copies)")
+  cmd->add_option(
+         "--layout", args->layout,
+         "what each trainer rank holds: whole (every tensor, after its gather), fsdp (Shard(0) rows), hsdp "
+         "(Shard(0) in groups of --shard-group, replicated across them), pipeline (layers split into stages), "
+         "ep (routed experts split by index, the rest Shard(0)), megatron-tpT[-ppP][-epE][-etpX] (Megatron-Core's "
+         "fused linear_qkv / linear_fc1 and grouped experts, TP T, P pipeline stages, E expert-parallel "
+         "ranks, expert TP X (T when absent), the rest data-parallel copies)")
       ->check([](const std::string& v) {
         const bool known = v == "whole" || v == "fsdp" || v == "hsdp" || v == "pipeline" || v == "ep" ||
                            megatron_sizes(v).has_value();

@@ -20,8 +20,8 @@ constexpr SettingInfo kSettings[] = {
      &Settings::log_level},
     {"FERRY_COORDINATOR", SettingType::kString, "", "coordinator address host:port that ranks join", "",
      &Settings::coordinator},
-    {"FERRY_LISTEN_HOST", SettingType::kString, "127.0.0.1", "address the coordinator and data listeners bind to",
-     "", &Settings::listen_host},
+    {"FERRY_LISTEN_HOST", SettingType::kString, "127.0.0.1", "address the coordinator and data listeners bind to", "",
+     &Settings::listen_host},
     {"FERRY_TIMEOUT_MS", SettingType::kInt, "30000", "deadline for every wait in an update, in milliseconds", "",
      &Settings::timeout_ms, 10},
     {"FERRY_TRANSPORT", SettingType::kChoice, "auto", "force one data transport", "auto tcp shm cuda_ipc ucx nccl",
@@ -55,10 +55,11 @@ constexpr SettingInfo kSettings[] = {
      "auto off always", &Settings::delta},
     {"FERRY_DELTA_MAX_BYTES", SettingType::kBytes, "64G",
      "trainer: bound on the host copy of the last version sent, which deltas are computed against; tensors "
-     "past it are sent whole", "", &Settings::delta_max_bytes},
+     "past it are sent whole",
+     "", &Settings::delta_max_bytes},
     {"FERRY_DELTA_ZSTD", SettingType::kInt, "0",
      "trainer: zstd level for delta pieces, whose changed values then travel as XORs with the old ones "
-     "(about a third fewer bytes for Adam steps; pays on links slower than about 1 Gbit/s); 0: off",
+     "(about 2.4 x fewer bytes than plain deltas for Adam steps; pays on links of about 1 Gbit/s and slower); 0: off",
      "", &Settings::delta_zstd, 0, 19},
     {"FERRY_DELTA_SHADOW", SettingType::kChoice, "host",
      "rank: keep a full-precision host copy of its shard so that deltas apply on top of it (off: every "

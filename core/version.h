@@ -6,6 +6,6 @@ namespace ferry {
 // version file, ferry.pc) and pyproject.toml (the wheel's) read it from this line.
 inline constexpr const char* kVersion = "0.1.0";
 // Bumped whenever a control-plane message changes incompatibly; checked on join.
-inline constexpr int kProtocolVersion = 2;
+inline constexpr int kProtocolVersion = 3;  // 3: delta pieces may carry kDeltaXor / kDeltaZstd
 
 }  // namespace ferry

@@ -446,8 +446,8 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
       const auto [src, dst] = sharding::part_regions(piece.src, dst_full, row, part.rows);
       FERRY_RETURN_IF_ERROR(pack_part(*part.bucket, d.bucket_device, static_cast<uint32_t>(piece.param), src, dst,
                                       meta.dtype, runs, tensor_in, tensor, row, part.rows, pr.row_bytes, base,
-                                      DeltaOptions{settings_.delta == DeltaMode::kAlways, settings_.delta_zstd}, scratch_,
-                                      delta_tallies_[static_cast<size_t>(piece.dst)])
+                                      DeltaOptions{settings_.delta == DeltaMode::kAlways, settings_.delta_zstd},
+                                      scratch_, delta_tallies_[static_cast<size_t>(piece.dst)])
                                 .with_context(name));
       bytes_ += static_cast<uint64_t>(part.rows) * pr.row_bytes;
       row += part.rows;

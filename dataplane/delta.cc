@@ -113,19 +113,15 @@ template <bool Xor>
 uint64_t scan_width(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, uint8_t* bitmap,
                     uint8_t* values) {
   switch (elem) {
-    case 1:
-      return scan_changes<1, Xor>(before, after, n, elem, bitmap, values);
-    case 2:
-      return scan_changes<2, Xor>(before, after, n, elem, bitmap, values);
-    case 4:
-      return scan_changes<4, Xor>(before, after, n, elem, bitmap, values);
-    default:
-      return scan_changes<0, Xor>(before, after, n, elem, bitmap, values);
+    case 1: return scan_changes<1, Xor>(before, after, n, elem, bitmap, values);
+    case 2: return scan_changes<2, Xor>(before, after, n, elem, bitmap, values);
+    case 4: return scan_changes<4, Xor>(before, after, n, elem, bitmap, values);
+    default: return scan_changes<0, Xor>(before, after, n, elem, bitmap, values);
   }
 }
 
-uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
-                  uint8_t* bitmap, uint8_t* values) {
+uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values, uint8_t* bitmap,
+                  uint8_t* values) {
   return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values)
                     : scan_width<false>(before, after, n, elem, bitmap, values);
 }
@@ -183,10 +179,10 @@ void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
     while (x == 0 && ++w < words) x = word(w);
     if (x == 0) return;
     const size_t first = w * 64 + static_cast<size_t>(__builtin_ctzll(x));
-    // The next clear bit after it (the padding is clear).
+    // The next clear bit after it (bits past n are clear); n when every bit to the end is set.
     uint64_t y = ~word(w) & (~uint64_t{0} << (first % 64));
-    while (y == 0) y = ~word(++w);
-    const size_t end = std::min(n, w * 64 + static_cast<size_t>(__builtin_ctzll(y)));
+    while (y == 0 && ++w < words) y = ~word(w);
+    const size_t end = y == 0 ? n : std::min(n, w * 64 + static_cast<size_t>(__builtin_ctzll(y)));
     if (!visit(static_cast<uint64_t>(first), static_cast<uint64_t>(end - first))) return;
     e = end;
   }
@@ -340,75 +336,105 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
   return choice;
 }
 
+namespace {
+
+// One zstd context of each kind per thread, made on first use (a context per call would allocate
+// its tables every time).
+struct ZstdContexts {
+  ZSTD_CCtx* c = nullptr;
+  ZSTD_DCtx* d = nullptr;
+  ~ZstdContexts() {
+    ZSTD_freeCCtx(c);
+    ZSTD_freeDCtx(d);
+  }
+};
+thread_local ZstdContexts zstd_contexts;
+
+// Gives back a thread's scratch past 64 MiB whichever way the scope is left.
+struct TrimOnExit {
+  Scratch& s;
+  ~TrimOnExit() { s.trim(); }
+};
+
+}  // namespace
+
 bool compress_delta(std::vector<uint8_t>& encoded, int level) {
-  thread_local std::vector<uint8_t> frame;
-  frame.resize(ZSTD_compressBound(encoded.size()));
-  const size_t n = ZSTD_compress(frame.data(), frame.size(), encoded.data(), encoded.size(), level);
+  thread_local Scratch frame_memory;
+  const TrimOnExit trim{frame_memory};
+  if (zstd_contexts.c == nullptr && (zstd_contexts.c = ZSTD_createCCtx()) == nullptr) return false;
+  const size_t cap = ZSTD_compressBound(encoded.size());
+  uint8_t* frame = frame_memory.get(cap);
+  const size_t n = ZSTD_compressCCtx(zstd_contexts.c, frame, cap, encoded.data(), encoded.size(), level);
   if (ZSTD_isError(n) || n > encoded.size() - encoded.size() / 8) return false;
-  frame.resize(n);
-  encoded.swap(frame);
-  if (frame.capacity() > (size_t{64} << 20)) frame = {};
+  encoded.assign(frame, frame + n);
   return true;
 }
 
 namespace {
 
 // The encoding `field` names and its bytes, a zstd frame inflated into `inflated` first. DataLoss
-// for unknown flags, a frame that does not say its size or says more than n elements can take,
-// and a frame that does not inflate to exactly that.
+// for unknown flags, a frame that does not say its size or says more than an encoding of n
+// elements can take (a bitmap with every value: the sender's largest), and a frame that does not
+// inflate to exactly that.
 Result<std::pair<const uint8_t*, size_t>> unpack_field(uint32_t field, const uint8_t* encoded, size_t bytes, size_t n,
-                                                       size_t elem, std::vector<uint8_t>& inflated) {
+                                                       size_t elem, Scratch& inflated) {
   if ((field & ~(0xffu | kDeltaXor | kDeltaZstd)) != 0) return bad(fmt::format("unknown encoding flags {:#x}", field));
   if ((field & kDeltaZstd) == 0) return std::pair{encoded, bytes};
   const unsigned long long size = ZSTD_getFrameContentSize(encoded, bytes);
-  // A bitmap and every value, or a run of two varints of 10 bytes at most per element.
-  const unsigned long long most = static_cast<unsigned long long>(n) * (elem + 20) + 16;
+  const unsigned long long most =
+      static_cast<unsigned long long>((n + 7) / 8) + static_cast<unsigned long long>(n) * elem;
   if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return bad("zstd frame without its size");
-  if (size > most) return bad(fmt::format("zstd frame of {} bytes for {} elements", size, n));
-  inflated.resize(static_cast<size_t>(size));
-  const size_t got = ZSTD_decompress(inflated.data(), inflated.size(), encoded, bytes);
-  if (ZSTD_isError(got) || got != inflated.size()) {
+  if (size > most) {
+    return bad(
+        fmt::format("zstd frame of {} bytes for {} elements (an encoding of them takes {} at most)", size, n, most));
+  }
+  if (zstd_contexts.d == nullptr && (zstd_contexts.d = ZSTD_createDCtx()) == nullptr) {
+    return Status::resource_exhausted("zstd: no decompression context");
+  }
+  uint8_t* out = inflated.get(std::max<size_t>(static_cast<size_t>(size), 1));
+  const size_t got = ZSTD_decompressDCtx(zstd_contexts.d, out, static_cast<size_t>(size), encoded, bytes);
+  if (ZSTD_isError(got) || got != size) {
     return bad(fmt::format("zstd frame: {}", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "shorter than it says"));
   }
-  return std::pair<const uint8_t*, size_t>{inflated.data(), inflated.size()};
+  return std::pair<const uint8_t*, size_t>{out, static_cast<size_t>(size)};
 }
 
 }  // namespace
 
 Result<uint64_t> delta_changed(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem) {
-  std::vector<uint8_t> inflated;
+  thread_local Scratch inflated;
+  const TrimOnExit trim{inflated};
   FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
   return walk(static_cast<DeltaEncoding>(field & 0xff), bytes.first, bytes.second, n, elem,
               [](size_t, const uint8_t*) {});
 }
 
-Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
-                   size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
-  thread_local std::vector<uint8_t> inflated;
+Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n, size_t elem,
+                   std::vector<std::pair<uint64_t, uint64_t>>* changed) {
+  thread_local Scratch inflated;
+  const TrimOnExit trim{inflated};
   FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
   const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
   const bool xor_values = (field & kDeltaXor) != 0;
   // Checked whole first: a bad encoding leaves the values as they were.
   FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [](size_t, const uint8_t*) {}).status());
   if (changed != nullptr) changed->clear();
-  Status st = walk(encoding, bytes.first, bytes.second, n, elem,
-                   [&](size_t e, const uint8_t* v) {
-                     uint8_t* at = values + e * elem;
-                     if (xor_values) {
-                       for (size_t i = 0; i < elem; ++i) at[i] ^= v[i];
-                     } else {
-                       std::memcpy(at, v, elem);
-                     }
-                     if (changed == nullptr) return;
-                     if (!changed->empty() && changed->back().first + changed->back().second == e) {
-                       ++changed->back().second;
-                     } else {
-                       changed->emplace_back(e, 1);
-                     }
-                   })
-                  .status();
-  if (inflated.capacity() > (size_t{64} << 20)) inflated = {};
-  return st;
+  return walk(encoding, bytes.first, bytes.second, n, elem,
+              [&](size_t e, const uint8_t* v) {
+                uint8_t* at = values + e * elem;
+                if (xor_values) {
+                  for (size_t i = 0; i < elem; ++i) at[i] ^= v[i];
+                } else {
+                  std::memcpy(at, v, elem);
+                }
+                if (changed == nullptr) return;
+                if (!changed->empty() && changed->back().first + changed->back().second == e) {
+                  ++changed->back().second;
+                } else {
+                  changed->emplace_back(e, 1);
+                }
+              })
+      .status();
 }
 
 }  // namespace ferry::dataplane

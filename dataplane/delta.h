@@ -13,8 +13,10 @@
 // A piece's encoding field may carry two flags beside the encoding:
 //   kDeltaXor:  each value is the new element XOR the old one (a step of Adam moves a bf16 value by
 //               an ulp or two, so most of these bytes are zero or small: they compress well);
-//   kDeltaZstd: the encoding's bytes are one zstd frame that states its content size (FERRY_DELTA_ZSTD).
-// The sender sets both together (compress_delta); the receiver takes any combination.
+//   kDeltaZstd: the encoding's bytes are one zstd frame that states its content size (FERRY_DELTA_ZSTD),
+//               no larger than the bitmap encoding with every value.
+// With FERRY_DELTA_ZSTD a sender sets kDeltaXor on every delta piece, and kDeltaZstd on those whose
+// frame saves an eighth (compress_delta); the receiver takes any combination.
 #pragma once
 
 #include <cstddef>
@@ -51,8 +53,8 @@ bool compress_delta(std::vector<uint8_t>& encoded, int level);
 // `changed`, when given, receives the runs [first, first + count) of the elements it wrote.
 // `field`: a piece's encoding field, the encoding with its flags (a zstd frame must inflate to
 // no more than any encoding of n elements can take).
-Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n,
-                   size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr);
+Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n, size_t elem,
+                   std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr);
 inline Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values,
                           size_t n, size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr) {
   return apply_delta(static_cast<uint32_t>(encoding), encoded, encoded_bytes, values, n, elem, changed);

@@ -53,7 +53,8 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
       FERRY_RETURN_IF_ERROR(pack_region(host, src, scratch.packed.data(), bytes));
       now = scratch.packed.data();
     }
-    FERRY_ASSIGN_OR_RETURN(const PartDelta pd, encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
+    FERRY_ASSIGN_OR_RETURN(const PartDelta pd,
+                           encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
     tally.elements += static_cast<uint64_t>(src.numel());
     tally.changed += pd.changed;
     if (pd.encoding != 0 && scratch.encoded.size() <= bucket.payload_room()) {

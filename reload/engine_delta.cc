@@ -85,6 +85,9 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   }
   // Whole rows are one run of the shadow: the delta lands there in place, and the engine is lent
   // those bytes (they stay put until the update ends: every region is written once per update).
+  // A piece that breaks coverage (a region sent twice) is refused by apply() after its delta was
+  // written; the update then fails, and a failed update leaves the shadow without a version, so
+  // those values are never a delta's base.
   std::vector<std::pair<uint64_t, uint64_t>> runs;
   if (const uint8_t* span = region_span(shadow, dst); span != nullptr) {
     auto* at = const_cast<uint8_t*>(span);

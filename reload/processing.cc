@@ -219,7 +219,8 @@ class OnlineKernel final : public ProcessingKernel {
     const Shape& s = param_.shape;
     if (s.size() != 2) return {r0, r1};  // stacked matrices: a row of the first dimension is a matrix
     if (scheme_ == Scheme::kFp8Block) {
-      return {r0 / kFp8BlockSize * kFp8BlockSize, std::min(s[0], (r1 + kFp8BlockSize - 1) / kFp8BlockSize * kFp8BlockSize)};
+      return {r0 / kFp8BlockSize * kFp8BlockSize,
+              std::min(s[0], (r1 + kFp8BlockSize - 1) / kFp8BlockSize * kFp8BlockSize)};
     }
     if (scheme_ != Scheme::kFp8PerTensor) return {r0, r1};
     if (param_.shard_rows.empty()) return {0, s[0]};

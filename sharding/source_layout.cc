@@ -20,13 +20,13 @@ std::string mcore(int64_t l, const char* rest) { return fmt::format("decoder.lay
 }  // namespace
 
 Result<MegatronRank> megatron_rank(int rank, int ranks, int tp, int pp, int ep, int etp, int* stage) {
-  if (tp < 1 || pp < 1 || ep < 1 || etp < 1 || ranks % (tp * pp) != 0 || (ranks / pp) % (ep * etp) != 0 || rank < 0 ||
-      rank >= ranks) {
+  if (tp < 1 || pp < 1 || ep < 1 || etp < 1 || ranks % (tp * pp) != 0 || (ranks / pp) % (ep * etp) != 0) {
     return Status::invalid_argument(fmt::format(
-        "Megatron ranks: {} trainers are not pipeline stages of TP {} x data-parallel groups, and expert-parallel "
-        "groups of EP {} x expert TP {}, with PP {}",
-        ranks, tp, ep, etp, pp));
+        "{} Megatron ranks do not split into {} pipeline stages of TP {} x data-parallel groups and of EP {} x "
+        "expert TP {} groups",
+        ranks, pp, tp, ep, etp));
   }
+  if (rank < 0 || rank >= ranks) return Status::invalid_argument(fmt::format("Megatron rank {} of {}", rank, ranks));
   const int per_stage = ranks / pp, in_stage = rank % per_stage;
   if (stage != nullptr) *stage = rank / per_stage;
   return MegatronRank{tp, in_stage % tp, ep, (in_stage / etp) % ep, etp, in_stage % etp};
@@ -46,17 +46,19 @@ Result<SourceLayout> megatron_layout(const ModelConfig& cfg, const MegatronRank&
   }
   if (rank.ep < 1 || rank.ep_rank < 0 || rank.ep_rank >= rank.ep || rank.etp < 1 || rank.etp_rank < 0 ||
       rank.etp_rank >= rank.etp) {
-    return Status::invalid_argument(
-        fmt::format("megatron_layout: EP rank {} of {}, expert TP rank {} of {}", rank.ep_rank, rank.ep, rank.etp_rank, rank.etp));
+    return Status::invalid_argument(fmt::format("megatron_layout: EP rank {} of {}, expert TP rank {} of {}",
+                                                rank.ep_rank, rank.ep, rank.etp_rank, rank.etp));
   }
   if (moe && (cfg.num_experts % rank.ep || cfg.moe_intermediate_size % rank.etp)) {
-    return Status::invalid_argument(fmt::format(
-        "megatron_layout: {} experts of intermediate size {} do not split over EP {} and expert TP {}", cfg.num_experts,
-        cfg.moe_intermediate_size, rank.ep, rank.etp));
+    return Status::invalid_argument(
+        fmt::format("megatron_layout: {} experts of intermediate size {} do not split over EP {} and expert TP {}",
+                    cfg.num_experts, cfg.moe_intermediate_size, rank.ep, rank.etp));
   }
   const int64_t h = cfg.hidden_size, hd = cfg.effective_head_dim(), kv = cfg.num_kv_heads;
   const int64_t inter = cfg.intermediate_size, vocab = cfg.vocab_size;
-  if (kv % tp_size || cfg.num_heads % kv || inter % tp_size) {
+  bool any_dense = false;
+  for (int64_t l = 0; l < cfg.num_layers && !any_dense; ++l) any_dense = !cfg.layer_is_moe(l);
+  if (kv % tp_size || cfg.num_heads % kv || (any_dense && inter % tp_size)) {
     return Status::invalid_argument(fmt::format(
         "megatron_layout: {} KV heads, {} heads and an intermediate size of {} do not split over {} TP ranks", kv,
         cfg.num_heads, inter, tp_size));
@@ -106,7 +108,8 @@ Result<SourceLayout> megatron_layout(const ModelConfig& cfg, const MegatronRank&
       const bool mixtral = cfg.family == "mixtral";
       const std::string block = mixtral ? "block_sparse_moe" : "mlp";
       whole(layer_name(l, "post_attention_layernorm.weight"), h, mcore(l, "pre_mlp_layernorm.weight"));
-      put(rows_box(layer_name(l, (block + ".gate.weight").c_str()), 0, cfg.num_experts, h), mcore(l, "mlp.router.weight"), 0);
+      put(rows_box(layer_name(l, (block + ".gate.weight").c_str()), 0, cfg.num_experts, h),
+          mcore(l, "mlp.router.weight"), 0);
       const int64_t local = cfg.num_experts / rank.ep, mi = cfg.moe_intermediate_size / rank.etp;
       for (int64_t i = 0; i < local; ++i) {
         const int64_t e = rank.ep_rank * local + i;
@@ -124,7 +127,8 @@ Result<SourceLayout> megatron_layout(const ModelConfig& cfg, const MegatronRank&
     const std::string fc1 = mcore(l, "mlp.linear_fc1.weight");
     put(rows_box(layer_name(l, "mlp.gate_proj.weight"), tp_rank * fc, fc, h), fc1, 0);
     put(rows_box(layer_name(l, "mlp.up_proj.weight"), tp_rank * fc, fc, h), fc1, fc);
-    put({layer_name(l, "mlp.down_proj.weight"), Region{{0, tp_rank * fc}, {h, fc}}}, mcore(l, "mlp.linear_fc2.weight"), 0);
+    put({layer_name(l, "mlp.down_proj.weight"), Region{{0, tp_rank * fc}, {h, fc}}}, mcore(l, "mlp.linear_fc2.weight"),
+        0);
     whole(layer_name(l, "post_attention_layernorm.weight"), h, mcore(l, "mlp.linear_fc1.layer_norm_weight"));
   }
   if (last == cfg.num_layers) {

@@ -55,7 +55,7 @@ struct MegatronRank {
 // TEGroupedMLP's sharded_state_dict, local expert i is global expert ep_rank x local + i):
 //   decoder.layers.L.pre_mlp_layernorm.weight            (post_attention_layernorm)
 //   decoder.layers.L.mlp.router.weight                   [experts, H] (mlp.gate / block_sparse_moe.gate)
-//   decoder.layers.L.mlp.experts.linear_fc1.weight{i}    [gate rows/etp; up rows/etp], H]
+//   decoder.layers.L.mlp.experts.linear_fc1.weight{i}    [[gate rows/etp; up rows/etp], H]
 //   decoder.layers.L.mlp.experts.linear_fc2.weight{i}    [H, moe_intermediate/etp]
 // Shared experts are not laid out (refused).
 // Norms are replicated over the TP ranks (copies: the planner sends each from one of them). KV
@@ -65,10 +65,11 @@ struct MegatronRank {
 // `layers` {first, -1}: through the last layer.
 Result<SourceLayout> megatron_layout(const ModelConfig& cfg, const MegatronRank& rank,
                                      std::pair<int64_t, int64_t> layers = {0, -1}, int64_t vocab_divisible_by = 128);
+// TP rank `tp_rank` of `tp_size`, no expert parallelism, expert TP the TP (Megatron's default).
 inline Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank, int tp_size,
                                             std::pair<int64_t, int64_t> layers = {0, -1},
                                             int64_t vocab_divisible_by = 128) {
-  return megatron_layout(cfg, MegatronRank{tp_size, tp_rank}, layers, vocab_divisible_by);
+  return megatron_layout(cfg, MegatronRank{tp_size, tp_rank, 1, 0, tp_size, tp_rank}, layers, vocab_divisible_by);
 }
 
 // Where trainer rank `rank` (of `ranks`, a multiple of tp x pp) sits in Megatron-Core's default

@@ -88,8 +88,8 @@ struct MegatronShards {
         whole(out + "self_attention.k_layernorm.weight", in + "self_attn.k_norm.weight", {hd});
       }
       const int64_t cols = c.num_heads * hd / tp;
-      put(out + "self_attention.linear_proj.weight", columns(in + "self_attn.o_proj.weight", h, c.num_heads * hd, r * cols, cols),
-          {h, cols});
+      put(out + "self_attention.linear_proj.weight",
+          columns(in + "self_attn.o_proj.weight", h, c.num_heads * hd, r * cols, cols), {h, cols});
       whole(out + "self_attention.linear_qkv.layer_norm_weight", in + "input_layernorm.weight", {h});
       if (c.layer_is_moe(l)) {
         whole(out + "pre_mlp_layernorm.weight", in + "post_attention_layernorm.weight", {h});
@@ -110,7 +110,8 @@ struct MegatronShards {
       rows(in + "mlp.gate_proj.weight", r * fc, fc, h, fc1);
       rows(in + "mlp.up_proj.weight", r * fc, fc, h, fc1);
       put(out + "mlp.linear_fc1.weight", std::move(fc1), {2 * fc, h});
-      put(out + "mlp.linear_fc2.weight", columns(in + "mlp.down_proj.weight", h, c.intermediate_size, r * fc, fc), {h, fc});
+      put(out + "mlp.linear_fc2.weight", columns(in + "mlp.down_proj.weight", h, c.intermediate_size, r * fc, fc),
+          {h, fc});
       whole(out + "mlp.linear_fc1.layer_norm_weight", in + "post_attention_layernorm.weight", {h});
     }
     whole("decoder.final_layernorm.weight", "model.norm.weight", {h});

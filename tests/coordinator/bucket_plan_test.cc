@@ -190,9 +190,10 @@ std::string device_case_skip(const DeviceCase& c) {
   const int need = std::max(c.trainer_gpu, c.rank_gpu) + 1;
   const int have = cuda_devices();
   if (have < need) {
-    return fmt::format("{}: the case needs {} CUDA device(s), this machine has {} (bench/gpu/run.sh runs it on a GPU "
-                       "machine)",
-                       c.transport, need, have);
+    return fmt::format(
+        "{}: the case needs {} CUDA device(s), this machine has {} (bench/gpu/run.sh runs it on a GPU "
+        "machine)",
+        c.transport, need, have);
   }
   return "";
 }

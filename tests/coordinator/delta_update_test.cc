@@ -26,9 +26,7 @@ struct Case {
   const char* zstd = "0";  // FERRY_DELTA_ZSTD
 };
 
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << scheme_name(c.scheme) << " " << c.mode << " zstd " << c.zstd;
-}
+void PrintTo(const Case& c, std::ostream* os) { *os << scheme_name(c.scheme) << " " << c.mode << " zstd " << c.zstd; }
 
 // Changes `fraction` of every tensor's elements, each by one unit in the last place (what a step
 // at a small learning rate does to most changed bf16 weights).

@@ -97,7 +97,8 @@ TEST(Delta, XorValuesInAZstdFrameRoundTrip) {
   const size_t n = 1 << 18;
   std::mt19937_64 rng(5);
   Bytes before(n * 2), after;
-  for (size_t e = 0; e < n; ++e) before[e * 2 + 1] = static_cast<uint8_t>(0x3c + rng() % 4), before[e * 2] = static_cast<uint8_t>(rng());
+  for (size_t e = 0; e < n; ++e)
+    before[e * 2 + 1] = static_cast<uint8_t>(0x3c + rng() % 4), before[e * 2] = static_cast<uint8_t>(rng());
   after = before;
   for (size_t e = 0; e < n; ++e) {
     if (rng() % 100 < 3) after[e * 2] = static_cast<uint8_t>(after[e * 2] + 1);
@@ -136,8 +137,9 @@ TEST(Delta, PicksTheSmallerEncoding) {
   EXPECT_NE(encode_delta(b2.data(), a3.data(), n, elem, true, enc).encoding, DeltaEncoding::kDense);
 }
 
-// The runs encoding as the format defines it, from a plain element-by-element scan.
-Bytes reference_runs(const Bytes& before, const Bytes& after, size_t elem) {
+// The runs encoding as the format defines it, from a plain element-by-element scan; with
+// `xor_values`, each value new XOR old (kDeltaXor).
+Bytes reference_runs(const Bytes& before, const Bytes& after, size_t elem, bool xor_values = false) {
   std::vector<std::pair<uint64_t, uint64_t>> runs;
   const size_t n = before.size() / elem;
   for (size_t e = 0; e < n; ++e) {
@@ -160,7 +162,11 @@ Bytes reference_runs(const Bytes& before, const Bytes& after, size_t elem) {
     varint(len);
     at = first + len;
   }
-  for (const auto& [first, len] : runs) out.insert(out.end(), after.data() + first * elem, after.data() + (first + len) * elem);
+  for (const auto& [first, len] : runs) {
+    for (size_t b = first * elem; b < (first + len) * elem; ++b) {
+      out.push_back(static_cast<uint8_t>(xor_values ? after[b] ^ before[b] : after[b]));
+    }
+  }
   return out;
 }
 
@@ -179,6 +185,29 @@ TEST(Delta, LargePiecesEncodeAsOneScanWould) {
   EXPECT_TRUE(enc == reference_runs(before, after, elem)) << "encoded " << enc.size() << " bytes";
   Bytes got = before;
   ASSERT_TRUE(apply_delta(c.encoding, enc.data(), enc.size(), got.data(), n, elem).ok());
+  EXPECT_TRUE(got == after);
+}
+
+// The same with XOR values, and runs across the threads' actual slice boundaries for every thread
+// count the scan may take (2 to 8: each slice (n / threads) rounded down to a multiple of 8): the
+// values of every slice are closed up in order.
+TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
+  const size_t n = (size_t{9} << 20) + 5, elem = 2;
+  auto [before, after] = pair_with_changes(n, elem, n / 1000, 23);
+  for (size_t threads = 2; threads <= 8; ++threads) {
+    const size_t step = (n / threads) & ~size_t{7};
+    for (size_t t = 1; t < threads; ++t) {
+      for (size_t e = t * step - 8; e < t * step + 8; ++e) after[e * elem + 1] ^= 0x01;
+    }
+  }
+  Bytes enc;
+  const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, false, enc, /*xor_values=*/true);
+  ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);
+  EXPECT_EQ(c.changed, count_changed(before, after, elem));
+  EXPECT_TRUE(enc == reference_runs(before, after, elem, true)) << "encoded " << enc.size() << " bytes";
+  Bytes got = before;
+  ASSERT_TRUE(
+      apply_delta(static_cast<uint32_t>(c.encoding) | kDeltaXor, enc.data(), enc.size(), got.data(), n, elem).ok());
   EXPECT_TRUE(got == after);
 }
 
@@ -213,7 +242,7 @@ TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
   cases.push_back({"unknown encoding", static_cast<DeltaEncoding>(9), runs});
   cases.push_back({"empty", DeltaEncoding::kRuns, Bytes{}});
   // zstd frames (kDeltaZstd): each one below is refused before anything is written.
-  Bytes framed(4096, 0);  // inflates past what any encoding of 100 2-byte elements takes (2216 bytes)
+  Bytes framed(214, 0);  // inflates past what any encoding of 100 2-byte elements takes (13 + 200 bytes)
   ASSERT_TRUE(compress_delta(framed, 1));
   const uint32_t runs_z = static_cast<uint32_t>(DeltaEncoding::kRuns) | kDeltaZstd;
   struct Frame {
@@ -222,7 +251,7 @@ TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
     const char* says;  // the refusal names the cause
   };
   std::vector<Frame> frames;
-  frames.push_back({"frame inflating past any encoding of the piece", framed, "zstd frame of 4096 bytes"});
+  frames.push_back({"frame inflating past any encoding of the piece", framed, "zstd frame of 214 bytes"});
   Bytes zeros(bitmap.size(), 0);
   ASSERT_TRUE(compress_delta(zeros, 1));
   frames.push_back({"frame of zeros: a bitmap with no values for its size", zeros, "bitmap marks 0 elements"});
@@ -260,10 +289,10 @@ TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
     EXPECT_EQ(values, a2);
   }
   Bytes values = before;
-  EXPECT_EQ(apply_delta(static_cast<uint32_t>(DeltaEncoding::kRuns) | 0x400, runs.data(), runs.size(), values.data(), n,
-                        elem)
-                .code(),
-            StatusCode::kDataLoss)
+  EXPECT_EQ(
+      apply_delta(static_cast<uint32_t>(DeltaEncoding::kRuns) | 0x400, runs.data(), runs.size(), values.data(), n, elem)
+          .code(),
+      StatusCode::kDataLoss)
       << "unknown flag";
   for (const Bad& c : cases) {
     Bytes values = before;

@@ -115,10 +115,13 @@ TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
   // which is rows [256, 512) of the fused gate_up (tiny config: intermediate 256, hidden 128): the
   // row alone where every row's codes and scale are its own, its 128-row block under fp8_block
   // (rows 384-511), and the whole up shard under fp8_per_tensor (a scale sees all 256 rows).
-  const std::map<Scheme, uint64_t> processed = {{Scheme::kNone, 1},     {Scheme::kFp8PerChannel, 1},
-                                                {Scheme::kInt4Group, 1}, {Scheme::kFp8Block, 128},
-                                                {Scheme::kFp8PerTensor, 256}};
-  std::optional<uint64_t> kept_by_rows;  // kNone's kept rows, one row processed
+  // kNone first: its kept rows (one row processed) are the others' baseline.
+  const std::vector<std::pair<Scheme, uint64_t>> processed = {{Scheme::kNone, 1},
+                                                              {Scheme::kFp8PerChannel, 1},
+                                                              {Scheme::kInt4Group, 1},
+                                                              {Scheme::kFp8Block, 128},
+                                                              {Scheme::kFp8PerTensor, 256}};
+  std::optional<uint64_t> kept_by_rows;
   for (const auto& [scheme, rows_processed] : processed) {
     SCOPED_TRACE(scheme_name(scheme));
     const tiny::Config cfg;
@@ -174,7 +177,8 @@ TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
     // Every scheme leaves the unchanged parameters as they were, and of the changed one all rows
     // but those its change reaches.
     EXPECT_GT(r->kept_rows, 100u) << "rows without a change are left as they were";
-    if (!kept_by_rows) kept_by_rows = r->kept_rows + 1;
+    if (scheme == Scheme::kNone) kept_by_rows = r->kept_rows + 1;
+    ASSERT_TRUE(kept_by_rows.has_value());
     EXPECT_EQ(r->kept_rows, *kept_by_rows - rows_processed) << "rows processed again";
   }
 }

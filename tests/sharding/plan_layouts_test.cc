@@ -147,16 +147,19 @@ TEST(PlanLayouts, MegatronTrainers) {
   const auto moe_whole = run_json({"--model", "qwen3-30b-a3b", "--trainers", "8"});
   const auto moe_per = moe_whole["bytes_per_sender"].get<std::vector<uint64_t>>();
   const uint64_t moe_total = std::accumulate(moe_per.begin(), moe_per.end(), uint64_t{0});
-  for (const char* layout : {"megatron-tp2", "megatron-tp2-ep4", "megatron-tp2-ep8-etp1", "megatron-tp4-pp2-ep2-etp2"}) {
+  for (const char* layout :
+       {"megatron-tp2", "megatron-tp2-ep4", "megatron-tp2-ep8-etp1", "megatron-tp4-pp2-ep2-etp2"}) {
     const auto j = run_json({"--model", "qwen3-30b-a3b", "--trainers", "8", "--layout", layout});
     const auto per = j["bytes_per_sender"].get<std::vector<uint64_t>>();
     ASSERT_EQ(per.size(), 8u) << layout;
     EXPECT_EQ(std::accumulate(per.begin(), per.end(), uint64_t{0}), moe_total) << layout;
     EXPECT_GT(j["sender_payload"]["min"].get<uint64_t>(), 0u) << layout;
   }
-  EXPECT_THROW(run({"--model", "qwen3-30b-a3b", "--trainers", "6", "--layout", "megatron-tp2-ep3"}), CLI::RuntimeError);  // 128 experts
+  EXPECT_THROW(run({"--model", "qwen3-30b-a3b", "--trainers", "6", "--layout", "megatron-tp2-ep3"}),
+               CLI::RuntimeError);                                                       // 128 experts
   EXPECT_THROW(run(with(kLlama, {"--layout", "megatron-tp2-ep2"})), CLI::RuntimeError);  // no experts
-  EXPECT_THROW(run({"--model", "kimi-k2", "--trainers", "8", "--layout", "megatron-tp2-ep4"}), CLI::RuntimeError);  // MLA
+  EXPECT_THROW(run({"--model", "kimi-k2", "--trainers", "8", "--layout", "megatron-tp2-ep4"}),
+               CLI::RuntimeError);  // MLA
   EXPECT_THROW(run(with(kLlama, {"--layout", "megatron-tp0"})), CLI::ValidationError);
   for (const char* bad : {"megatron-tp2-pp", "megatron-tp02", "megatron-tp2-pp2x", "megatron-tp12345", "megatron-tp",
                           "megatron-tp2-ep", "megatron-tp2-ep2-etp", "megatron-tp2-etp2-ep2", "megatron-ep2"}) {

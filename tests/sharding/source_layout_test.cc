@@ -106,25 +106,71 @@ TEST(MegatronLayout, QkNormsWholeOnEveryRank) {
   EXPECT_NE(refused.status().message().find("shared experts"), std::string::npos);
 }
 
-// Megatron-Core's rank order "tp-cp-ep-dp-pp" (parallel_state.RankGenerator): within a pipeline
-// stage, rank = tp_rank + tp x dp_rank on the dense grid, and etp_rank + etp x (ep_rank + ep x
-// edp_rank) on the expert grid.
+// Megatron-Core's groups under its default order "tp-cp-ep-dp-pp" (parallel_state.RankGenerator,
+// the dense grid without ep, the expert grid with expert TP in tp's place), written out for 8 ranks:
+// each group's ranks in order, so a rank's index in its group is its rank in that dimension.
 TEST(MegatronLayout, RanksInMegatronsOrder) {
-  for (const auto& [tp, pp, ep, etp] : std::vector<std::array<int, 4>>{{2, 2, 2, 1}, {2, 1, 2, 2}, {1, 2, 4, 1}, {4, 1, 1, 4}}) {
-    const int n = 8;
-    for (int r = 0; r < n; ++r) {
-      int stage = -1;
-      auto m = megatron_rank(r, n, tp, pp, ep, etp, &stage);
+  using Groups = std::vector<std::vector<int>>;
+  struct Case {
+    int tp, pp, ep, etp;
+    Groups tp_groups, pp_groups, ep_groups, etp_groups;
+  };
+  const std::vector<Case> cases = {
+      {2,
+       2,
+       2,
+       1,
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0, 4}, {1, 5}, {2, 6}, {3, 7}},
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}},
+      {2,
+       1,
+       2,
+       2,
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}}},
+      {4,
+       1,
+       4,
+       1,
+       {{0, 1, 2, 3}, {4, 5, 6, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 1, 2, 3}, {4, 5, 6, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}},
+      {1,
+       2,
+       2,
+       2,
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 4}, {1, 5}, {2, 6}, {3, 7}},
+       {{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("tp {} pp {} ep {} etp {}", c.tp, c.pp, c.ep, c.etp));
+    std::vector<MegatronRank> place(8);
+    std::vector<int> stage(8, -1);
+    for (int r = 0; r < 8; ++r) {
+      auto m = megatron_rank(r, 8, c.tp, c.pp, c.ep, c.etp, &stage[static_cast<size_t>(r)]);
       ASSERT_TRUE(m.ok()) << m.status().to_string();
-      const int in_stage = r % (n / pp);
-      EXPECT_EQ(stage, r / (n / pp));
-      EXPECT_EQ(m->tp_rank, in_stage % tp);
-      EXPECT_EQ(m->etp_rank, in_stage % etp);
-      EXPECT_EQ(m->ep_rank, in_stage / etp % ep);
+      place[static_cast<size_t>(r)] = *m;
     }
+    const auto check = [&](const Groups& groups, auto rank_in) {
+      for (const auto& g : groups) {
+        for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(rank_in(g[i]), static_cast<int>(i)) << "rank " << g[i];
+      }
+    };
+    check(c.tp_groups, [&](int r) { return place[static_cast<size_t>(r)].tp_rank; });
+    check(c.pp_groups, [&](int r) { return stage[static_cast<size_t>(r)]; });
+    check(c.ep_groups, [&](int r) { return place[static_cast<size_t>(r)].ep_rank; });
+    check(c.etp_groups, [&](int r) { return place[static_cast<size_t>(r)].etp_rank; });
   }
   EXPECT_FALSE(megatron_rank(0, 8, 2, 1, 3, 1, nullptr).ok());  // 8 ranks are no EP-3 groups
   EXPECT_FALSE(megatron_rank(0, 6, 2, 2, 1, 1, nullptr).ok());  // nor TP 2 x PP 2
+  EXPECT_FALSE(megatron_rank(8, 8, 2, 1, 1, 1, nullptr).ok());
 }
 
 // A Qwen3-MoE layer's experts as Megatron-Core holds them (megatron/core/transformer/moe/experts.py,
@@ -132,62 +178,85 @@ TEST(MegatronLayout, RanksInMegatronsOrder) {
 // linear_fc1.weight{i} is column-parallel over the expert-TP group with gated linear units, so it
 // holds the rank's rows of gate, then its rows of up; linear_fc2.weight{i} is row-parallel, the
 // rank's block of down's columns), its router ([experts, H], whole) and its pre-MLP norm.
+// Mixtral's the same, named block_sparse_moe, w1 (gate), w3 (up) and w2 (down).
 TEST(MegatronLayout, ExpertsWhereMegatronHoldsThem) {
-  ModelConfig c = small("qwen3-30b-a3b");
-  c.num_experts = 8;
-  c.moe_intermediate_size = 64;
-  ASSERT_TRUE(c.layer_is_moe(1));
-  const auto desc = describe_model(c);
-  ASSERT_TRUE(desc.ok());
-  const Manifest manifest = model_manifest(*desc);
-  const int64_t h = 128;
-  for (const auto& [tp, ep, etp] : std::vector<std::array<int, 3>>{{2, 2, 1}, {2, 2, 2}, {1, 4, 1}, {2, 1, 2}, {2, 8, 1}}) {
-    const int n = std::max(tp, ep * etp);
-    std::vector<SenderInfo> senders;
-    for (int r = 0; r < n; ++r) {
-      auto place = megatron_rank(r, n, tp, 1, ep, etp, nullptr);
-      ASSERT_TRUE(place.ok()) << place.status().to_string();
-      auto layout = megatron_layout(c, *place);
-      ASSERT_TRUE(layout.ok()) << layout.status().to_string();
-      senders.push_back(layout_holdings(*layout));
-      // What each local expert tensor holds, row by row: (checkpoint tensor, its row), or for fc2
-      // (checkpoint tensor, its first column).
-      const int64_t local = 8 / ep, mi = 64 / etp;
-      std::map<std::string, std::vector<Element>> want, got;
-      for (int64_t i = 0; i < local; ++i) {
-        const int64_t e = place->ep_rank * local + i;
-        const std::string ex = fmt::format("model.layers.1.mlp.experts.{}.", e);
-        auto& fc1 = want[fmt::format("decoder.layers.1.mlp.experts.linear_fc1.weight{}", i)];
-        for (int64_t j = 0; j < mi; ++j) fc1.emplace_back(ex + "gate_proj.weight", place->etp_rank * mi + j);
-        for (int64_t j = 0; j < mi; ++j) fc1.emplace_back(ex + "up_proj.weight", place->etp_rank * mi + j);
-        want[fmt::format("decoder.layers.1.mlp.experts.linear_fc2.weight{}", i)] = {{ex + "down_proj.weight", place->etp_rank * mi}};
-      }
-      for (const LocalBox& b : layout->boxes) {
-        if (b.local.find("layers.1.mlp.experts.") == std::string::npos) continue;
-        auto& rows = got[b.local];
-        if (b.local.find("linear_fc2") != std::string::npos) {
-          EXPECT_EQ(b.box.region.size, (Shape{h, mi})) << b.box.name;
-          rows.emplace_back(b.box.name, b.box.region.offset[1]);
-          continue;
+  for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b"}) {
+    SCOPED_TRACE(preset);
+    const bool mixtral = std::string(preset) == "mixtral-8x7b";
+    const std::string block = mixtral ? "block_sparse_moe" : "mlp";
+    const char* gate = mixtral ? "w1" : "gate_proj";
+    const char* up = mixtral ? "w3" : "up_proj";
+    const char* down = mixtral ? "w2" : "down_proj";
+    ModelConfig c = small(preset);
+    c.num_experts = 8;
+    c.moe_intermediate_size = 64;
+    ASSERT_TRUE(c.layer_is_moe(1));
+    const auto desc = describe_model(c);
+    ASSERT_TRUE(desc.ok());
+    const Manifest manifest = model_manifest(*desc);
+    const int64_t h = 128;
+    for (const auto& [tp, ep, etp] :
+         std::vector<std::array<int, 3>>{{2, 2, 1}, {2, 2, 2}, {1, 4, 1}, {2, 1, 2}, {2, 8, 1}}) {
+      const int n = std::max(tp, ep * etp);
+      std::vector<SenderInfo> senders;
+      for (int r = 0; r < n; ++r) {
+        auto place = megatron_rank(r, n, tp, 1, ep, etp, nullptr);
+        ASSERT_TRUE(place.ok()) << place.status().to_string();
+        auto layout = megatron_layout(c, *place);
+        ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+        senders.push_back(layout_holdings(*layout));
+        // What each local expert tensor holds, row by row: (checkpoint tensor, its row), or for fc2
+        // (checkpoint tensor, its first column).
+        const int64_t local = 8 / ep, mi = 64 / etp;
+        std::map<std::string, std::vector<Element>> want, got;
+        for (int64_t i = 0; i < local; ++i) {
+          const int64_t e = place->ep_rank * local + i;
+          const std::string ex = fmt::format("model.layers.1.{}.experts.{}.", block, e);
+          auto& fc1 = want[fmt::format("decoder.layers.1.mlp.experts.linear_fc1.weight{}", i)];
+          for (int64_t j = 0; j < mi; ++j) fc1.emplace_back(ex + gate + ".weight", place->etp_rank * mi + j);
+          for (int64_t j = 0; j < mi; ++j) fc1.emplace_back(ex + up + ".weight", place->etp_rank * mi + j);
+          want[fmt::format("decoder.layers.1.mlp.experts.linear_fc2.weight{}", i)] = {
+              {ex + down + ".weight", place->etp_rank * mi}};
         }
-        EXPECT_EQ(b.box.region.size[1], h) << b.box.name;
-        rows.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(rows.size()), b.row + b.box.region.size[0])));
-        for (int64_t j = 0; j < b.box.region.size[0]; ++j) rows[static_cast<size_t>(b.row + j)] = {b.box.name, b.box.region.offset[0] + j};
+        for (const LocalBox& b : layout->boxes) {
+          if (b.local.find("layers.1.mlp.experts.") == std::string::npos) continue;
+          auto& rows = got[b.local];
+          if (b.local.find("linear_fc2") != std::string::npos) {
+            EXPECT_EQ(b.box.region.size, (Shape{h, mi})) << b.box.name;
+            rows.emplace_back(b.box.name, b.box.region.offset[1]);
+            continue;
+          }
+          EXPECT_EQ(b.box.region.size[1], h) << b.box.name;
+          rows.resize(
+              static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(rows.size()), b.row + b.box.region.size[0])));
+          for (int64_t j = 0; j < b.box.region.size[0]; ++j)
+            rows[static_cast<size_t>(b.row + j)] = {b.box.name, b.box.region.offset[0] + j};
+        }
+        EXPECT_EQ(got, want) << "tp " << tp << " ep " << ep << " etp " << etp << " rank " << r;
+        std::map<std::string, std::string> local_of;
+        for (const LocalBox& b : layout->boxes) local_of[b.box.name] = b.local;
+        EXPECT_EQ(local_of["model.layers.1." + block + ".gate.weight"], "decoder.layers.1.mlp.router.weight");
+        EXPECT_EQ(local_of["model.layers.1.post_attention_layernorm.weight"],
+                  "decoder.layers.1.pre_mlp_layernorm.weight");
       }
-      EXPECT_EQ(got, want) << "tp " << tp << " ep " << ep << " etp " << etp << " rank " << r;
-      std::map<std::string, std::string> local_of;
-      for (const LocalBox& b : layout->boxes) local_of[b.box.name] = b.local;
-      EXPECT_EQ(local_of["model.layers.1.mlp.gate.weight"], "decoder.layers.1.mlp.router.weight");
-      EXPECT_EQ(local_of["model.layers.1.post_attention_layernorm.weight"], "decoder.layers.1.pre_mlp_layernorm.weight");
+      // Together the ranks hold every tensor exactly.
+      auto held = resolve_holdings(manifest, senders);
+      EXPECT_TRUE(held.ok()) << "tp " << tp << " ep " << ep << " etp " << etp << ": " << held.status().to_string();
     }
-    // Together the ranks hold every tensor exactly.
-    auto held = resolve_holdings(manifest, senders);
-    EXPECT_TRUE(held.ok()) << "tp " << tp << " ep " << ep << " etp " << etp << ": " << held.status().to_string();
+    // Experts that do not split over the EP ranks are refused, naming the sizes.
+    auto bad = megatron_layout(c, MegatronRank{2, 0, 3, 0, 1, 0});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("8 experts"), std::string::npos) << bad.status().to_string();
+    // The TP-only form takes expert TP = TP, as Megatron does: TP rank 1 of 2 holds the second half
+    // of every expert's rows.
+    auto tp_only = megatron_layout(c, 1, 2);
+    ASSERT_TRUE(tp_only.ok()) << tp_only.status().to_string();
+    for (const LocalBox& b : tp_only->boxes) {
+      if (b.box.name == fmt::format("model.layers.1.{}.experts.3.{}.weight", block, gate)) {
+        EXPECT_EQ(b.box.region, (Region{{32, 0}, {32, h}}));
+      }
+    }
   }
-  // Experts that do not split over the EP ranks are refused, naming the sizes.
-  auto bad = megatron_layout(c, MegatronRank{2, 0, 3, 0, 1, 0});
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("8 experts"), std::string::npos) << bad.status().to_string();
 }
 
 }  // namespace
