@@ -115,7 +115,6 @@ std::optional<MegatronSizes> megatron_sizes(std::string_view layout) {
 // parallelism here), each holding its TP shard of its stage's layers and its experts in Megatron's
 // fused tensors (sharding::megatron_layout); the data-parallel groups hold copies.
 Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, const MegatronSizes& m) {
-  const int n = a.trainers, tp = m.tp, pp = m.pp, etp = m.etp > 0 ? m.etp : m.tp;
   sharding::ModelConfig cfg;
   if (!a.model.empty()) {
     FERRY_ASSIGN_OR_RETURN(const std::string text, sharding::preset_text(a.model));
@@ -127,20 +126,9 @@ Result<std::vector<sharding::SenderInfo>> megatron_senders(const PlanArgs& a, co
     }
     cfg = *loaded;
   }
-  if (cfg.num_layers % pp != 0) {  // Megatron's default pipeline: the same layers a stage
-    return Status::invalid_argument(fmt::format("--layout {}: {} layers do not split into {} pipeline stages", a.layout,
-                                                cfg.num_layers, pp));
-  }
   std::vector<sharding::SenderInfo> out;
-  if (m.ep > 1 && cfg.num_experts == 0) {
-    return Status::invalid_argument(fmt::format("--layout {}: {} has no routed experts", a.layout, cfg.family));
-  }
-  for (int r = 0; r < n; ++r) {
-    int stage = 0;
-    auto place = sharding::megatron_rank(r, n, tp, pp, m.ep, etp, &stage);
-    if (!place.ok()) return place.status().with_context(fmt::format("--layout {}", a.layout));
-    const int64_t first = cfg.num_layers * stage / pp, last = cfg.num_layers * (stage + 1) / pp;
-    auto layout = sharding::megatron_layout(cfg, *place, {first, last});
+  for (int r = 0; r < a.trainers; ++r) {
+    auto layout = sharding::megatron_rank_layout(cfg, r, a.trainers, m.tp, m.pp, m.ep, m.etp);
     if (!layout.ok()) return layout.status().with_context(fmt::format("--layout {}", a.layout));
     out.push_back(sharding::layout_holdings(*layout));
   }

@@ -12,6 +12,7 @@
 #include "sharding/llama.h"
 #include "sharding/model_config.h"
 #include "sharding/presets.h"
+#include "sharding/source_layout.h"
 
 namespace ferry::python {
 namespace {
@@ -191,6 +192,35 @@ void init_model(py::module_& m) {
           "its manifest names those tensors, and the plan cuts whole boxes of experts from them.");
 
   m.def("llama_manifest", &sharding::llama_manifest, "Every tensor a trainer sends for this model.");
+  py::class_<sharding::SourceLayout>(
+      m, "SourceLayout",
+      "Where a trainer rank's boxes of the checkpoint tensors lie in its own fused local "
+      "tensors: pass it to Trainer.start_weight_update(source_layout=...) and send the "
+      "local tensors under their own names.")
+      .def("__len__", [](const sharding::SourceLayout& l) { return l.boxes.size(); })
+      .def_property_readonly(
+          "boxes",
+          [](const sharding::SourceLayout& l) {
+            py::list out;
+            for (const auto& b : l.boxes) {
+              const Region& r = b.box.region;
+              out.append(py::make_tuple(b.box.name, std::vector<int64_t>(r.offset.begin(), r.offset.end()),
+                                        std::vector<int64_t>(r.size.begin(), r.size.end()), b.local, b.row));
+            }
+            return out;
+          },
+          "(checkpoint tensor, box offset, box size, local tensor, the box's first row there), one per box");
+  m.def(
+      "megatron_layout",
+      [](const sharding::ModelConfig& c, int rank, int ranks, int tp, int pp, int ep, std::optional<int> etp) {
+        return take(sharding::megatron_rank_layout(c, rank, ranks, tp, pp, ep, etp.value_or(0)));
+      },
+      py::arg("config"), py::arg("rank"), py::arg("ranks"), py::kw_only(), py::arg("tp") = 1, py::arg("pp") = 1,
+      py::arg("ep") = 1, py::arg("etp") = py::none(),
+      "Megatron-Core's fused tensors of trainer rank `rank` of `ranks` (its default order tp-cp-ep-dp-pp; TP tp, "
+      "pp pipeline stages, EP ep, expert TP etp, tp when None): linear_qkv per query group, [gate; up] "
+      "linear_fc1, row-parallel linear_proj / linear_fc2, grouped experts' linear_fc1.weight{i} / "
+      "linear_fc2.weight{i}, the vocabulary padded as Megatron pads it.");
   m.def(
       "llama_rank_spec",
       [](const sharding::LlamaConfig& c, int tp_rank, int tp_size, const std::string& scheme, int replica,

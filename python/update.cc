@@ -300,7 +300,8 @@ void init_update(py::module_& m) {
           "settings", [](PyTrainer& t) { return settings_to_python(t.settings); },
           "{keyword: (value, source)}: the settings this trainer took, source 'keyword', 'environment' or 'default'.")
       .def(
-          "wait_for_ranks", [](PyTrainer& t, int n, int64_t timeout_ms) {
+          "wait_for_ranks",
+          [](PyTrainer& t, int n, int64_t timeout_ms) {
             Trainer& tr = t.get();
             nogil([&] { return tr.wait_for_ranks(n, timeout_ms); });
           },
@@ -308,15 +309,15 @@ void init_update(py::module_& m) {
       .def(
           "start_weight_update",
           [](PyTrainer& t, uint64_t version, py::handle manifest, std::optional<std::string> pause_mode,
-             std::optional<bool> clear_cache, std::optional<std::vector<int>> replicas, py::object holdings,
-             bool stage) {
+             std::optional<bool> clear_cache, std::optional<std::vector<int>> replicas, py::object holdings, bool stage,
+             py::object source_layout) {
             Trainer& tr = t.get();
             const sharding::Manifest mf = manifest_from_python(manifest);
             // A manifest from manifest_from_state_dict() of DTensors carries this rank's holdings.
             if (holdings.is_none()) holdings = py::getattr(manifest, "holdings", py::none());
             sharding::SenderInfo held = holdings_from_python(holdings);
             t.held.clear();
-            if (!pause_mode && !clear_cache && !replicas && holdings.is_none() && !stage) {
+            if (!pause_mode && !clear_cache && !replicas && holdings.is_none() && !stage && source_layout.is_none()) {
               return nogil([&] { return tr.start_weight_update(version, mf); });
             }
             coordinator::UpdateOptions o;
@@ -325,17 +326,19 @@ void init_update(py::module_& m) {
             if (replicas) o.replicas = *replicas;
             o.stage = stage;
             o.holdings = std::move(held);
+            if (!source_layout.is_none()) o.source_layout = source_layout.cast<sharding::SourceLayout>();
             nogil([&] { return tr.start_weight_update(version, mf, o); });
           },
           py::arg("version"), py::arg("manifest"), py::arg("pause_mode") = py::none(),
           py::arg("clear_cache") = py::none(), py::arg("replicas") = py::none(), py::arg("holdings") = py::none(),
-          py::arg("stage") = false,
+          py::arg("stage") = false, py::arg("source_layout") = py::none(),
           "Checks the manifest against every replica, pauses them and plans. Manifest: SourceTensor objects "
           "or (name, dtype, shape) tuples, global shapes. holdings: what this trainer rank holds, {name: None "
           "(whole) | (offset, size) box of the global tensor}, names left out not held (see "
           "ferry.holdings_from_state_dict); None: the manifest's .holdings if it has them, else every tensor "
           "whole. stage: the ranks receive the version while they serve and pause only to apply it (or "
-          "FERRY_STAGE=on). With several trainer ranks, every one starts the update (collective).")
+          "FERRY_STAGE=on). source_layout: this rank's tensors are fused ones (ferry.megatron_layout), sent under "
+          "their own names. With several trainer ranks, every one starts the update (collective).")
       .def(
           "send",
           [](PyTrainer& t, const std::string& name, py::handle tensor) {

@@ -138,6 +138,20 @@ Result<SourceLayout> megatron_layout(const ModelConfig& cfg, const MegatronRank&
   return out;
 }
 
+Result<SourceLayout> megatron_rank_layout(const ModelConfig& cfg, int rank, int ranks, int tp, int pp, int ep,
+                                          int etp) {
+  if (ep > 1 && cfg.num_experts == 0) {
+    return Status::invalid_argument(fmt::format("Megatron EP {}: {} has no routed experts", ep, cfg.family));
+  }
+  int stage = 0;
+  FERRY_ASSIGN_OR_RETURN(const MegatronRank place, megatron_rank(rank, ranks, tp, pp, ep, etp > 0 ? etp : tp, &stage));
+  if (cfg.num_layers % pp != 0) {  // Megatron's default pipeline: the same layers a stage
+    return Status::invalid_argument(fmt::format("{} layers do not split into {} pipeline stages", cfg.num_layers, pp));
+  }
+  const int64_t first = cfg.num_layers * stage / pp, last = cfg.num_layers * (stage + 1) / pp;
+  return megatron_layout(cfg, place, {first, last});
+}
+
 SenderInfo layout_holdings(const SourceLayout& layout) {
   SenderInfo out;
   for (const auto& b : layout.boxes) out.holds.push_back(b.box);

@@ -77,6 +77,12 @@ inline Result<SourceLayout> megatron_layout(const ModelConfig& cfg, int tp_rank,
 // innermost, and the expert grid expert-TP innermost, then EP. Its stage in `stage`.
 Result<MegatronRank> megatron_rank(int rank, int ranks, int tp, int pp, int ep, int etp, int* stage);
 
+// Trainer rank `rank` of `ranks` of a Megatron-Core trainer of TP `tp`, `pp` pipeline stages (the
+// layers split evenly over them, refused otherwise), EP `ep` and expert TP `etp` (0: `tp`):
+// megatron_rank() places it, megatron_layout() lays out its stage's layers.
+Result<SourceLayout> megatron_rank_layout(const ModelConfig& cfg, int rank, int ranks, int tp, int pp = 1, int ep = 1,
+                                          int etp = 0);
+
 // The holdings a source layout declares.
 SenderInfo layout_holdings(const SourceLayout& layout);
 

@@ -332,7 +332,7 @@ class Trainer:
         """
         Sends one tensor of the manifest (torch, numpy, any DLPack tensor): the held box of it, a DTensor's to_local().
         """
-    def start_weight_update(self, version: int, manifest: typing.Any, pause_mode: str | None = None, clear_cache: bool | None = None, replicas: list[int] | None = None, holdings: typing.Any = None, stage: bool = False) -> None:
+    def start_weight_update(self, version: int, manifest: typing.Any, pause_mode: str | None = None, clear_cache: bool | None = None, replicas: list[int] | None = None, holdings: typing.Any = None, stage: bool = False, source_layout: SourceLayout | None = None) -> None:
         """
         Checks the manifest against every replica, pauses them and plans. Manifest: SourceTensor objects or (name, dtype, shape) tuples, global shapes. holdings: what this trainer rank holds, {name: None (whole) | (offset, size) box of the global tensor}, names left out not held (see ferry.holdings_from_state_dict); None: the manifest's .holdings if it has them, else every tensor whole. With several trainer ranks, every one starts the update (collective).
         """
@@ -402,6 +402,21 @@ def flush_logs(timeout_s: float = 5.0) -> bool:
 def forward_logs(enabled: bool = True) -> None:
     """
     Whether ferry's log records go to Python's logging, logger 'ferry' (the default from import on), or to stderr as the C++ library writes them ('[ferry] [warning] ...'). Levels map to DEBUG, INFO, WARNING, ERROR and CRITICAL, trace to 5. FERRY_LOG_LEVEL (warn unless set) still decides which records ferry makes; the 'ferry' logger's level and handlers decide where they go. Records reach logging from a thread of ferry's, soon after they are made; flush_logs() waits for them.
+    """
+class SourceLayout:
+    """
+    Where a trainer rank's boxes of the checkpoint tensors lie in its own fused local tensors: pass it to Trainer.start_weight_update(source_layout=...) and send the local tensors under their own names.
+    """
+    def __len__(self) -> int:
+        ...
+    @property
+    def boxes(self) -> list[tuple[str, list[int], list[int], str, int]]:
+        """
+        (checkpoint tensor, box offset, box size, local tensor, the box's first row there), one per box
+        """
+def megatron_layout(config: ModelConfig, rank: int, ranks: int, *, tp: int = 1, pp: int = 1, ep: int = 1, etp: int | None = None) -> SourceLayout:
+    """
+    Megatron-Core's fused tensors of trainer rank `rank` of `ranks` (its default order tp-cp-ep-dp-pp; TP tp, pp pipeline stages, EP ep, expert TP etp, tp when None): linear_qkv per query group, [gate; up] linear_fc1, row-parallel linear_proj / linear_fc2, grouped experts' linear_fc1.weight{i} / linear_fc2.weight{i}, the vocabulary padded as Megatron pads it.
     """
 def llama_manifest(arg0: ModelConfig) -> list[SourceTensor]:
     """
