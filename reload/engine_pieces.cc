@@ -356,8 +356,8 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
   }
   // Row pieces are processed where their bytes are: host rows into host storage (or its scratch),
   // lent device rows straight into device storage.
-  const bool rows = p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1 &&
-                    p.kernel->can_process_rows(dst);
+  const bool where_kernel_reads = p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device);
+  const bool rows = where_kernel_reads && dst.rank() >= 1 && p.kernel->can_process_rows(dst);
   // Staging while serving, a complete layer waits for apply_staged(): its pieces are kept as if it
   // were still incomplete.
   bool completes = !stage_all_;
@@ -365,12 +365,11 @@ Status ReloadEngine::apply(uint32_t param, uint32_t input, const Region& dst, DT
   const bool kept = owner != nullptr || completes || borrowed;
   // A kept band of one stacked matrix (an expert's gate rows from a trainer tensor per expert) is
   // read in place at completion, as whole rows are, instead of being staged.
-  const bool band = !rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) &&
-                    p.kernel->can_process_band(dst);
+  const bool band = !rows && kept && where_kernel_reads && p.kernel->can_process_band(dst);
   if (band) {
     FERRY_RETURN_IF_ERROR(hold(layer, param, input, dst, data, bytes, owner, data_device, false, kept, completes,
                                borrowed, true));
-  } else if (!rows && kept && p.inputs.size() == 1 && (storage_.device().is_cpu() || on_device) && dst.rank() >= 1) {
+  } else if (!rows && kept && where_kernel_reads && dst.rank() >= 1) {
     // A kept piece of whole rows that the kernel cannot take as it is (a vocabulary shard that ends
     // inside a 128-row band, rows across per-tensor shards) may still hold a run of rows that it
     // can: that run is processed from the piece at completion, and only the rows around it are
