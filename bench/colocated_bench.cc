@@ -344,7 +344,8 @@ int run_trainer(const std::string& scheme, const BenchModel& model, int updates,
   const std::string sharded = trainers > 1 ? fmt::format("-trainers{}", trainers) : "";
   // With Adam steps: how the update travelled (direct reads or bytes, deltas, staging).
   const std::string how = adam ? fmt::format("-adam{}{}{}", settings.direct == "off" ? "-bytes" : "",
-                                             settings.delta != "off" ? "-delta" : "", settings.stage == "on" ? "-staged" : "")
+                                             settings.delta == "on" || settings.delta == "always" ? "-delta" : "",
+                                             settings.stage == "on" ? "-staged" : "")
                                : "";
   const std::string on = model.model.empty() ? ""
                          : "-" + model.model.substr(model.model.find_last_of('/') + 1) +

@@ -335,7 +335,8 @@ Weights::Weights(const sharding::Manifest& m, uint64_t version) {
 }
 
 PackDeltas pack_deltas(const Settings& s) {
-  if (s.delta == "off") return {};
+  // The bench's ranks share the trainer's host, where "auto" sends dense.
+  if (s.delta == "off" || s.delta == "auto") return {};
   return {s.delta_max_bytes, s.delta == "always", static_cast<int>(s.delta_zstd)};
 }
 

@@ -41,7 +41,7 @@ struct Links {
 
 // How the trainer packs with FERRY_DELTA on: each part compared with its copy of the version sent
 // before, and a copy of each tensor kept after it, which every byte pays whether or not a delta is
-// sent. max_bytes 0: deltas off.
+// sent. max_bytes 0: deltas off (FERRY_DELTA=off, or auto: the bench's ranks are on this host).
 struct PackDeltas {
   uint64_t max_bytes = 0;  // FERRY_DELTA_MAX_BYTES
   bool prefer = false;     // FERRY_DELTA=always

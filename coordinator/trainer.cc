@@ -70,6 +70,7 @@ class TrainerImpl final : public Trainer {
     ss.verify = settings.verify;
     ss.delta = settings.delta == "off"      ? dataplane::DeltaMode::kOff
                : settings.delta == "always" ? dataplane::DeltaMode::kAlways
+               : settings.delta == "on"     ? dataplane::DeltaMode::kOn
                                             : dataplane::DeltaMode::kAuto;
     ss.delta_max_bytes = settings.delta_max_bytes;
     ss.delta_zstd = static_cast<int>(settings.delta_zstd);

@@ -50,9 +50,10 @@ constexpr SettingInfo kSettings[] = {
     {"FERRY_METRICS_PORT", SettingType::kInt, "0", "serve Prometheus metrics over HTTP on this port (0: off)", "",
      &Settings::metrics_port, 0, 65535},
     {"FERRY_DELTA", SettingType::kChoice, "auto",
-     "trainer: send each piece as the elements changed since the version a rank holds (auto: when smaller "
-     "than its bytes; always: every piece a rank can take so; off: every byte, and no copy kept)",
-     "auto off always", &Settings::delta},
+     "trainer: send each piece as the elements changed since the version a rank holds, when smaller than its "
+     "bytes (auto: to ranks on other hosts only, none kept when every rank is on this one; on: to every rank; "
+     "always: every piece a rank can take so, smaller or not; off: every byte, and no copy kept)",
+     "auto on off always", &Settings::delta},
     {"FERRY_DELTA_MAX_BYTES", SettingType::kBytes, "64G",
      "trainer: bound on the host copy of the last version sent, which deltas are computed against; tensors "
      "past it are sent whole",

@@ -74,6 +74,7 @@ struct BucketSender::Destination {
   uint64_t reserved = 0;             // and what it reserves per bucket, when less (0: connected_for)
   bool carried_bytes = false;        // payload went over a connection that reserved less
   uint64_t delta_base = 0;           // the version the rank keeps for deltas (0: none)
+  bool deltas = false;               // takes deltas this update (FERRY_DELTA and its link)
 };
 
 BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> on_posted)
@@ -82,6 +83,8 @@ BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> 
 }
 
 uint64_t BucketSender::delta_copy_bytes() const { return bases_ ? bases_->bytes() : 0; }
+
+bool BucketSender::takes_deltas(size_t dst) const { return dst < dests_.size() && dests_[dst].deltas; }
 
 BucketSender::~BucketSender() {
   // Connections go before their transport, bucket memory only after the transport's thread ended.
@@ -118,9 +121,15 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
   direct_bytes_ = 0;
   synced_devices_.clear();
   delta_tallies_.assign(dests_.size(), DeltaTally{});
+  keep_bases_ = false;
   for (size_t i = 0; i < dests_.size(); ++i) {
-    dests_[i].delta_base = i < identity_.delta_bases.size() ? identity_.delta_bases[i] : 0;
+    Destination& d = dests_[i];
+    d.delta_base = i < identity_.delta_bases.size() ? identity_.delta_bases[i] : 0;
+    d.deltas = settings_.delta != DeltaMode::kOff && (settings_.delta != DeltaMode::kAuto || !d.conn->same_host());
+    keep_bases_ = keep_bases_ || d.deltas;
   }
+  // No rank takes deltas (under auto, every rank is on this host): the copies go, and none is kept.
+  if (bases_ && !keep_bases_) bases_->clear();
   return ok_status();
 }
 
@@ -429,8 +438,9 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
       }
     }
     // A delta needs the rank to hold the version this sender last recorded the tensor at.
-    const DeltaBases::Base* base =
-        bases_ && d.delta_base != 0 ? bases_->find(name, held, tensor_in.dtype(), tensor_in.shape()) : nullptr;
+    const DeltaBases::Base* base = bases_ && d.deltas && d.delta_base != 0
+                                       ? bases_->find(name, held, tensor_in.dtype(), tensor_in.shape())
+                                       : nullptr;
     if (base != nullptr && base->version != d.delta_base) base = nullptr;
     // Into a device bucket, rows that are contiguous runs are copied straight from the tensor (a
     // delta is encoded on the host).
@@ -459,7 +469,7 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
   // it is on the host (a device tensor's bytes are, once a piece travelled as host bytes). A device
   // tensor read in place (direct reads) or copied device to device (nccl, cuda_ipc) keeps none: its
   // ranks' shadows miss those pieces too, and a copy would cost every byte once more.
-  if (bases_ && tensor.device().is_cpu() && (any_bytes || pieces_given_[source] == 0)) {
+  if (bases_ && keep_bases_ && tensor.device().is_cpu() && (any_bytes || pieces_given_[source] == 0)) {
     bases_->record(name, held, tensor, version_);
   }
   return ok_status();

@@ -38,7 +38,10 @@ namespace ferry::dataplane {
 
 class BucketBuilder;
 
-enum class DeltaMode : uint8_t { kOff, kAuto, kAlways };  // FERRY_DELTA
+// FERRY_DELTA: kAuto sends deltas to ranks on other hosts only (over one host's links moving the
+// bytes costs about what comparing them does, and the copy kept for deltas is memory spent for
+// nothing); kOn to every rank; kAlways to every rank, even where the delta is not smaller.
+enum class DeltaMode : uint8_t { kOff, kAuto, kOn, kAlways };
 
 struct BucketSenderSettings {
   bool verify = false;        // FERRY_VERIFY
@@ -105,6 +108,8 @@ class BucketSender {
   // What delta encoding did this update, per destination rank in plan order.
   const std::vector<DeltaTally>& delta_tallies() const { return delta_tallies_; }
   uint64_t delta_copy_bytes() const;  // host bytes kept for deltas
+  // Whether rank `dst` (plan order) may get deltas this update: FERRY_DELTA and its link.
+  bool takes_deltas(size_t dst) const;
   std::vector<uint64_t> buckets() const;  // posted this update, per destination
 
  private:
@@ -142,6 +147,7 @@ class BucketSender {
   uint64_t direct_bytes_ = 0;
   std::vector<uint32_t> pieces_given_, pieces_sent_;  // per manifest tensor, this update
   std::unique_ptr<DeltaBases> bases_;
+  bool keep_bases_ = false;  // some rank of this update takes deltas: copies are kept
   std::vector<DeltaTally> delta_tallies_;
   PackScratch scratch_;
 };

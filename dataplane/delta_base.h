@@ -33,6 +33,11 @@ class DeltaBases {
   // Keeps `host` (the local tensor, contiguous on the host) as sent at `version`. A tensor past the
   // bound is dropped, and warned about once.
   void record(const std::string& name, const Region& held, const TensorView& host, uint64_t version);
+  // Drops every copy.
+  void clear() {
+    bases_.clear();
+    bytes_ = 0;
+  }
   uint64_t bytes() const { return bytes_; }
   uint64_t max_bytes() const { return max_bytes_; }
 

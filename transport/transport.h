@@ -101,6 +101,10 @@ class Connection {
   virtual Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) = 0;
   // Fails every pending operation with Aborted and closes the link.
   virtual void abort() = 0;
+  // Whether the receiver runs on this host (loopback or one of this host's addresses, shared
+  // memory, a same-host UCX lane), where moving bytes costs about what comparing them does.
+  // False when the transport cannot tell.
+  virtual bool same_host() const { return false; }
 };
 
 // Most bytes a credential may have; a receiver reads no more than this from an unadmitted peer.

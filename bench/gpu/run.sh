@@ -165,8 +165,8 @@ fi
 # delta: the colocated 8B fp8_per_channel update whose weights follow Adam steps (lr 1e-6): direct
 # reads (dense, the default path), bytes over shm, deltas over shm, and deltas staged while serving.
 if want delta; then
-  for how in "FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=auto" \
-             "FERRY_DIRECT=off FERRY_DELTA=auto FERRY_STAGE=on"; do
+  for how in "FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=on" \
+             "FERRY_DIRECT=off FERRY_DELTA=on FERRY_STAGE=on"; do
     echo "=== colocated adam $how" >> "$out/tests.log"
     env $how timeout 500 "$bin/ferry-bench-colocated" --scheme fp8_per_channel --change adam \
       --updates "${FERRY_GPU_DELTA_UPDATES:-3}" --json >> "$out/results.jsonl" 2>> "$out/tests.log" ||

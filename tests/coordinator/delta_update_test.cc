@@ -131,14 +131,14 @@ TEST_P(DeltaUpdate, EveryUpdateMatchesADenseOneByteForByte) {
   }
 
   renew(ck, rng);
-  // Auto compares every piece and sends its dense bytes; always sends the (larger) deltas.
+  // On compares every piece and sends its dense bytes; always sends the (larger) deltas.
   r = update(5, "every element changed", always ? deltas : std::vector<Got>{});
   for (const auto& d : r.delta) {
     EXPECT_GT(d.changed_fraction(), 0.99);
     if (always) {
       EXPECT_GT(d.delta_bytes, d.delta_dense_bytes) << "a delta of everything is larger than the bytes";
     } else {
-      EXPECT_EQ(d.delta_bytes, 0u) << "auto sends what is smaller: the dense bytes";
+      EXPECT_EQ(d.delta_bytes, 0u) << "on sends what is smaller: the dense bytes";
     }
   }
 
@@ -155,9 +155,9 @@ std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (Scheme s : kAllSchemes) {
     if (s == Scheme::kGptqInt4) continue;  // quantized reload, not an online scheme
-    out.push_back({s, "auto"});
+    out.push_back({s, "on"});              // deltas to every rank: this test's ranks are on the trainer's host
     out.push_back({s, "always"});
-    out.push_back({s, "auto", "3"});  // XORs in zstd frames
+    out.push_back({s, "on", "3"});  // XORs in zstd frames
   }
   return out;
 }
@@ -197,6 +197,7 @@ class DeltaTransport : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeltaTransport, DeltasAndStagingMatchTheReference) {
   ScopedEnv transport("FERRY_TRANSPORT", GetParam());
+  ScopedEnv delta("FERRY_DELTA", "on");
   const Config cfg = kv_below_tp();
   const Layout layout = make_layout(cfg, "fp8_per_tensor");
   Cluster c(cfg.tp, "fp8_per_tensor", cfg.llama);
@@ -229,6 +230,7 @@ TEST_P(DeltaTransport, DeltasAndStagingMatchTheReference) {
 // is its own. Every replica must hold exactly the version it was last given, whatever the trainer
 // sent to the other one in between (a delta against the wrong base would leave a mix of versions).
 TEST(DeltaRolling, EachReplicaGetsTheChangesFromItsOwnVersion) {
+  ScopedEnv delta("FERRY_DELTA", "on");
   const Config cfg = kv_below_tp();
   const Layout layout = make_layout(cfg, "fp8_per_tensor");
   Cluster c(cfg.tp, "fp8_per_tensor", cfg.llama, /*replicas=*/2);
@@ -278,6 +280,48 @@ std::vector<std::string> host_transports() {
 INSTANTIATE_TEST_SUITE_P(HostTransports, DeltaTransport, ::testing::ValuesIn(host_transports()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// FERRY_DELTA=auto, the default: every rank is on the trainer's host (loopback tcp, shm, a ucx
+// lane on this host), where comparing costs about what moving the bytes does. Every update goes
+// dense and the trainer keeps no copy, while FERRY_DELTA=on over the same link sends deltas.
+class DeltaAuto : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeltaAuto, RanksOnThisHostGetDenseBytesAndNoCopyIsKept) {
+  ScopedEnv transport("FERRY_TRANSPORT", GetParam());
+  for (const char* mode : {"auto", "on"}) {
+    SCOPED_TRACE(mode);
+    ScopedEnv delta("FERRY_DELTA", mode);
+    const bool on = std::string(mode) == "on";
+    const Config cfg = kv_below_tp();
+    const Layout layout = make_layout(cfg, "fp8_per_channel");
+    Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+    Status st = c.start();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    Checkpoint ck = make_checkpoint(c.manifest(), 17);
+    std::mt19937_64 rng(3);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (v > 1) nudge(ck, 0.001, rng);
+      auto r = c.update(v, ck);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      uint64_t delta = 0, dense = 0;
+      for (const auto& d : r->delta) delta += d.delta_bytes, dense += d.dense_bytes;
+      if (on) {
+        EXPECT_GT(r->delta_copy_bytes, 0u) << "v" << v;
+        if (v > 1) {
+          EXPECT_GT(delta, 0u) << "v" << v;
+        }
+      } else {
+        EXPECT_EQ(r->delta_copy_bytes, 0u) << "v" << v << ": no copy kept for ranks on this host";
+        EXPECT_EQ(delta, 0u) << "v" << v;
+        EXPECT_GT(dense, 0u) << "v" << v;
+      }
+      expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), fmt::format("{} v{}", mode, v));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HostTransports, DeltaAuto, ::testing::ValuesIn(host_transports()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
 }  // namespace
 }  // namespace ferry::testutil
 
@@ -289,6 +333,7 @@ namespace {
 // the next update goes to them dense (and lands exactly).
 TEST(DeltaRollback, AnAbortedDeltaUpdateRestoresThePreviousVersionAndTheNextGoesDense) {
   ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
   ScopedEnv rollback("FERRY_ROLLBACK", "host");
   const Config cfg = kv_above_tp();
   const Layout layout = make_layout(cfg, "int4_group");

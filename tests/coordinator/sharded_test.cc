@@ -115,6 +115,7 @@ TEST_F(ShardedTrainer, EachTrainerRankSendsDeltasOfItsOwnRows) {
     SCOPED_TRACE(layout);
     start(2, Scheme::kFp8PerChannel);
     ScopedEnv steps("FERRY_TEST_SMALL_STEPS", "1");
+    ScopedEnv delta("FERRY_DELTA", "on");  // the ranks are on this host, where auto sends dense
     const auto lines = run(4, layout, 1, 3);
     for (int r = 0; r < 4; ++r) {
       EXPECT_THAT(lines[r], HasSubstr("v1 ok")) << "trainer rank " << r << ": " << lines[r];

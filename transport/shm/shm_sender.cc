@@ -222,6 +222,7 @@ class OwnedShmConnection final : public Connection {
     return c_->post(r, o, s);
   }
   void abort() override { c_->abort(); }
+  bool same_host() const override { return true; }
 
  private:
   std::shared_ptr<ShmConnection> c_;

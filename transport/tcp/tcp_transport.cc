@@ -153,8 +153,15 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
  public:
-  TcpConnection(asio::io_context& io, tcp::socket socket) : io_(io), socket_(std::move(socket)) {}
+  TcpConnection(asio::io_context& io, tcp::socket socket) : io_(io), socket_(std::move(socket)) {
+    // Connected to this host: the peer's address is a loopback one, or the one this end was given
+    // (the kernel routes a connection to one of its own addresses over loopback).
+    boost::system::error_code e1, e2;
+    const auto local = socket_.local_endpoint(e1).address(), peer = socket_.remote_endpoint(e2).address();
+    same_host_ = !e1 && !e2 && (peer.is_loopback() || peer == local);
+  }
   ~TcpConnection() override = default;
+  bool same_host() const override { return same_host_; }
 
   Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) override {
     if (offset > region.size() || size > region.size() - offset) {
@@ -220,6 +227,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   std::deque<Op> queue_;  // touched only on the I/O thread
   bool failed_ = false;
   Status failure_;
+  bool same_host_ = false;
 };
 
 // Connections are owned by the transport's I/O thread; the caller holds a thin owner that aborts on
@@ -232,6 +240,7 @@ class OwnedConnection final : public Connection {
     return c_->post(r, o, s);
   }
   void abort() override { c_->abort(); }
+  bool same_host() const override { return c_->same_host(); }
 
  private:
   std::shared_ptr<TcpConnection> c_;

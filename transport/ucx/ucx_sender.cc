@@ -30,7 +30,8 @@ void close_lanes(const std::vector<std::shared_ptr<UcxConnection>>& lanes, Deadl
 // turn (one lane unless the receiver is on this host).
 class OwnedUcxConnection final : public Connection {
  public:
-  explicit OwnedUcxConnection(std::vector<std::shared_ptr<UcxConnection>> lanes) : lanes_(std::move(lanes)) {}
+  OwnedUcxConnection(std::vector<std::shared_ptr<UcxConnection>> lanes, bool same_host)
+      : lanes_(std::move(lanes)), same_host_(same_host) {}
   ~OwnedUcxConnection() override { close_lanes(lanes_, Clock::now() + std::chrono::seconds(10)); }
   Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& r, size_t o, size_t s) override {
     return lanes_[next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()]->post(r, o, s);
@@ -38,6 +39,7 @@ class OwnedUcxConnection final : public Connection {
   void abort() override {
     for (const auto& lane : lanes_) lane->abort();
   }
+  bool same_host() const override { return same_host_; }
   std::string describe() { return lanes_.front()->describe(); }
   std::vector<uint64_t> lane_bytes() const {
     std::vector<uint64_t> out;
@@ -47,6 +49,7 @@ class OwnedUcxConnection final : public Connection {
 
  private:
   std::vector<std::shared_ptr<UcxConnection>> lanes_;
+  const bool same_host_;
   std::atomic<uint64_t> next_lane_{0};
 };
 
@@ -82,7 +85,7 @@ Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>
   }
   if (!st.ok() && same_host) close_lanes(lanes, Clock::now());
   FERRY_RETURN_IF_ERROR(st);
-  return std::unique_ptr<Connection>(std::make_unique<OwnedUcxConnection>(std::move(lanes)));
+  return std::unique_ptr<Connection>(std::make_unique<OwnedUcxConnection>(std::move(lanes), same_host));
 }
 
 std::string describe_connection(Connection& c) {
