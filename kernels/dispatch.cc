@@ -67,6 +67,34 @@ Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std
   return run_quantize(args, input.device(), exec);
 }
 
+Result<bool> quantize_rows_keeping_scales(Scheme scheme, EngineLayout layout, const TensorView& input,
+                                          std::span<const int64_t> shard_rows,
+                                          std::span<const std::pair<int64_t, int64_t>> rows,
+                                          std::span<const TensorView> outputs, const Exec& exec) {
+  if (scheme != Scheme::kFp8PerTensor || !input.device().is_cpu() || input.rank() != 2 || outputs.size() != 2) {
+    return false;
+  }
+  detail::QuantArgs args;
+  if (layout == EngineLayout::kFerry) {
+    FERRY_ASSIGN_OR_RETURN(args, detail::check_quantize(scheme, input, shard_rows, outputs));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(auto f,
+                           detail::engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
+    if (f.per_matrix) return false;
+    FERRY_ASSIGN_OR_RETURN(args, detail::check_quantize(scheme, layout, f, input, outputs));
+  }
+  int64_t last = 0;
+  for (const auto& [r0, r1] : rows) {
+    if (r0 < last || r1 <= r0 || r1 > args.rows) {
+      return Status::invalid_argument(
+          fmt::format("quantize rows: [{}, {}) of {} rows, after row {}", r0, r1, args.rows, last));
+    }
+    last = r1;
+  }
+  g_quantize_runs.fetch_add(1, std::memory_order_relaxed);
+  return detail::cpu::fp8_per_tensor_rows(args, rows, exec.threads);
+}
+
 uint64_t quantize_runs() { return g_quantize_runs.load(std::memory_order_relaxed); }
 
 Status dequantize(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,

@@ -60,19 +60,29 @@ void none(const QuantArgs& a, int threads) {
   });
 }
 
-void fp8_per_tensor(const QuantArgs& a, int threads) {
+// The scale of every shard of `a` (amax over its rows, rows split across threads).
+std::vector<float> shard_scales(const QuantArgs& a, int threads) {
   const Rows in{a.in, kind_of(a.in_dtype), a.cols};
   std::vector<float> row_amax(static_cast<size_t>(a.rows));
   parallel_for(a.rows, row_grain(a.cols), threads, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) row_amax[static_cast<size_t>(r)] = in.amax(r * a.cols, a.cols);
   });
-  const size_t shards = a.shard_begin.size() - 1;
-  std::vector<float> row_scale(static_cast<size_t>(a.rows));
-  float* scale = static_cast<float*>(a.scale);
-  for (size_t s = 0; s < shards; ++s) {
+  std::vector<float> out(a.shard_begin.size() - 1);
+  for (size_t s = 0; s < out.size(); ++s) {
     float m = 0.0f;
     for (int64_t r = a.shard_begin[s]; r < a.shard_begin[s + 1]; ++r) m = std::max(m, row_amax[static_cast<size_t>(r)]);
-    scale[s] = ops::fp8_scale(m, a.fp8);
+    out[s] = ops::fp8_scale(m, a.fp8);
+  }
+  return out;
+}
+
+void fp8_per_tensor(const QuantArgs& a, int threads) {
+  const Rows in{a.in, kind_of(a.in_dtype), a.cols};
+  const std::vector<float> scales = shard_scales(a, threads);
+  std::vector<float> row_scale(static_cast<size_t>(a.rows));
+  float* scale = static_cast<float*>(a.scale);
+  for (size_t s = 0; s < scales.size(); ++s) {
+    scale[s] = scales[s];
     for (int64_t r = a.shard_begin[s]; r < a.shard_begin[s + 1]; ++r) row_scale[static_cast<size_t>(r)] = scale[s];
   }
   uint8_t* out = static_cast<uint8_t*>(a.out);
@@ -156,6 +166,27 @@ void int4_group(const QuantArgs& a, int threads) {
 }
 
 }  // namespace
+
+bool fp8_per_tensor_rows(const QuantArgs& a, std::span<const std::pair<int64_t, int64_t>> rows, int threads) {
+  const std::vector<float> scales = shard_scales(a, threads);
+  const float* stored = static_cast<const float*>(a.scale);
+  // Bit for bit: the stored scale is what these values made last time, or the shards go whole.
+  if (std::memcmp(scales.data(), stored, scales.size() * sizeof(float)) != 0) return false;
+  const Rows in{a.in, kind_of(a.in_dtype), a.cols};
+  uint8_t* out = static_cast<uint8_t*>(a.out);
+  size_t s = 0;
+  for (auto [r, r1] : rows) {
+    while (r < r1) {  // a run may cross shards: each part with its shard's scale
+      while (a.shard_begin[s + 1] <= r) ++s;
+      const int64_t end = std::min(r1, a.shard_begin[s + 1]);
+      parallel_for(end - r, row_grain(a.cols), threads, [&](int64_t b, int64_t e) {
+        fp8_codes(in, (r + b) * a.cols, out + (r + b) * a.cols, (e - b) * a.cols, scales[s], a.fp8);
+      });
+      r = end;
+    }
+  }
+  return true;
+}
 
 Status quantize(const QuantArgs& a, int threads) {
   switch (a.scheme) {

@@ -138,7 +138,8 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
 // any other). A row-local kernel (none, per-channel, int4 groups) then writes the same bytes there
 // again: those rows are left as they are, and only the changed rows are processed, from the
 // shadow, straight into storage; under fp8_block the 128-row blocks they fall in, under
-// fp8_per_tensor their logical shards. Device storage and pieces processed on arrival take the
+// fp8_per_tensor the changed rows alone when their shards' scales come out as stored, else the
+// whole shards (a scale sees every element of its shard). Device storage and pieces processed on arrival take the
 // whole path.
 Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   // (shadow_base_: storage holds that version processed; a first update, or one after a failure,
@@ -152,31 +153,54 @@ Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamS
   const uint32_t param = static_cast<uint32_t>(&p - params_.data());
   if (shadow_.size() <= param || shadow_[param].empty() || shadow_[param][0].data() == nullptr) return false;
   const auto& in = p.inputs[0];
-  // Each run widened to what its processing rewrites (blocks, shards), then merged.
-  for (auto& r : p.changed_rows) r = p.kernel->rows_around(r.first, r.second);
+  // The changed runs, merged; then each widened to what its processing rewrites (blocks, shards)
+  // and merged again, each widened run keeping the changed runs inside it.
   std::sort(p.changed_rows.begin(), p.changed_rows.end());
-  std::vector<std::pair<int64_t, int64_t>> rows;
+  std::vector<std::pair<int64_t, int64_t>> runs;
   for (const auto& r : p.changed_rows) {
-    if (!rows.empty() && r.first <= rows.back().second) {
-      rows.back().second = std::max(rows.back().second, r.second);
+    if (!runs.empty() && r.first <= runs.back().second) {
+      runs.back().second = std::max(runs.back().second, r.second);
     } else {
-      rows.push_back(r);
+      runs.push_back(r);
     }
   }
-  for (const auto& [r0, r1] : rows) {
+  struct Widened {
+    int64_t r0, r1;
+    size_t first, last;  // its changed runs: runs[first, last)
+  };
+  std::vector<Widened> rows;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto [w0, w1] = p.kernel->rows_around(runs[i].first, runs[i].second);
+    if (!rows.empty() && w0 <= rows.back().r1) {
+      rows.back().r1 = std::max(rows.back().r1, w1);
+      rows.back().last = i + 1;
+    } else {
+      rows.push_back({w0, w1, i, i + 1});
+    }
+  }
+  for (const auto& w : rows) {
     Region region = Region::whole(in.shape);
-    region.offset[0] = r0;
-    region.size[0] = r1 - r0;
+    region.offset[0] = w.r0;
+    region.size[0] = w.r1 - w.r0;
     if (!p.kernel->can_process_rows(region)) return false;
   }
   const int64_t per_row = shape_numel(in.shape) / std::max<int64_t>(in.shape[0], 1);
   int64_t changed = 0;
-  for (const auto& [r0, r1] : rows) {
+  for (const auto& w : rows) {
     Shape s = in.shape;
-    s[0] = r1 - r0;
-    TensorView v(shadow_[param][0].data_as<uint8_t>() + dtype_bytes(in.dtype, r0 * per_row), in.dtype, s);
-    FERRY_RETURN_IF_ERROR(p.kernel->process_rows(v, r0, p.storage, exec).with_context(ps.name));
-    changed += r1 - r0;
+    s[0] = w.r1 - w.r0;
+    TensorView v(shadow_[param][0].data_as<uint8_t>() + dtype_bytes(in.dtype, w.r0 * per_row), in.dtype, s);
+    // Only the changed rows where the rest of the run comes out as it is (a per-tensor scale that
+    // did not move), else the run whole.
+    const std::span<const std::pair<int64_t, int64_t>> inside(runs.data() + w.first, w.last - w.first);
+    const auto kept = p.kernel->process_changed_rows(v, w.r0, inside, p.storage, exec);
+    if (!kept.ok()) return kept.status().with_context(ps.name);
+    if (*kept) {
+      for (const auto& [r0, r1] : inside) changed += r1 - r0;
+      continue;
+    }
+    FERRY_RETURN_IF_ERROR(p.kernel->process_rows(v, w.r0, p.storage, exec).with_context(ps.name));
+    changed += w.r1 - w.r0;
   }
   report_.kept_rows += static_cast<uint64_t>(in.shape[0] - changed);
   return true;

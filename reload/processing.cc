@@ -260,32 +260,50 @@ class OnlineKernel final : public ProcessingKernel {
     FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, one, row0, input.dim(0)));
     return kernels::quantize(scheme_, layout_, input, {}, rows, exec);
   }
+  Result<bool> process_changed_rows(const TensorView& input, int64_t row0,
+                                    std::span<const std::pair<int64_t, int64_t>> changed,
+                                    std::span<const TensorView> out, const kernels::Exec& exec) override {
+    if (scheme_ != Scheme::kFp8PerTensor || param_.shape.size() != 2) return false;
+    FERRY_ASSIGN_OR_RETURN(const ShardRows sr, shard_rows_of(input, row0, out));
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    rows.reserve(changed.size());
+    for (const auto& [r0, r1] : changed) rows.emplace_back(r0 - row0, r1 - row0);
+    return kernels::quantize_rows_keeping_scales(scheme_, layout_, input, sr.shards, rows, sr.views, exec);
+  }
   Status process_rows(const TensorView& input, int64_t row0, std::span<const TensorView> out,
                       const kernels::Exec& exec) override {
     if (scheme_ == Scheme::kFp8PerTensor) {
-      const auto span = shard_span(row0, input.dim(0));
-      if (!span || out.size() != 2) {
-        return Status::invalid_argument(
-            fmt::format("{}: rows {}+{} are not whole shards", param_.name, row0, input.dim(0)));
-      }
-      const auto [s0, s1] = *span;
-      const TensorView& codes = out[0];
-      const int64_t cols = codes.rank() == 2 ? codes.dim(1) : 0;
-      const TensorView c(static_cast<uint8_t*>(codes.data()) + row0 * cols, codes.dtype(), {input.dim(0), cols},
-                         codes.device());
-      const TensorView sc(out[1].data_as<float>() + s0, out[1].dtype(), {s1 - s0}, out[1].device());
-      std::vector<int64_t> shards;
-      if (!param_.shard_rows.empty()) {
-        shards.assign(param_.shard_rows.begin() + s0, param_.shard_rows.begin() + s1);
-      }
-      const TensorView views[] = {c, sc};
-      return kernels::quantize(scheme_, layout_, input, shards, views, exec);
+      FERRY_ASSIGN_OR_RETURN(const ShardRows sr, shard_rows_of(input, row0, out));
+      return kernels::quantize(scheme_, layout_, input, sr.shards, sr.views, exec);
     }
     FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, out, row0, input.dim(0)));
     return kernels::quantize(scheme_, layout_, input, {}, rows, exec);
   }
 
  private:
+  // fp8_per_tensor: the storage of whole shards, rows [row0, row0 + input.dim(0)) (their codes and
+  // their scales), and those shards' rows.
+  struct ShardRows {
+    std::vector<TensorView> views;
+    std::vector<int64_t> shards;
+  };
+  Result<ShardRows> shard_rows_of(const TensorView& input, int64_t row0, std::span<const TensorView> out) const {
+    const auto span = shard_span(row0, input.dim(0));
+    if (!span || out.size() != 2) {
+      return Status::invalid_argument(
+          fmt::format("{}: rows {}+{} are not whole shards", param_.name, row0, input.dim(0)));
+    }
+    const auto [s0, s1] = *span;
+    const TensorView& codes = out[0];
+    const int64_t cols = codes.rank() == 2 ? codes.dim(1) : 0;
+    ShardRows sr;
+    sr.views.emplace_back(static_cast<uint8_t*>(codes.data()) + row0 * cols, codes.dtype(), Shape{input.dim(0), cols},
+                          codes.device());
+    sr.views.emplace_back(out[1].data_as<float>() + s0, out[1].dtype(), Shape{s1 - s0}, out[1].device());
+    if (!param_.shard_rows.empty()) sr.shards.assign(param_.shard_rows.begin() + s0, param_.shard_rows.begin() + s1);
+    return sr;
+  }
+
   // The shards [s0, s1) that rows [row0, row0 + n) cover exactly, if they do.
   std::optional<std::pair<int64_t, int64_t>> shard_span(int64_t row0, int64_t n) const {
     const int64_t total = param_.shape.empty() ? 0 : param_.shape[0];

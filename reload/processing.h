@@ -55,6 +55,16 @@ class ProcessingKernel {
   // rows' values reach: the rows themselves for row-local schemes, their 128-row blocks under
   // fp8_block, their logical shards under fp8_per_tensor (a scale sees every element of its shard).
   virtual std::pair<int64_t, int64_t> rows_around(int64_t r0, int64_t r1) const { return {r0, r1}; }
+  // Rows [row0, row0 + input.dim(0)), a run rows_around() gave (`input` holding exactly those rows),
+  // of a parameter whose rows outside `changed` (sorted, disjoint, inside the run) are as they were
+  // when `out` was processed: processes only the changed rows when that writes what processing the
+  // run would (fp8_per_tensor: every shard's scale comes out as stored) and returns true; false
+  // when it wrote nothing and the run must be processed whole.
+  virtual Result<bool> process_changed_rows(const TensorView& /*input*/, int64_t /*row0*/,
+                                            std::span<const std::pair<int64_t, int64_t>> /*changed*/,
+                                            std::span<const TensorView> /*out*/, const kernels::Exec& /*exec*/) {
+    return false;
+  }
   // Processes rows [row0, row0 + input.dim(0)) of the parameter, `input` holding exactly those
   // rows, into `out`, which has the layout of the storage (a scratch copy of it).
   virtual Status process_rows(const TensorView& /*input*/, int64_t /*row0*/, std::span<const TensorView> /*out*/,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/region_copy.h"
@@ -110,17 +111,21 @@ TEST(DeltaShadow, AFailedRolledBackOrBypassedUpdateLeavesNoBase) {
 // Row-local schemes re-process only the rows a delta changed: a version that changes one element
 // of one parameter leaves every other row as it was, and storage ends byte-identical to a cold
 // engine loaded with that version densely.
-TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
+class DeltaRows : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DeltaRows, OnlyTheRowsADeltaChangedAreProcessedAgain) {
   // What each scheme processes again for one changed element in row 128 of layer 0's up_proj,
   // which is rows [256, 512) of the fused gate_up (tiny config: intermediate 256, hidden 128): the
   // row alone where every row's codes and scale are its own, its 128-row block under fp8_block
-  // (rows 384-511), and the whole up shard under fp8_per_tensor (a scale sees all 256 rows).
+  // (rows 384-511), and under fp8_per_tensor the row alone while the up shard's scale holds, the
+  // whole shard (all 256 rows) once the element becomes its amax (a scale sees every element).
   // kNone first: its kept rows (one row processed) are the others' baseline.
+  const bool amax_moves = GetParam();
   const std::vector<std::pair<Scheme, uint64_t>> processed = {{Scheme::kNone, 1},
                                                               {Scheme::kFp8PerChannel, 1},
                                                               {Scheme::kInt4Group, 1},
                                                               {Scheme::kFp8Block, 128},
-                                                              {Scheme::kFp8PerTensor, 256}};
+                                                              {Scheme::kFp8PerTensor, amax_moves ? 256u : 1u}};
   std::optional<uint64_t> kept_by_rows;
   for (const auto& [scheme, rows_processed] : processed) {
     SCOPED_TRACE(scheme_name(scheme));
@@ -140,7 +145,12 @@ TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
     std::string moved;
     for (auto& [name, b] : bytes) {
       if (name.find("layers.0.mlp.up_proj.weight") != std::string::npos) {
-        b[b.size() / 2] ^= 0x40;  // an element of the middle row
+        const size_t e = b.size() / 4;  // an element of the middle row
+        if (amax_moves) {
+          b[2 * e] = 0x48, b[2 * e + 1] = 0x42;  // 50.0 in bf16: far above every other weight
+        } else {
+          b[2 * e] ^= 0x40;  // a few ulps
+        }
         moved = name;
         break;
       }
@@ -182,6 +192,10 @@ TEST(DeltaShadow, OnlyTheRowsADeltaChangedAreProcessedAgain) {
     EXPECT_EQ(r->kept_rows, *kept_by_rows - rows_processed) << "rows processed again";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Changes, DeltaRows, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
+  return info.param ? std::string("AmaxMoves") : std::string("ScalesHold");
+});
 
 }  // namespace
 }  // namespace ferry::reload
