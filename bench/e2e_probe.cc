@@ -63,19 +63,24 @@ Result<ProbeSocket> ProbeSocket::connect(uint16_t port) {
   return s;
 }
 
-Status ProbeSocket::send(std::string_view frame) {
-  std::string out(4, '\0');
-  const auto n = static_cast<uint32_t>(frame.size());
-  std::memcpy(out.data(), &n, 4);
-  out.append(frame);
+Status ProbeSocket::write_all(const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t w = ::send(fd_, out.data() + done, out.size() - done, MSG_NOSIGNAL);
+  while (done < n) {
+    const ssize_t w = ::send(fd_, p + done, n - done, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return errno_status("send");
     done += static_cast<size_t>(w);
   }
   return ok_status();
+}
+
+Status ProbeSocket::send(std::string_view frame) {
+  std::string out(4, '\0');
+  const auto n = static_cast<uint32_t>(frame.size());
+  std::memcpy(out.data(), &n, 4);
+  out.append(frame);
+  return write_all(out.data(), out.size());
 }
 
 Status ProbeSocket::read_all(void* out, size_t n, Clock::time_point deadline) {
@@ -93,6 +98,26 @@ Status ProbeSocket::read_all(void* out, size_t n, Clock::time_point deadline) {
     if (got < 0) return errno_status("recv");
     done += static_cast<size_t>(got);
   }
+  return ok_status();
+}
+
+Status ProbeSocket::send_parts(const std::vector<std::string_view>& parts) {
+  size_t total = 0;
+  for (const auto& p : parts) total += p.size();
+  if (total > (1u << 30)) return Status::invalid_argument(fmt::format("probe: frame of {} bytes, over 1 GiB", total));
+  const auto n = static_cast<uint32_t>(total);
+  FERRY_RETURN_IF_ERROR(write_all(&n, 4));
+  for (const std::string_view part : parts) FERRY_RETURN_IF_ERROR(write_all(part.data(), part.size()));
+  return ok_status();
+}
+
+Status ProbeSocket::recv_parts(const std::vector<std::pair<void*, size_t>>& parts, Clock::time_point deadline) {
+  uint32_t n = 0;
+  FERRY_RETURN_IF_ERROR(read_all(&n, 4, deadline));
+  size_t total = 0;
+  for (const auto& p : parts) total += p.second;
+  if (n != total) return Status::data_loss(fmt::format("probe: a frame of {} bytes where {} were expected", n, total));
+  for (const auto& [at, size] : parts) FERRY_RETURN_IF_ERROR(read_all(at, size, deadline));
   return ok_status();
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -33,10 +34,15 @@ class ProbeSocket {
   Status send(std::string_view frame);
   // The next frame; DeadlineExceeded past `deadline`, Unavailable when the peer closed.
   Result<std::string> recv(Clock::time_point deadline);
+  // One frame of `parts` in order, written from where they lie (a gathering trainer rank's rows).
+  Status send_parts(const std::vector<std::string_view>& parts);
+  // The next frame, read in place into `parts` in order; DataLoss unless it is exactly their size.
+  Status recv_parts(const std::vector<std::pair<void*, size_t>>& parts, Clock::time_point deadline);
   bool ok() const { return fd_ >= 0; }
 
  private:
   Status read_all(void* out, size_t n, Clock::time_point deadline);
+  Status write_all(const void* data, size_t n);
   int fd_ = -1;
 };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -98,14 +99,18 @@ Status trainer_process(uint16_t probe_port, const std::string& address, int r, i
   for (int i = 0; i <= updates; ++i) {
     const uint64_t v = first + static_cast<uint64_t>(i);
     const e2e::Weights w(m, v);
+    // Every process holds its version before any update is timed: making it is the training
+    // step's work, and a rank still making it would stall the others inside the timed update.
+    FERRY_RETURN_IF_ERROR(probe.send("made"));
+    FERRY_RETURN_IF_ERROR(expect(probe, "start"));
     if (!sharded && r > 0) {
       // Wait for rank 0's call, then send this rank's rows of every tensor, in manifest order.
       FERRY_RETURN_IF_ERROR(expect(peers[0], "send"));
-      std::string rows;
+      std::vector<std::string_view> rows;  // written from where they lie, in name order
       for (const auto& [name, view] : local_rows(m, w, r, n)) {
-        rows.append(static_cast<const char*>(view.data()), view.nbytes());
+        rows.emplace_back(static_cast<const char*>(view.data()), view.nbytes());
       }
-      FERRY_RETURN_IF_ERROR(peers[0].send(rows));
+      FERRY_RETURN_IF_ERROR(peers[0].send_parts(rows));
       continue;
     }
     const auto t0 = Clock::now();
@@ -121,17 +126,16 @@ Status trainer_process(uint16_t probe_port, const std::string& address, int r, i
         std::memcpy(whole[i].data(), w.data[i].data() + from * row, (to - from) * row * 2);
       }
       for (int k = 1; k < n; ++k) {
-        FERRY_ASSIGN_OR_RETURN(std::string rows, peers[static_cast<size_t>(k - 1)].recv(Clock::now() + 600s));
-        // Rows arrive in name order (local_rows is a map), placed by name.
-        size_t at = 0;
+        // Rows arrive in name order (local_rows is a map), read in place by name: the gather of a
+        // well-made all-gather, one copy through loopback TCP.
+        std::vector<std::pair<void*, size_t>> into;
         for (const auto& [name, view] : local_rows(m, w, k, n)) {
           const size_t i = static_cast<size_t>(std::find_if(m.begin(), m.end(), [&](const auto& t) { return t.name == name; }) - m.begin());
           const auto [from, to] = shard_rows(m[i].shape[0], k, n);
           const size_t row = w.data[i].size() / static_cast<size_t>(m[i].shape[0]);
-          if (at + view.nbytes() > rows.size()) return Status::internal("a gathered shard is short");
-          std::memcpy(whole[i].data() + from * row, rows.data() + at, (to - from) * row * 2);
-          at += view.nbytes();
+          into.emplace_back(whole[i].data() + from * row, view.nbytes());
         }
+        FERRY_RETURN_IF_ERROR(peers[static_cast<size_t>(k - 1)].recv_parts(into, Clock::now() + 600s));
       }
       for (size_t i = 0; i < m.size(); ++i) source.emplace(m[i].name, TensorView(whole[i].data(), DType::kBF16, m[i].shape));
     }
@@ -143,6 +147,54 @@ Status trainer_process(uint16_t probe_port, const std::string& address, int r, i
   }
   if (r == 0) FERRY_RETURN_IF_ERROR(probe.send(fmt::format("result {:.9f}", e2e::median(seconds))));
   return ok_status();
+}
+
+// The gathering rank's path measured on itself, as trainer_process() runs it: a peer told "send"
+// writes `bytes` of rows as one frame over loopback TCP, and the gathering rank reads it in place
+// (median of 3, seconds); and the gathering rank's copy of its own `own` bytes into its whole
+// tensors.
+struct GatherPath {
+  double frame_seconds = 0;
+  double own_seconds = 0;
+};
+Result<GatherPath> measure_gather_path(size_t bytes, size_t own) {
+  constexpr int kReps = 3;
+  std::vector<char> from(own, 2), to(own);
+  std::vector<double> copies;
+  for (int i = 0; i < kReps; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(to.data(), from.data(), own);
+    copies.push_back(since(t0));
+  }
+  if (bytes == 0) return GatherPath{0, e2e::median(copies)};
+  e2e::ProbeListener listener;
+  FERRY_RETURN_IF_ERROR(listener.open());
+  const std::vector<char> rows(bytes, 1);
+  Status peer_status;
+  std::thread peer([&] {
+    auto s = e2e::ProbeSocket::connect(listener.port());
+    if (!s.ok()) {
+      peer_status = s.status();
+      return;
+    }
+    for (int i = 0; i < kReps && peer_status.ok(); ++i) {
+      peer_status = expect(*s, "send");
+      if (peer_status.ok()) peer_status = s->send_parts({std::string_view(rows.data(), rows.size())});
+    }
+  });
+  std::vector<double> frames;
+  std::vector<char> placed(bytes);
+  auto s = listener.accept(Clock::now() + 60s);
+  for (int i = 0; s.ok() && i < kReps; ++i) {
+    const auto t0 = Clock::now();
+    if (!s->send("send").ok() || !s->recv_parts({{placed.data(), placed.size()}}, Clock::now() + 600s).ok()) break;
+    frames.push_back(since(t0));
+  }
+  peer.join();
+  FERRY_RETURN_IF_ERROR(s.status());
+  FERRY_RETURN_IF_ERROR(peer_status);
+  if (frames.size() != kReps) return Status::internal("the gather path's probe lost its peer");
+  return GatherPath{e2e::median(frames), e2e::median(copies)};
 }
 
 // One mode at one N: the trainer processes' median update time, from trainer rank 0.
@@ -173,6 +225,11 @@ Result<double> run_mode(const std::string& address, int n, bool sharded, int upd
   for (size_t i = 0; i < trainers.size(); ++i) {
     if (gathered[i]) FERRY_RETURN_IF_ERROR(trainers[i].send("gather " + gather_port));
     FERRY_RETURN_IF_ERROR(trainers[i].send("go"));
+  }
+  // Each update starts once every process made its version (the warm-up's and the timed ones).
+  for (int u = 0; u <= updates; ++u) {
+    for (auto& s : trainers) FERRY_RETURN_IF_ERROR(expect(s, "made"));
+    for (auto& s : trainers) FERRY_RETURN_IF_ERROR(s.send("start"));
   }
   double seconds = -1;
   for (auto& s : trainers) {
@@ -233,15 +290,25 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   e2e::cost_inputs(links, &topo, &cost);
   FERRY_ASSIGN_OR_RETURN(auto p_many, sharding::estimate_cost(many, specs, n, topo, cost));
   FERRY_ASSIGN_OR_RETURN(auto p_one, sharding::estimate_cost(one, specs, 1, topo, cost));
-  // Gathering: every byte rank 0 does not hold crosses loopback TCP into rank 0, one rank after another.
-  uint64_t total = 0, own = 0;
+  // Gathering: rank 0 copies its own rows into whole tensors, then every other rank's rows cross
+  // loopback TCP into it, one rank after another (each a frame: packed, sent, received, placed),
+  // then it sends as one trainer does. The frame and the copy are measured on that path itself.
+  uint64_t total = 0;
+  std::vector<uint64_t> held(static_cast<size_t>(n), 0);  // per trainer rank, the bytes of its rows
   for (const auto& t : manifest) {
     const uint64_t bytes = dtype_bytes(t.dtype, shape_numel(t.shape));
-    const auto [from, to] = shard_rows(t.shape[0], 0, n);
     total += bytes;
-    own += bytes / static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(to - from);
+    for (int r = 0; r < n; ++r) {
+      const auto [from, to] = shard_rows(t.shape[0], r, n);
+      held[static_cast<size_t>(r)] += bytes / static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(to - from);
+    }
   }
-  const double gather_predicted = p_one.predicted_seconds + static_cast<double>(total - own) / links.host_bytes_per_second;
+  FERRY_ASSIGN_OR_RETURN(const GatherPath path, measure_gather_path(n > 1 ? held[1] : 0, held[0]));
+  double gather_predicted = p_one.predicted_seconds + path.own_seconds;
+  for (int r = 1; r < n; ++r) {
+    gather_predicted +=
+        path.frame_seconds * static_cast<double>(held[static_cast<size_t>(r)]) / static_cast<double>(held[1]);
+  }
   const std::string name = transport + "/" + o.scheme + (o.model == "demo" ? "" : "/" + o.model);
   if (o.json) {
     fmt::print("{{\"bench\":\"e2e-trainers\",\"case\":\"{}\",\"trainers\":{},\"tp\":{},\"updates\":{},\"bytes\":{},"
