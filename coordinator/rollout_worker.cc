@@ -254,6 +254,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       out->set_process_seconds(r->process_seconds);
       out->set_delta_base(engine_->delta_base());
       out->set_delta_pieces(r->delta_pieces);
+      out->set_shadow_bytes(r->shadow_bytes);
     }
     return r.status();
   }

@@ -11,7 +11,7 @@
 namespace ferry::dataplane {
 namespace {
 
-constexpr size_t kHeaderFixedBytes = 64;
+constexpr size_t kHeaderFixedBytes = 80;
 constexpr size_t kPieceHeaderBytes = 96;  // generous upper bound of one encoded PieceHeader
 constexpr size_t kAllocationBytes = 160;  // and of one encoded IpcAllocation
 static_assert(kHeaderFixedBytes + sharding::kMaxPiecesPerBucket * (kPieceHeaderBytes + kAllocationBytes + kPieceAlignment) +

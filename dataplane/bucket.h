@@ -46,6 +46,7 @@ class BucketBuilder {
   // Announces a shared allocation that this bucket's or later buckets' direct pieces use.
   void add_allocation(const wire::IpcAllocation& a);
   void set_sender_nonce(uint64_t nonce) { header_.set_sender_nonce(nonce); }
+  void set_no_deltas(bool none) { header_.set_no_deltas(none); }
   // Writes header and trailer; returns the bucket's total size. `checksum` adds XXH3-64 of the payload.
   Result<size_t> seal(bool checksum);
   uint8_t* data() const { return buffer_.data_as<uint8_t>(); }

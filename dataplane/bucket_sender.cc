@@ -289,6 +289,7 @@ Result<BucketBuilder*> BucketSender::open_bucket(Destination& d) {
   BucketBuilder* b = d.pool[static_cast<size_t>(d.open)].get();
   b->reset(version_, identity_.sender, d.seq++);
   b->set_sender_nonce(transport::ipc_process_nonce());
+  b->set_no_deltas(!d.deltas);
   return b;
 }
 

@@ -228,7 +228,10 @@ void init_update(py::module_& m) {
                     "the longest time a replica did not serve (staged: its apply)")
       .def_readonly("staged", &UpdateReport::staged)
       .def_readonly("apply_seconds", &UpdateReport::apply_seconds, "staged: the longest apply of a replica")
-      .def_readonly("delta_copy_bytes", &UpdateReport::delta_copy_bytes)
+      .def_readonly("delta_copy_bytes", &UpdateReport::delta_copy_bytes,
+                    "host memory this trainer keeps to compute deltas against")
+      .def_readonly("shadow_bytes", &UpdateReport::shadow_bytes,
+                    "host memory the ranks keep as delta shadows (FERRY_DELTA_SHADOW), summed")
       .def_property_readonly("wire_bytes", &UpdateReport::wire_bytes, "payload bytes this trainer sent, over ranks")
       .def_property_readonly(
           "delta_bytes",

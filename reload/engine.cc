@@ -150,6 +150,7 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   shadow_base_ = shadow_version_;
   shadow_version_ = 0;
   shadow_stale_ = false;
+  release_shadow_ = false;
   in_delta_ = false;
   in_update_ = true;
   warned_out_of_order_ = false;

@@ -142,7 +142,12 @@ class ReloadEngine {
   uint64_t delta_base() const { return shadow_version_; }
   // This update's pieces do not all reach the shadow (a colocated sender's direct pieces, read in
   // place on the device): after it the shadow holds no version, and the next update comes whole.
-  void drop_shadow() { shadow_stale_ = true; }
+  // `release`: no delta will come (the sender said so), so the shadow's memory goes too when the
+  // update completes.
+  void drop_shadow(bool release = false) {
+    shadow_stale_ = true;
+    release_shadow_ = release_shadow_ || release;
+  }
   // apply_input_piece() for bytes the caller lends: the engine may keep `data` (and `owner`, which
   // keeps it alive; null when the caller guarantees `data` until the update ends) until the layer
   // is processed or the update ends, and then processes it straight into registered storage, with
@@ -311,6 +316,7 @@ class ReloadEngine {
   uint64_t shadow_version_ = 0;
   uint64_t shadow_base_ = 0;
   bool shadow_stale_ = false;
+  bool release_shadow_ = false;  // this update: free the shadow when it completes
   bool stage_all_ = false;  // this update stages while the rank serves (begin(..., stage))
   bool in_delta_ = false;   // apply() is taking a delta piece's new values
 };

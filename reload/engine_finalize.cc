@@ -78,6 +78,10 @@ Result<EngineReport> ReloadEngine::finalize() {
   // Every input was covered exactly: the shadow holds this version whole, unless some pieces
   // bypassed it.
   shadow_version_ = options_.delta_shadow && !shadow_stale_ ? version_ : 0;
+  if (release_shadow_) {
+    shadow_.clear();
+    report_.shadow_bytes = 0;
+  }
   return report_;
 }
 

@@ -246,7 +246,14 @@ class UpdateReport:
         """
     @property
     def delta_copy_bytes(self) -> int:
-        ...
+        """
+        host memory this trainer keeps to compute deltas against
+        """
+    @property
+    def shadow_bytes(self) -> int:
+        """
+        host memory the ranks keep as delta shadows (FERRY_DELTA_SHADOW), summed
+        """
     @property
     def wire_bytes(self) -> int:
         """

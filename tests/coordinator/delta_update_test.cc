@@ -170,7 +170,8 @@ INSTANTIATE_TEST_SUITE_P(AllOnlineSchemes, DeltaUpdate, ::testing::ValuesIn(all_
                                   (std::string(info.param.zstd) == "0" ? "" : std::string("_zstd"));
                          });
 
-// FERRY_DELTA=off: every update carries every byte, and the trainer keeps no copy.
+// FERRY_DELTA=off: every update carries every byte, the trainer keeps no copy and the ranks no
+// shadow.
 TEST(DeltaUpdateOff, EveryUpdateIsDense) {
   ScopedEnv delta("FERRY_DELTA", "off");
   const Config cfg = kv_above_tp();
@@ -181,6 +182,7 @@ TEST(DeltaUpdateOff, EveryUpdateIsDense) {
     auto r = c.update(v, ck);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(r->delta_copy_bytes, 0u);
+    EXPECT_EQ(r->shadow_bytes, 0u);
     for (const auto& d : r->delta) EXPECT_EQ(d.delta_bytes, 0u);
   }
 }
@@ -282,7 +284,8 @@ INSTANTIATE_TEST_SUITE_P(HostTransports, DeltaTransport, ::testing::ValuesIn(hos
 
 // FERRY_DELTA=auto, the default: every rank is on the trainer's host (loopback tcp, shm, a ucx
 // lane on this host), where comparing costs about what moving the bytes does. Every update goes
-// dense and the trainer keeps no copy, while FERRY_DELTA=on over the same link sends deltas.
+// dense, the trainer keeps no copy and the ranks no shadow, while FERRY_DELTA=on over the same link
+// sends deltas.
 class DeltaAuto : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeltaAuto, RanksOnThisHostGetDenseBytesAndNoCopyIsKept) {
@@ -306,11 +309,13 @@ TEST_P(DeltaAuto, RanksOnThisHostGetDenseBytesAndNoCopyIsKept) {
       for (const auto& d : r->delta) delta += d.delta_bytes, dense += d.dense_bytes;
       if (on) {
         EXPECT_GT(r->delta_copy_bytes, 0u) << "v" << v;
+        EXPECT_GT(r->shadow_bytes, 0u) << "v" << v;
         if (v > 1) {
           EXPECT_GT(delta, 0u) << "v" << v;
         }
       } else {
         EXPECT_EQ(r->delta_copy_bytes, 0u) << "v" << v << ": no copy kept for ranks on this host";
+        EXPECT_EQ(r->shadow_bytes, 0u) << "v" << v << ": the ranks keep no shadow for a sender that sends none";
         EXPECT_EQ(delta, 0u) << "v" << v;
         EXPECT_GT(dense, 0u) << "v" << v;
       }
