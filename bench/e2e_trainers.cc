@@ -167,12 +167,13 @@ Result<GatherPath> measure_gather_path(size_t bytes, size_t own) {
     copies.push_back(since(t0));
   }
   if (bytes == 0) return GatherPath{0, e2e::median(copies)};
-  e2e::ProbeListener listener;
-  FERRY_RETURN_IF_ERROR(listener.open());
+  auto listener = std::make_unique<e2e::ProbeListener>();
+  FERRY_RETURN_IF_ERROR(listener->open());
+  const uint16_t port = listener->port();
   const std::vector<char> rows(bytes, 1);
   Status peer_status;
-  std::thread peer([&] {
-    auto s = e2e::ProbeSocket::connect(listener.port());
+  std::thread peer([&rows, &peer_status, port] {
+    auto s = e2e::ProbeSocket::connect(port);
     if (!s.ok()) {
       peer_status = s.status();
       return;
@@ -184,14 +185,18 @@ Result<GatherPath> measure_gather_path(size_t bytes, size_t own) {
   });
   std::vector<double> frames;
   std::vector<char> placed(bytes);
-  auto s = listener.accept(Clock::now() + 60s);
+  auto s = listener->accept(Clock::now() + 60s);
   for (int i = 0; s.ok() && i < kReps; ++i) {
     const auto t0 = Clock::now();
     if (!s->send("send").ok() || !s->recv_parts({{placed.data(), placed.size()}}, Clock::now() + 600s).ok()) break;
     frames.push_back(since(t0));
   }
+  const Status accepted = s.status();
+  // Closed before the join: a peer still waiting for "send" sees the end at once.
+  s = Status::aborted("done");
+  listener.reset();
   peer.join();
-  FERRY_RETURN_IF_ERROR(s.status());
+  FERRY_RETURN_IF_ERROR(accepted);
   FERRY_RETURN_IF_ERROR(peer_status);
   if (frames.size() != kReps) return Status::internal("the gather path's probe lost its peer");
   return GatherPath{e2e::median(frames), e2e::median(copies)};
@@ -305,7 +310,7 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   }
   FERRY_ASSIGN_OR_RETURN(const GatherPath path, measure_gather_path(n > 1 ? held[1] : 0, held[0]));
   double gather_predicted = p_one.predicted_seconds + path.own_seconds;
-  for (int r = 1; r < n; ++r) {
+  for (int r = 1; r < n && held[1] > 0; ++r) {
     gather_predicted +=
         path.frame_seconds * static_cast<double>(held[static_cast<size_t>(r)]) / static_cast<double>(held[1]);
   }

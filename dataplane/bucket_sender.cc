@@ -84,8 +84,6 @@ BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> 
 
 uint64_t BucketSender::delta_copy_bytes() const { return bases_ ? bases_->bytes() : 0; }
 
-bool BucketSender::takes_deltas(size_t dst) const { return dst < dests_.size() && dests_[dst].deltas; }
-
 BucketSender::~BucketSender() {
   // Connections go before their transport, bucket memory only after the transport's thread ended.
   for (auto& d : dests_) d.conn.reset();
@@ -125,7 +123,9 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
   for (size_t i = 0; i < dests_.size(); ++i) {
     Destination& d = dests_[i];
     d.delta_base = i < identity_.delta_bases.size() ? identity_.delta_bases[i] : 0;
-    d.deltas = settings_.delta != DeltaMode::kOff && (settings_.delta != DeltaMode::kAuto || !d.conn->same_host());
+    // Device buckets (nccl, cuda_ipc) never carry deltas: the rank's shadow misses their pieces.
+    d.deltas = settings_.delta != DeltaMode::kOff && !d.bucket_device.is_cuda() &&
+               (settings_.delta != DeltaMode::kAuto || !d.conn->same_host());
     keep_bases_ = keep_bases_ || d.deltas;
   }
   // No rank takes deltas (under auto, every rank is on this host): the copies go, and none is kept.

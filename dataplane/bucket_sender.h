@@ -107,9 +107,7 @@ class BucketSender {
   uint64_t direct_bytes() const { return direct_bytes_; }
   // What delta encoding did this update, per destination rank in plan order.
   const std::vector<DeltaTally>& delta_tallies() const { return delta_tallies_; }
-  uint64_t delta_copy_bytes() const;  // host bytes kept for deltas
-  // Whether rank `dst` (plan order) may get deltas this update: FERRY_DELTA and its link.
-  bool takes_deltas(size_t dst) const;
+  uint64_t delta_copy_bytes() const;      // host bytes kept for deltas
   std::vector<uint64_t> buckets() const;  // posted this update, per destination
 
  private:

@@ -67,12 +67,12 @@ Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std
   return run_quantize(args, input.device(), exec);
 }
 
-Result<bool> quantize_rows_keeping_scales(Scheme scheme, EngineLayout layout, const TensorView& input,
-                                          std::span<const int64_t> shard_rows,
-                                          std::span<const std::pair<int64_t, int64_t>> rows,
-                                          std::span<const TensorView> outputs, const Exec& exec) {
+Result<int64_t> quantize_rows_keeping_scales(Scheme scheme, EngineLayout layout, const TensorView& input,
+                                             std::span<const int64_t> shard_rows,
+                                             std::span<const std::pair<int64_t, int64_t>> rows,
+                                             std::span<const TensorView> outputs, const Exec& exec) {
   if (scheme != Scheme::kFp8PerTensor || !input.device().is_cpu() || input.rank() != 2 || outputs.size() != 2) {
-    return false;
+    return 0;
   }
   detail::QuantArgs args;
   if (layout == EngineLayout::kFerry) {
@@ -80,7 +80,7 @@ Result<bool> quantize_rows_keeping_scales(Scheme scheme, EngineLayout layout, co
   } else {
     FERRY_ASSIGN_OR_RETURN(auto f,
                            detail::engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
-    if (f.per_matrix) return false;
+    if (f.per_matrix) return 0;
     FERRY_ASSIGN_OR_RETURN(args, detail::check_quantize(scheme, layout, f, input, outputs));
   }
   int64_t last = 0;

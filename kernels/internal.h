@@ -119,9 +119,10 @@ void parallel_for(int64_t n, int64_t grain, int threads, const std::function<voi
 
 namespace cpu {
 Status quantize(const QuantArgs& a, int threads);
-// fp8_per_tensor (quantize.h, quantize_rows_keeping_scales): when every shard's scale comes out as
-// a.scale holds, writes the codes of `rows` (sorted, disjoint) with them and returns true.
-bool fp8_per_tensor_rows(const QuantArgs& a, std::span<const std::pair<int64_t, int64_t>> rows, int threads);
+// fp8_per_tensor (quantize.h, quantize_rows_keeping_scales): the codes of `rows` (sorted,
+// disjoint) in shards whose scale comes out as a.scale holds, every other shard whole; returns the
+// rows written.
+int64_t fp8_per_tensor_rows(const QuantArgs& a, std::span<const std::pair<int64_t, int64_t>> rows, int threads);
 Status dequantize(const WeightArgs& w, float* out, int threads);
 Status gemm(const GemmArgs& a, int threads);
 Status gptq_reload(const GptqArgs& a, int threads);

@@ -120,14 +120,14 @@ Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std
 
 // For a change to rows `rows` (sorted, disjoint, in [0, rows of input)) of a parameter whose other
 // rows are as they were when `outputs` was quantized from them: writes what quantize() of the
-// whole `input` would, touching only what it would change. fp8_per_tensor on the CPU: when every
-// shard's scale comes out bit for bit as `outputs` holds it, the codes of those rows with it, and
-// true; otherwise nothing, and false (the caller quantizes the shards whole). False for any other
-// scheme or device.
-Result<bool> quantize_rows_keeping_scales(Scheme scheme, EngineLayout layout, const TensorView& input,
-                                          std::span<const int64_t> shard_rows,
-                                          std::span<const std::pair<int64_t, int64_t>> rows,
-                                          std::span<const TensorView> outputs, const Exec& exec = {});
+// whole `input` would, touching only what it would change, and returns the rows whose codes it
+// wrote. fp8_per_tensor on the CPU: in a shard whose scale comes out bit for bit as `outputs`
+// holds it, the codes of the changed rows with that scale; any other shard whole (scale and codes).
+// 0, with nothing written, for any other scheme or device (the caller quantizes whole).
+Result<int64_t> quantize_rows_keeping_scales(Scheme scheme, EngineLayout layout, const TensorView& input,
+                                             std::span<const int64_t> shard_rows,
+                                             std::span<const std::pair<int64_t, int64_t>> rows,
+                                             std::span<const TensorView> outputs, const Exec& exec = {});
 
 // Calls into a device's (or the CPU's) quantize dispatcher this process has made so far, failed ones
 // included: one per quantize() call, one per matrix for an engine layout's stacked per-tensor

@@ -167,25 +167,40 @@ void int4_group(const QuantArgs& a, int threads) {
 
 }  // namespace
 
-bool fp8_per_tensor_rows(const QuantArgs& a, std::span<const std::pair<int64_t, int64_t>> rows, int threads) {
+int64_t fp8_per_tensor_rows(const QuantArgs& a, std::span<const std::pair<int64_t, int64_t>> rows, int threads) {
   const std::vector<float> scales = shard_scales(a, threads);
-  const float* stored = static_cast<const float*>(a.scale);
-  // Bit for bit: the stored scale is what these values made last time, or the shards go whole.
-  if (std::memcmp(scales.data(), stored, scales.size() * sizeof(float)) != 0) return false;
+  float* stored = static_cast<float*>(a.scale);
   const Rows in{a.in, kind_of(a.in_dtype), a.cols};
   uint8_t* out = static_cast<uint8_t*>(a.out);
+  const auto codes = [&](int64_t r0, int64_t r1, float scale) {
+    parallel_for(r1 - r0, row_grain(a.cols), threads, [&](int64_t b, int64_t e) {
+      fp8_codes(in, (r0 + b) * a.cols, out + (r0 + b) * a.cols, (e - b) * a.cols, scale, a.fp8);
+    });
+  };
+  // A shard whose scale comes out bit for bit as stored (what these values made last time) keeps
+  // it, and only its changed rows get codes; any other shard is quantized whole.
+  std::vector<bool> moved(scales.size());
+  int64_t written = 0;
+  for (size_t s = 0; s < scales.size(); ++s) {
+    moved[s] = std::memcmp(&scales[s], &stored[s], sizeof(float)) != 0;
+    if (!moved[s]) continue;
+    stored[s] = scales[s];
+    codes(a.shard_begin[s], a.shard_begin[s + 1], scales[s]);
+    written += a.shard_begin[s + 1] - a.shard_begin[s];
+  }
   size_t s = 0;
   for (auto [r, r1] : rows) {
     while (r < r1) {  // a run may cross shards: each part with its shard's scale
       while (a.shard_begin[s + 1] <= r) ++s;
       const int64_t end = std::min(r1, a.shard_begin[s + 1]);
-      parallel_for(end - r, row_grain(a.cols), threads, [&](int64_t b, int64_t e) {
-        fp8_codes(in, (r + b) * a.cols, out + (r + b) * a.cols, (e - b) * a.cols, scales[s], a.fp8);
-      });
+      if (!moved[s]) {
+        codes(r, end, scales[s]);
+        written += end - r;
+      }
       r = end;
     }
   }
-  return true;
+  return written;
 }
 
 Status quantize(const QuantArgs& a, int threads) {

@@ -82,7 +82,8 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
       if (!any) break;
     }
   }
-  FERRY_RETURN_IF_ERROR(engine.begin(version));
+  FERRY_RETURN_IF_ERROR(engine.begin(version, options.senders));
+  for (const int64_t sender : options.no_deltas_from) engine.sender_sends_no_deltas(sender);
   std::vector<uint8_t> buf;
   std::vector<uint8_t> bucket(options.borrow_bucket_bytes);
   size_t filled = 0;

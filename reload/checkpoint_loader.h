@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "reload/engine.h"
 
@@ -31,6 +32,10 @@ struct LoadOptions {
   // release_borrowed(), and the bucket is overwritten with 0xff bytes before it is reused, the way a
   // transport reuses its receive buffer once the bucket's callback returned.
   uint64_t borrow_bucket_bytes = 0;
+  // The update's trainer ranks (ReloadEngine::begin), and those of them that send this rank no
+  // deltas (BucketHeader.no_deltas), said before the first piece.
+  int senders = 1;
+  std::vector<int64_t> no_deltas_from;
 };
 
 // begin(version), every piece, finalize().

@@ -151,6 +151,7 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   shadow_version_ = 0;
   shadow_stale_ = false;
   release_shadow_ = false;
+  no_delta_senders_.clear();
   in_delta_ = false;
   in_update_ = true;
   warned_out_of_order_ = false;

@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -142,12 +143,11 @@ class ReloadEngine {
   uint64_t delta_base() const { return shadow_version_; }
   // This update's pieces do not all reach the shadow (a colocated sender's direct pieces, read in
   // place on the device): after it the shadow holds no version, and the next update comes whole.
-  // `release`: no delta will come (the sender said so), so the shadow's memory goes too when the
-  // update completes.
-  void drop_shadow(bool release = false) {
-    shadow_stale_ = true;
-    release_shadow_ = release_shadow_ || release;
-  }
+  void drop_shadow() { shadow_stale_ = true; }
+  // Trainer rank `sender` sends this rank no deltas (BucketHeader.no_deltas). Once every sender of
+  // the update said so, the shadow is of no use: later pieces skip it, and its memory goes when the
+  // update completes. While one sender may still send deltas, the shadow keeps every piece.
+  void sender_sends_no_deltas(int64_t sender);
   // apply_input_piece() for bytes the caller lends: the engine may keep `data` (and `owner`, which
   // keeps it alive; null when the caller guarantees `data` until the update ends) until the layer
   // is processed or the update ends, and then processes it straight into registered storage, with
@@ -316,7 +316,8 @@ class ReloadEngine {
   uint64_t shadow_version_ = 0;
   uint64_t shadow_base_ = 0;
   bool shadow_stale_ = false;
-  bool release_shadow_ = false;  // this update: free the shadow when it completes
+  bool release_shadow_ = false;         // this update: free the shadow when it completes
+  std::set<int64_t> no_delta_senders_;  // this update's senders that send no deltas
   bool stage_all_ = false;  // this update stages while the rank serves (begin(..., stage))
   bool in_delta_ = false;   // apply() is taking a delta piece's new values
 };

@@ -42,6 +42,14 @@ Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, boo
   return TensorView(b.data(), in.dtype, in.shape);
 }
 
+void ReloadEngine::sender_sends_no_deltas(int64_t sender) {
+  if (release_shadow_) return;
+  no_delta_senders_.insert(sender);
+  if (no_delta_senders_.size() < static_cast<size_t>(std::max(senders_, 1))) return;
+  shadow_stale_ = true;
+  release_shadow_ = true;
+}
+
 Status ReloadEngine::shadow_write(uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
                                   Device data_device) {
   // A delta applied in place: the bytes are the shadow's own.
@@ -190,13 +198,13 @@ Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamS
     Shape s = in.shape;
     s[0] = w.r1 - w.r0;
     TensorView v(shadow_[param][0].data_as<uint8_t>() + dtype_bytes(in.dtype, w.r0 * per_row), in.dtype, s);
-    // Only the changed rows where the rest of the run comes out as it is (a per-tensor scale that
-    // did not move), else the run whole.
+    // Only what the change reaches (a per-tensor shard whose scale held: its changed rows), else
+    // the run whole.
     const std::span<const std::pair<int64_t, int64_t>> inside(runs.data() + w.first, w.last - w.first);
-    const auto kept = p.kernel->process_changed_rows(v, w.r0, inside, p.storage, exec);
-    if (!kept.ok()) return kept.status().with_context(ps.name);
-    if (*kept) {
-      for (const auto& [r0, r1] : inside) changed += r1 - r0;
+    const auto done = p.kernel->process_changed_rows(v, w.r0, inside, p.storage, exec);
+    if (!done.ok()) return done.status().with_context(ps.name);
+    if (*done > 0) {
+      changed += *done;
       continue;
     }
     FERRY_RETURN_IF_ERROR(p.kernel->process_rows(v, w.r0, p.storage, exec).with_context(ps.name));

@@ -260,10 +260,10 @@ class OnlineKernel final : public ProcessingKernel {
     FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, one, row0, input.dim(0)));
     return kernels::quantize(scheme_, layout_, input, {}, rows, exec);
   }
-  Result<bool> process_changed_rows(const TensorView& input, int64_t row0,
-                                    std::span<const std::pair<int64_t, int64_t>> changed,
-                                    std::span<const TensorView> out, const kernels::Exec& exec) override {
-    if (scheme_ != Scheme::kFp8PerTensor || param_.shape.size() != 2) return false;
+  Result<int64_t> process_changed_rows(const TensorView& input, int64_t row0,
+                                       std::span<const std::pair<int64_t, int64_t>> changed,
+                                       std::span<const TensorView> out, const kernels::Exec& exec) override {
+    if (scheme_ != Scheme::kFp8PerTensor || param_.shape.size() != 2) return 0;
     FERRY_ASSIGN_OR_RETURN(const ShardRows sr, shard_rows_of(input, row0, out));
     std::vector<std::pair<int64_t, int64_t>> rows;
     rows.reserve(changed.size());

@@ -57,13 +57,13 @@ class ProcessingKernel {
   virtual std::pair<int64_t, int64_t> rows_around(int64_t r0, int64_t r1) const { return {r0, r1}; }
   // Rows [row0, row0 + input.dim(0)), a run rows_around() gave (`input` holding exactly those rows),
   // of a parameter whose rows outside `changed` (sorted, disjoint, inside the run) are as they were
-  // when `out` was processed: processes only the changed rows when that writes what processing the
-  // run would (fp8_per_tensor: every shard's scale comes out as stored) and returns true; false
-  // when it wrote nothing and the run must be processed whole.
-  virtual Result<bool> process_changed_rows(const TensorView& /*input*/, int64_t /*row0*/,
-                                            std::span<const std::pair<int64_t, int64_t>> /*changed*/,
-                                            std::span<const TensorView> /*out*/, const kernels::Exec& /*exec*/) {
-    return false;
+  // when `out` was processed: writes what processing the run would, touching only what changed
+  // (fp8_per_tensor: a shard whose scale comes out as stored gets only its changed rows), and
+  // returns the rows processed; 0 when it wrote nothing and the run must be processed whole.
+  virtual Result<int64_t> process_changed_rows(const TensorView& /*input*/, int64_t /*row0*/,
+                                               std::span<const std::pair<int64_t, int64_t>> /*changed*/,
+                                               std::span<const TensorView> /*out*/, const kernels::Exec& /*exec*/) {
+    return 0;
   }
   // Processes rows [row0, row0 + input.dim(0)) of the parameter, `input` holding exactly those
   // rows, into `out`, which has the layout of the storage (a scratch copy of it).

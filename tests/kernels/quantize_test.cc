@@ -409,10 +409,9 @@ namespace ferry::kernels::testing {
 namespace {
 
 // quantize_rows_keeping_scales, the delta path of fp8_per_tensor: version 2 changes a few rows of a
-// parameter quantized at version 1. When every shard's scale comes out as stored, only those rows'
-// codes are written and storage equals the reference quantization of version 2 (rows outside the
-// change, poisoned here, are not touched); when a changed element moves a shard's amax, nothing is
-// written and the caller quantizes whole.
+// parameter quantized at version 1. Storage ends as the reference quantization of version 2; in a
+// shard whose scale comes out as stored only the changed rows are written (the others, poisoned
+// here, are not touched), and a shard whose amax a changed element moved is written whole.
 TEST(KeepScales, PerTensorWritesOnlyChangedRowsWhileTheScalesHold) {
   const Shape shape{300, 130};
   const std::vector<int64_t> shards{150, 100, 50};
@@ -449,25 +448,23 @@ TEST(KeepScales, PerTensorWritesOnlyChangedRowsWhileTheScalesHold) {
     const auto want2 = ref_quantize(Scheme::kFp8PerTensor, v2, shards, DType::kBF16);
     ASSERT_EQ(out.tensors[0].bytes, want1[0]);
     ASSERT_EQ(want1[1] == want2[1], !moves) << "the reference's scales";
+    ASSERT_EQ(std::memcmp(want1[1].data(), want2[1].data(), 4), 0) << "shard 0 holds its scale";
     // Rows outside the change keep their version-1 codes, so poison marks what gets written.
     for (int64_t r = 0; r < shape[0]; ++r) {
       bool changed = false;
       for (const auto& [r0, r1] : rows) changed = changed || (r >= r0 && r < r1);
       if (!changed) std::memset(out.tensors[0].bytes.data() + r * 130, 0xEE, 130);
     }
-    const auto before = out.bytes();
-    auto kept =
+    auto written =
         quantize_rows_keeping_scales(Scheme::kFp8PerTensor, EngineLayout::kFerry, v2.view(), shards, rows, out.views);
-    ASSERT_TRUE(kept.ok()) << kept.status().to_string();
-    EXPECT_EQ(*kept, !moves);
-    if (moves) {
-      EXPECT_EQ(out.bytes(), before) << "nothing written when a scale moves";
-      continue;
-    }
+    ASSERT_TRUE(written.ok()) << written.status().to_string();
+    // Rows 10, 140-160 and 200-203; with shard 1 (rows 150-249) moved, rows 10 and 140-149 and all
+    // of shard 1.
+    EXPECT_EQ(*written, moves ? 1 + 10 + 100 : 1 + 21 + 4);
     EXPECT_EQ(out.tensors[1].bytes, want2[1]);
     for (int64_t r = 0; r < shape[0]; ++r) {
       const uint8_t* got = out.tensors[0].bytes.data() + r * 130;
-      bool changed = false;
+      bool changed = moves && r >= 150 && r < 250;
       for (const auto& [r0, r1] : rows) changed = changed || (r >= r0 && r < r1);
       if (changed) {
         EXPECT_EQ(std::memcmp(got, want2[0].data() + r * 130, 130), 0) << "row " << r;
@@ -493,14 +490,14 @@ TEST(KeepScales, VllmLayoutAndRefusals) {
   const std::vector<std::pair<int64_t, int64_t>> rows{{40, 41}};
   auto kept = quantize_rows_keeping_scales(Scheme::kFp8PerTensor, EngineLayout::kVllm, v2.view(), {}, rows, out.views);
   ASSERT_TRUE(kept.ok()) << kept.status().to_string();
-  EXPECT_TRUE(*kept);
+  EXPECT_EQ(*kept, 1) << "the one changed row, the scale holding";
   EXPECT_EQ(out.bytes(), whole.bytes());
 
   auto per_channel = storage_layout(Scheme::kFp8PerChannel, shape, {});
   Outputs pc = make_outputs(*per_channel);
   kept = quantize_rows_keeping_scales(Scheme::kFp8PerChannel, EngineLayout::kFerry, v2.view(), {}, rows, pc.views);
   ASSERT_TRUE(kept.ok());
-  EXPECT_FALSE(*kept) << "only fp8_per_tensor keeps scales";
+  EXPECT_EQ(*kept, 0) << "only fp8_per_tensor keeps scales";
   const std::vector<std::pair<int64_t, int64_t>> bad{{41, 40}}, past{{250, 257}}, unsorted{{50, 60}, {10, 20}};
   for (const auto& r : {bad, past, unsorted}) {
     kept = quantize_rows_keeping_scales(Scheme::kFp8PerTensor, EngineLayout::kVllm, v2.view(), {}, r, out.views);

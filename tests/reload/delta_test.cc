@@ -107,6 +107,52 @@ TEST(DeltaShadow, AFailedRolledBackOrBypassedUpdateLeavesNoBase) {
       << "a shadow that missed pieces takes no delta";
 }
 
+// A sender that sends the rank no deltas (BucketHeader.no_deltas): while another sender of the
+// update may still send some, the shadow keeps every piece and its version; once every sender said
+// so, the pieces skip it, its memory goes when the update completes, and a delta is refused until
+// a dense update gives it a version again. Storage is a dense load's every time.
+TEST(DeltaShadow, TheShadowGoesOnlyOnceEverySenderSendsNoDeltas) {
+  const tiny::Config cfg;
+  auto rank = make_rank(cfg, Scheme::kFp8PerChannel, shadow(true));
+  auto cold = make_rank(cfg, Scheme::kFp8PerChannel);
+  auto w = tiny::Weights::random(cfg, rank->spec, 1);
+  ASSERT_OK(load_checkpoint(*cold->engine, w->checkpoint(), 1).status());
+  auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const uint64_t shadow_bytes = r->shadow_bytes;
+  EXPECT_GT(shadow_bytes, 0u);
+
+  LoadOptions one_of_two;
+  one_of_two.senders = 2;
+  one_of_two.no_deltas_from = {7};
+  r = load_checkpoint(*rank->engine, w->checkpoint(), 2, one_of_two);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->shadow_bytes, shadow_bytes) << "the other sender may send deltas";
+  EXPECT_EQ(rank->engine->delta_base(), 2u);
+  ASSERT_OK(rank->engine->begin(3));
+  bool applied = false;
+  ASSERT_OK(delta_on_first(*rank->engine, 2, &applied));
+  EXPECT_TRUE(applied);
+  rank->engine->abort();
+
+  LoadOptions both = one_of_two;
+  both.no_deltas_from = {7, 8};
+  r = load_checkpoint(*rank->engine, w->checkpoint(), 4, both);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->shadow_bytes, 0u) << "no sender sends deltas: the shadow is freed";
+  EXPECT_EQ(rank->engine->delta_base(), 0u);
+  EXPECT_TRUE(contents(rank->storage) == contents(cold->storage));
+  ASSERT_OK(rank->engine->begin(5));
+  applied = false;
+  EXPECT_EQ(delta_on_first(*rank->engine, 4, &applied).code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(applied) << "refused before a byte is applied";
+  rank->engine->abort();
+
+  r = load_checkpoint(*rank->engine, w->checkpoint(), 6);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->shadow_bytes, shadow_bytes) << "a dense update from a sender that may send deltas";
+  EXPECT_EQ(rank->engine->delta_base(), 6u);
+}
 
 // Row-local schemes re-process only the rows a delta changed: a version that changes one element
 // of one parameter leaves every other row as it was, and storage ends byte-identical to a cold
@@ -149,7 +195,7 @@ TEST_P(DeltaRows, OnlyTheRowsADeltaChangedAreProcessedAgain) {
         if (amax_moves) {
           b[2 * e] = 0x48, b[2 * e + 1] = 0x42;  // 50.0 in bf16: far above every other weight
         } else {
-          b[2 * e] ^= 0x40;  // a few ulps
+          b[2 * e] ^= 0x40;  // the mantissa's top bit
         }
         moved = name;
         break;
