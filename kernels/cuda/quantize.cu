@@ -333,15 +333,9 @@ Status launch_int4(const QuantArgs& a, cudaStream_t st) {
 
 template <DType D>
 Status launch(const QuantArgs& a, cudaStream_t st) {
-  if (!a.fp8.is_ferry()) {  // an engine layout's fp8 arithmetic: the generic kernels take its rule
-    switch (a.scheme) {
-      case Scheme::kFp8PerChannel:  // the vectorized row kernels take a rule that encodes as ferry's
-        return a.fp8.encodes_as_ferry() ? quantize_per_channel(a, false, st) : generic_rows(a, st);
-      case Scheme::kFp8PerTensor: return generic_per_tensor(a, st);
-      case Scheme::kFp8Block: return launch_block<D>(a, st);  // the vectorized kernel takes any rule
-      default: break;
-    }
-  }
+  // An engine layout's fp8 arithmetic (a.fp8) goes to the same kernels: the row kernels, the
+  // per-tensor pair and the block kernel take any rule (fp8_per_tensor's one-kernel path takes
+  // ferry's only).
   switch (a.scheme) {
     case Scheme::kNone: return launch_none<D>(a, st);
     case Scheme::kFp8PerChannel: return quantize_per_channel(a, false, st);

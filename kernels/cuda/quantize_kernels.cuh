@@ -11,7 +11,8 @@
 namespace ferry::kernels::detail::cuda {
 
 // Row modes of the row kernels.
-enum RowMode : int { kFp8Channel, kInt8Channel, kAmaxOnly, kFp8Given };
+// kFp8Rule: fp8_per_channel by an engine layout's rule (QuantArgs::fp8), kFp8Channel by ferry's.
+enum RowMode : int { kFp8Channel, kInt8Channel, kAmaxOnly, kFp8Given, kFp8Rule };
 
 Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st);
 Status quantize_per_tensor(const QuantArgs& a, cudaStream_t st);

@@ -38,7 +38,7 @@ struct RowsParams {
   int64_t rows;
   int64_t cols;
   int tpr;  // threads per row: 32, 64, 128 or 256
-  ops::Fp8Rule fp8;  // its scale (the codes are ferry's: encodes_as_ferry())
+  ops::Fp8Rule fp8;  // ferry's or an engine layout's fp8 arithmetic
 };
 
 // One group of rows per block (the grid covers every row): registers stay few enough for six
@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads, (D == DType::kBF16 && kVecs == 4) ? 
   if (!live) return;
   const float s = kMode == kInt8Channel ? ops::int8_scale(m) : ops::fp8_scale(m, p.fp8);
   [[maybe_unused]] const float rs = fast_recip(s);  // int8
+  [[maybe_unused]] const float inv = ops::fp8_multiplier(s, p.fp8);  // kFp8Rule
   if (lane == 0) p.scale[r] = s;
   uint8_t* dst = p.out + r * p.cols;
 #pragma unroll
@@ -82,6 +83,8 @@ __global__ void __launch_bounds__(kThreads, (D == DType::kBF16 && kVecs == 4) ? 
     for (int e = 0; e < E; ++e) {
       if constexpr (kMode == kFp8Channel) {
         b[e] = ops::quant_fp8(f[e], s);
+      } else if constexpr (kMode == kFp8Rule) {
+        b[e] = ops::quant_fp8(f[e], s, inv, p.fp8);
       } else {
         b[e] = static_cast<uint8_t>(static_cast<int8_t>(quant_int_fast(f[e], s, rs, -127.0f, 127.0f)));
       }
@@ -96,6 +99,7 @@ struct ShardParams {
   uint8_t* out;
   float* slot;  // amax slots during pass 1, the shards' scales in pass 2
   int64_t begin[kMaxShards + 1];
+  ops::Fp8Rule fp8;
 };
 
 inline constexpr int kUnroll = 4;  // vectors per thread per step of the flat kernels
@@ -123,7 +127,8 @@ __global__ void __launch_bounds__(kThreads) shard_amax_kernel(ShardParams p) {
 }
 
 // Chunks of kThreads * kUnroll vectors, walked from the end of the shard (see the file comment).
-template <DType D>
+// kRule: by an engine layout's rule (ShardParams::fp8), else by ferry's.
+template <DType D, bool kRule>
 __global__ void __launch_bounds__(kThreads) shard_encode_kernel(ShardParams p) {
   constexpr int E = kPerVec<D>;
   constexpr int64_t kChunk = int64_t{kThreads} * kUnroll;
@@ -131,6 +136,7 @@ __global__ void __launch_bounds__(kThreads) shard_encode_kernel(ShardParams p) {
   const int64_t v0 = p.begin[s] / E, v1 = p.begin[s + 1] / E;
   const int64_t chunks = (v1 - v0 + kChunk - 1) / kChunk;
   const float scale = p.slot[s];
+  [[maybe_unused]] const float inv = ops::fp8_multiplier(scale, p.fp8);
   const uint4* src = static_cast<const uint4*>(p.in);
   for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const int64_t first = v0 + (chunks - 1 - c) * kChunk + threadIdx.x;
@@ -148,15 +154,15 @@ __global__ void __launch_bounds__(kThreads) shard_encode_kernel(ShardParams p) {
       unpack<D>(raw[j], f);
       uint8_t b[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) b[e] = ops::quant_fp8(f[e], scale);
+      for (int e = 0; e < E; ++e) b[e] = kRule ? ops::quant_fp8(f[e], scale, inv, p.fp8) : ops::quant_fp8(f[e], scale);
       store_codes<E>(p.out + i * E, b);
     }
   }
 }
 
-__global__ void finalize_fp8_scale(float* scale, int n) {
+__global__ void finalize_fp8_scale(float* scale, int n, ops::Fp8Rule rule) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = ops::fp8_scale(scale[i]);  // the slot holds amax until here
+  if (i < n) scale[i] = ops::fp8_scale(scale[i], rule);  // the slot holds amax until here
 }
 
 template <DType D, int kMode, int kVecs>
@@ -195,14 +201,15 @@ Status per_tensor_typed(const QuantArgs& a, cudaStream_t st) {
   constexpr int E = kPerVec<D>;
   const size_t shards = a.shard_begin.size() - 1;
   bool vec = aligned16(a.in) && reinterpret_cast<uintptr_t>(a.out) % E == 0;
-  ShardParams p{a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), {}};
+  ShardParams p{a.in, static_cast<uint8_t*>(a.out), static_cast<float*>(a.scale), {}, a.fp8};
   for (size_t s = 0; s <= shards; ++s) {
     p.begin[s] = a.shard_begin[s] * a.cols;
     vec = vec && p.begin[s] % E == 0;
   }
   if (!vec) return generic_per_tensor(a, st);
   cudaError_t error = cudaSuccess;
-  switch (quantize_per_tensor_fused(a, p.begin, shards, st, &error)) {
+  // The one-kernel path encodes by ferry's rule only; an engine layout's takes the two kernels.
+  switch (a.fp8.is_ferry() ? quantize_per_tensor_fused(a, p.begin, shards, st, &error) : FusedResult::kNotUsed) {
     case FusedResult::kUsed: return ok_status();
     case FusedResult::kFailed: FERRY_CUDA_CHECK(error); return Status::internal("fp8_per_tensor: launch failed");
     case FusedResult::kNotUsed: break;
@@ -218,11 +225,11 @@ Status per_tensor_typed(const QuantArgs& a, cudaStream_t st) {
     amax<<<dim3(x, static_cast<unsigned>(shards)), kThreads, 0, st>>>(p);
     FERRY_CUDA_LAUNCH_CHECK();
   }
-  finalize_fp8_scale<<<1, static_cast<unsigned>(kMaxShards), 0, st>>>(p.slot, static_cast<int>(shards));
+  finalize_fp8_scale<<<1, static_cast<unsigned>(kMaxShards), 0, st>>>(p.slot, static_cast<int>(shards), a.fp8);
   FERRY_CUDA_LAUNCH_CHECK();
   if (total > 0) {
     const int64_t per_block = int64_t{kThreads} * kUnroll * E;
-    const auto encode_k = shard_encode_kernel<D>;
+    const auto encode_k = a.fp8.is_ferry() ? shard_encode_kernel<D, false> : shard_encode_kernel<D, true>;
     int64_t most = 0;  // chunks of the largest shard: one block each
     for (size_t s = 0; s < shards; ++s) most = std::max(most, p.begin[s + 1] - p.begin[s]);
     const unsigned x = static_cast<unsigned>(std::clamp<int64_t>((most + per_block - 1) / per_block, 1, 65535));
@@ -246,7 +253,8 @@ Status by_dtype(DType d, Fn&& fn) {
 Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st) {
   return by_dtype(a.in_dtype, [&](auto d) {
     constexpr DType D = decltype(d)::value;
-    return int8 ? rows_typed<D, kInt8Channel>(a, st) : rows_typed<D, kFp8Channel>(a, st);
+    if (int8) return rows_typed<D, kInt8Channel>(a, st);
+    return a.fp8.is_ferry() ? rows_typed<D, kFp8Channel>(a, st) : rows_typed<D, kFp8Rule>(a, st);
   });
 }
 
