@@ -118,8 +118,8 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
       if (borrowed) engine.release_borrowed().ignore_error();
     }
   } end_borrows{engine_, borrowed};
-  // A sender that sends this rank no deltas: once every sender of the update said so, the shadow goes.
-  if (st.ok() && header.no_deltas()) engine_.sender_sends_no_deltas(header.sender());
+  // Whether this sender may send the rank deltas decides whether the rank keeps its shadow.
+  if (st.ok()) engine_.note_sender(header.sender(), !header.no_deltas());
   for (int i = 0; st.ok() && i < header.pieces_size(); ++i) {
     const auto& p = header.pieces(i);
     auto dt = parse_dtype(p.dtype());

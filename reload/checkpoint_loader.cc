@@ -83,7 +83,7 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
     }
   }
   FERRY_RETURN_IF_ERROR(engine.begin(version, options.senders));
-  for (const int64_t sender : options.no_deltas_from) engine.sender_sends_no_deltas(sender);
+  if (options.after_begin) options.after_begin(engine);
   std::vector<uint8_t> buf;
   std::vector<uint8_t> bucket(options.borrow_bucket_bytes);
   size_t filled = 0;

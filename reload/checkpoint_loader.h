@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,10 +33,10 @@ struct LoadOptions {
   // release_borrowed(), and the bucket is overwritten with 0xff bytes before it is reused, the way a
   // transport reuses its receive buffer once the bucket's callback returned.
   uint64_t borrow_bucket_bytes = 0;
-  // The update's trainer ranks (ReloadEngine::begin), and those of them that send this rank no
-  // deltas (BucketHeader.no_deltas), said before the first piece.
+  // The update's trainer ranks (ReloadEngine::begin), and what runs after begin() before the first
+  // piece (a test's note_sender() or drop_shadow(), as buckets would say them).
   int senders = 1;
-  std::vector<int64_t> no_deltas_from;
+  std::function<void(ReloadEngine&)> after_begin;
 };
 
 // begin(version), every piece, finalize().

@@ -149,8 +149,10 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   // no complete version.
   shadow_base_ = shadow_version_;
   shadow_version_ = 0;
-  shadow_stale_ = false;
-  release_shadow_ = false;
+  shadow_stale_ = shadow_unwanted_;
+  shadow_bypassed_ = false;
+  heard_deltas_ = false;
+  heard_no_deltas_ = false;
   no_delta_senders_.clear();
   in_delta_ = false;
   in_update_ = true;

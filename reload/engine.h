@@ -143,11 +143,17 @@ class ReloadEngine {
   uint64_t delta_base() const { return shadow_version_; }
   // This update's pieces do not all reach the shadow (a colocated sender's direct pieces, read in
   // place on the device): after it the shadow holds no version, and the next update comes whole.
-  void drop_shadow() { shadow_stale_ = true; }
-  // Trainer rank `sender` sends this rank no deltas (BucketHeader.no_deltas). Once every sender of
-  // the update said so, the shadow is of no use: later pieces skip it, and its memory goes when the
-  // update completes. While one sender may still send deltas, the shadow keeps every piece.
-  void sender_sends_no_deltas(int64_t sender);
+  void drop_shadow() {
+    shadow_stale_ = true;
+    shadow_bypassed_ = true;
+  }
+  // A bucket of trainer rank `sender` arrived, saying whether that sender may send this rank deltas
+  // (BucketHeader.no_deltas). Once every sender of the update said it will not, later pieces skip
+  // the shadow. An update that completes with its shadow bypassed, or having heard only from
+  // senders that send no deltas, frees the shadow, and the next update leaves it unwritten until a
+  // sender that may send deltas is heard from in an update without bypasses (so an engine fed
+  // without buckets keeps its shadow).
+  void note_sender(int64_t sender, bool sends_deltas);
   // apply_input_piece() for bytes the caller lends: the engine may keep `data` (and `owner`, which
   // keeps it alive; null when the caller guarantees `data` until the update ends) until the layer
   // is processed or the update ends, and then processes it straight into registered storage, with
@@ -316,7 +322,10 @@ class ReloadEngine {
   uint64_t shadow_version_ = 0;
   uint64_t shadow_base_ = 0;
   bool shadow_stale_ = false;
-  bool release_shadow_ = false;         // this update: free the shadow when it completes
+  bool shadow_bypassed_ = false;        // this update: pieces bypassed the shadow (drop_shadow())
+  bool heard_deltas_ = false;           // this update: a sender that may send deltas
+  bool heard_no_deltas_ = false;        // this update: a sender that sends none
+  bool shadow_unwanted_ = false;        // the last completed update freed the shadow: leave it unwritten
   std::set<int64_t> no_delta_senders_;  // this update's senders that send no deltas
   bool stage_all_ = false;  // this update stages while the rank serves (begin(..., stage))
   bool in_delta_ = false;   // apply() is taking a delta piece's new values

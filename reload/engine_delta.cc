@@ -42,12 +42,14 @@ Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, boo
   return TensorView(b.data(), in.dtype, in.shape);
 }
 
-void ReloadEngine::sender_sends_no_deltas(int64_t sender) {
-  if (release_shadow_) return;
+void ReloadEngine::note_sender(int64_t sender, bool sends_deltas) {
+  if (sends_deltas) {
+    heard_deltas_ = true;
+    return;
+  }
+  heard_no_deltas_ = true;
   no_delta_senders_.insert(sender);
-  if (no_delta_senders_.size() < static_cast<size_t>(std::max(senders_, 1))) return;
-  shadow_stale_ = true;
-  release_shadow_ = true;
+  if (no_delta_senders_.size() >= static_cast<size_t>(std::max(senders_, 1))) drop_shadow();
 }
 
 Status ReloadEngine::shadow_write(uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
@@ -62,7 +64,7 @@ Status ReloadEngine::shadow_write(uint32_t param, uint32_t input, const Region& 
     // A device bucket's piece (nccl, cuda_ipc): copying every byte back to the host would cost the
     // update more than a delta could save on such links. The shadow misses it; the next update
     // comes dense.
-    shadow_stale_ = true;
+    drop_shadow();
     return ok_status();
   }
   FERRY_ASSIGN_OR_RETURN(TensorView shadow, shadow_view(param, input, /*allocate=*/true));

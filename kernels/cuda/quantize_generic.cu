@@ -1,7 +1,7 @@
 // The generic CUDA quantize kernels: one block per row (per 128x128 tile), any alignment, rows of
 // any length (values beyond what registers hold are read again, from L1/L2). The vectorized kernels
-// of quantize_rows.cu and quantize.cu hand over to these when they cannot run, and the fp8 schemes of
-// an engine layout run here with its arithmetic (QuantArgs::fp8; ferry's own rule is the default).
+// of quantize_rows.cu and quantize.cu hand over to these when they cannot run (unaligned or very
+// long rows), under any fp8 rule (QuantArgs::fp8; ferry's own rule is the default).
 #include <string>
 
 #include "kernels/cuda/common.cuh"

@@ -254,7 +254,8 @@ Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st) {
   return by_dtype(a.in_dtype, [&](auto d) {
     constexpr DType D = decltype(d)::value;
     if (int8) return rows_typed<D, kInt8Channel>(a, st);
-    return a.fp8.is_ferry() ? rows_typed<D, kFp8Channel>(a, st) : rows_typed<D, kFp8Rule>(a, st);
+    // kFp8Channel takes the rule's scale; a rule that also encodes otherwise takes kFp8Rule.
+    return a.fp8.encodes_as_ferry() ? rows_typed<D, kFp8Channel>(a, st) : rows_typed<D, kFp8Rule>(a, st);
   });
 }
 

@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "kernels/quantize.h"
 #include "tests/kernels/gpu_util.h"
@@ -111,6 +114,7 @@ std::vector<Case> cases() {
   for (EngineLayout l : {EngineLayout::kVllm, EngineLayout::kSglang}) {
     add(l, Scheme::kFp8PerChannel, {40, 200}, {});
     add(l, Scheme::kFp8PerChannel, {24, 4096}, {8, 8, 8});
+    add(l, Scheme::kFp8PerChannel, {8, 14336}, {});  // a down_proj row: the row kernels' longest instance
     add(l, Scheme::kFp8Block, {300, 260}, {});
     add(l, Scheme::kFp8Block, {3, 256, 136}, {128, 128});  // stacked experts, gate and up
     add(l, Scheme::kFp8PerTensor, {4, 48, 64}, {24, 24});   // one scale per expert
@@ -178,6 +182,28 @@ TEST_P(EngineLayoutTest, CudaMatchesTheEnginesDefinition) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, EngineLayoutTest, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// vLLM's per-tensor rule on shards whose amax is 0 (all zeros, all infinities): its scale is then
+// 0 (no guard), its multiplier 1 / 0, and every code the NaN code of 0 * inf or the clamp of inf.
+TEST(EngineLayoutEdges, VllmPerTensorOfZerosAndInfinitiesMatchesTheDefinition) {
+  const Case c{EngineLayout::kVllm, Scheme::kFp8PerTensor, {20, 4096}, {}, "vllm_fp8_per_tensor_edges"};
+  for (const uint16_t bits : {uint16_t{0x0000}, uint16_t{0x7F80}, uint16_t{0xFF80}}) {
+    HostTensor in = make_input(DType::kBF16, c.shape, 1);
+    for (size_t i = 0; i < in.values.size(); ++i) {
+      std::memcpy(in.bytes.data() + 2 * i, &bits, 2);
+      in.values[i] = static_cast<float>(testref::decode_bf16(bits));
+    }
+    const Ref want = reference(c.layout, c.scheme, in, 1);
+    for (const bool cuda : {false, true}) {
+      if (cuda && !::ferry::cuda_device_available()) continue;
+      const auto got = run(c, in, cuda);
+      ASSERT_EQ(got.size(), 2u);
+      SCOPED_TRACE(fmt::format("bf16 0x{:04x} {}", bits, cuda ? "cuda" : "cpu"));
+      ASSERT_EQ(std::memcmp(got[1].data(), want.scales.data(), 4), 0);
+      for (size_t i = 0; i < want.codes.size(); ++i) ASSERT_EQ(got[0][i], want.codes[i]) << "code " << i;
+    }
+  }
+}
 
 TEST(EngineLayouts, NamesAndShapes) {
   auto shapes = [](Scheme s, EngineLayout l, Shape shape, std::vector<int64_t> shards = {}) {

@@ -2,6 +2,7 @@
 // complete, never on any other (nor without a shadow), and the shadow holds no version after an
 // update that failed, was rolled back, or bypassed it.
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -107,51 +108,75 @@ TEST(DeltaShadow, AFailedRolledBackOrBypassedUpdateLeavesNoBase) {
       << "a shadow that missed pieces takes no delta";
 }
 
-// A sender that sends the rank no deltas (BucketHeader.no_deltas): while another sender of the
-// update may still send some, the shadow keeps every piece and its version; once every sender said
-// so, the pieces skip it, its memory goes when the update completes, and a delta is refused until
-// a dense update gives it a version again. Storage is a dense load's every time.
-TEST(DeltaShadow, TheShadowGoesOnlyOnceEverySenderSendsNoDeltas) {
+// Whether a rank keeps its shadow (BucketHeader.no_deltas, ReloadEngine::note_sender): while a
+// sender that may send deltas is heard from, the shadow keeps every piece and its version. An
+// update that hears only from senders that send none (all of them, or the only one this rank hears
+// from), or whose pieces bypassed the shadow, frees it; the next leaves it unwritten, and a delta is
+// refused until a sender that may send deltas comes back and a dense update gives the shadow a
+// version again. Storage is a dense load's every time.
+TEST(DeltaShadow, TheShadowIsKeptOnlyWhileASenderMaySendDeltas) {
   const tiny::Config cfg;
   auto rank = make_rank(cfg, Scheme::kFp8PerChannel, shadow(true));
   auto cold = make_rank(cfg, Scheme::kFp8PerChannel);
   auto w = tiny::Weights::random(cfg, rank->spec, 1);
   ASSERT_OK(load_checkpoint(*cold->engine, w->checkpoint(), 1).status());
-  auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  const uint64_t shadow_bytes = r->shadow_bytes;
+  uint64_t v = 0;
+  // One update from two senders, after `say` ran; returns its shadow bytes.
+  const auto update = [&](const std::function<void(ReloadEngine&)>& say) -> uint64_t {
+    LoadOptions o;
+    o.senders = 2;
+    o.after_begin = say;
+    auto r = load_checkpoint(*rank->engine, w->checkpoint(), ++v, o);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_TRUE(contents(rank->storage) == contents(cold->storage)) << "v" << v;
+    return r.ok() ? r->shadow_bytes : 0;
+  };
+  const auto delta_applies = [&](uint64_t base) {
+    EXPECT_TRUE(rank->engine->begin(v + 1).ok());
+    bool applied = false;
+    const Status st = delta_on_first(*rank->engine, base, &applied);
+    rank->engine->abort();
+    EXPECT_EQ(applied, st.ok());
+    return st.ok();
+  };
+  const auto one_with_deltas = [](ReloadEngine& e) {
+    e.note_sender(7, false);
+    e.note_sender(8, true);
+  };
+  const uint64_t shadow_bytes = update(nullptr);  // no bucket said anything: the shadow stays
   EXPECT_GT(shadow_bytes, 0u);
+  EXPECT_EQ(rank->engine->delta_base(), v);
 
-  LoadOptions one_of_two;
-  one_of_two.senders = 2;
-  one_of_two.no_deltas_from = {7};
-  r = load_checkpoint(*rank->engine, w->checkpoint(), 2, one_of_two);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->shadow_bytes, shadow_bytes) << "the other sender may send deltas";
-  EXPECT_EQ(rank->engine->delta_base(), 2u);
-  ASSERT_OK(rank->engine->begin(3));
-  bool applied = false;
-  ASSERT_OK(delta_on_first(*rank->engine, 2, &applied));
-  EXPECT_TRUE(applied);
-  rank->engine->abort();
+  EXPECT_EQ(update(one_with_deltas), shadow_bytes) << "sender 8 may send deltas";
+  EXPECT_EQ(rank->engine->delta_base(), v);
+  EXPECT_TRUE(delta_applies(v));
 
-  LoadOptions both = one_of_two;
-  both.no_deltas_from = {7, 8};
-  r = load_checkpoint(*rank->engine, w->checkpoint(), 4, both);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->shadow_bytes, 0u) << "no sender sends deltas: the shadow is freed";
+  // Only sender 7 is heard from, and it sends no deltas: the shadow goes, and stays unwritten.
+  EXPECT_EQ(update([](ReloadEngine& e) { e.note_sender(7, false); }), 0u);
   EXPECT_EQ(rank->engine->delta_base(), 0u);
-  EXPECT_TRUE(contents(rank->storage) == contents(cold->storage));
-  ASSERT_OK(rank->engine->begin(5));
-  applied = false;
-  EXPECT_EQ(delta_on_first(*rank->engine, 4, &applied).code(), StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(applied) << "refused before a byte is applied";
-  rank->engine->abort();
+  EXPECT_FALSE(delta_applies(v));
+  EXPECT_EQ(update([](ReloadEngine& e) { e.note_sender(7, false); }), 0u) << "nothing allocated";
+  EXPECT_EQ(update([](ReloadEngine& e) {
+              e.note_sender(7, false);
+              e.note_sender(8, false);
+            }),
+            0u);
 
-  r = load_checkpoint(*rank->engine, w->checkpoint(), 6);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->shadow_bytes, shadow_bytes) << "a dense update from a sender that may send deltas";
-  EXPECT_EQ(rank->engine->delta_base(), 6u);
+  // A sender that may send deltas again: that update still leaves the shadow unwritten, the next
+  // fills it and gives it a version, and deltas against it apply.
+  EXPECT_EQ(update(one_with_deltas), 0u);
+  EXPECT_EQ(rank->engine->delta_base(), 0u);
+  EXPECT_EQ(update(one_with_deltas), shadow_bytes);
+  EXPECT_EQ(rank->engine->delta_base(), v);
+  EXPECT_TRUE(delta_applies(v));
+
+  // Pieces that bypass the shadow (direct reads) free it too, whatever the senders say.
+  EXPECT_EQ(update([&](ReloadEngine& e) {
+              one_with_deltas(e);
+              e.drop_shadow();
+            }),
+            0u);
+  EXPECT_EQ(rank->engine->delta_base(), 0u);
 }
 
 // Row-local schemes re-process only the rows a delta changed: a version that changes one element
