@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/transport/conformance.h"
@@ -240,6 +242,39 @@ TEST(TcpAdmission, LargeFirstFrameIsClosedUnread) {
   EXPECT_LT(address_space_bytes(), before + kAnnounced / 2) << "memory was reserved for an unadmitted peer's frame";
   EXPECT_TRUE(inbox.received().empty());
   (*rx)->shutdown();
+}
+
+// After shutdown() returns, the receiver reports nothing more: the read that shutdown cut short
+// ends without a word, so the callbacks may go with the caller's state. Regression: tcp reported
+// "receive: Operation canceled" from its I/O thread after shutdown, into an inbox already gone.
+TEST(TcpShutdown, NoCloseIsReportedAfterShutdown) {
+  auto rx = create_transport("tcp");
+  ASSERT_TRUE(rx.ok()) << rx.status().to_string();
+  auto tx = create_transport("tcp");
+  ASSERT_TRUE(tx.ok()) << tx.status().to_string();
+  Inbox inbox(false);
+  auto blob = (*rx)->listen(inbox.callback(), inbox.closed_callback(), suite_admit());
+  ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+  auto src = Source::create(**tx, 4096);
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  src->write(0, 4096, 1, 0);
+  std::vector<std::unique_ptr<Connection>> open;  // each keeps its receiver reading
+  for (int round = 0; round < 20; ++round) {
+    auto c = (*tx)->connect(*blob, in(10s), kCredential);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    open.push_back(std::move(*c));
+    auto h = open.back()->post(src->region(), 0, 4096);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE((*h)->wait(in(10s)).ok());
+    ASSERT_TRUE(inbox.wait_for_count(static_cast<size_t>(round) + 1, in(10s)));
+  }
+  (*rx)->shutdown();  // 20 receivers, each with a read under way
+  const size_t closed = inbox.closed().size();
+  // A handler the shutdown left queued runs on the I/O thread soon after; give it the time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(inbox.closed().size(), closed) << "a close reported after shutdown: " << inbox.closed().back().to_string();
+  open.clear();
+  (*tx)->shutdown();
 }
 
 }  // namespace

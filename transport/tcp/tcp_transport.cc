@@ -127,6 +127,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   }
 
   void finish(Status st) {
+    if (closed_) return;  // closed here (shutdown, a refusal): the read it cut short ends without a word
     close();
     if (on_closed_) on_closed_(st);
   }
