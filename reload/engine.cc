@@ -152,7 +152,6 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   shadow_stale_ = shadow_unwanted_;
   shadow_bypassed_ = false;
   heard_deltas_ = false;
-  heard_no_deltas_ = false;
   no_delta_senders_.clear();
   in_delta_ = false;
   in_update_ = true;

@@ -324,7 +324,6 @@ class ReloadEngine {
   bool shadow_stale_ = false;
   bool shadow_bypassed_ = false;        // this update: pieces bypassed the shadow (drop_shadow())
   bool heard_deltas_ = false;           // this update: a sender that may send deltas
-  bool heard_no_deltas_ = false;        // this update: a sender that sends none
   bool shadow_unwanted_ = false;        // the last completed update freed the shadow: leave it unwritten
   std::set<int64_t> no_delta_senders_;  // this update's senders that send no deltas
   bool stage_all_ = false;  // this update stages while the rank serves (begin(..., stage))

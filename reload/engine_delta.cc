@@ -47,7 +47,6 @@ void ReloadEngine::note_sender(int64_t sender, bool sends_deltas) {
     heard_deltas_ = true;
     return;
   }
-  heard_no_deltas_ = true;
   no_delta_senders_.insert(sender);
   if (no_delta_senders_.size() >= static_cast<size_t>(std::max(senders_, 1))) drop_shadow();
 }
@@ -149,8 +148,8 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
 // again: those rows are left as they are, and only the changed rows are processed, from the
 // shadow, straight into storage; under fp8_block the 128-row blocks they fall in, under
 // fp8_per_tensor the changed rows alone when their shards' scales come out as stored, else the
-// whole shards (a scale sees every element of its shard). Device storage and pieces processed on arrival take the
-// whole path.
+// whole shards (a scale sees every element of its shard). Device storage and pieces processed on
+// arrival take the whole path.
 Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   // (shadow_base_: storage holds that version processed; a first update, or one after a failure,
   // has none and processes everything.)

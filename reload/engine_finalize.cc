@@ -80,7 +80,7 @@ Result<EngineReport> ReloadEngine::finalize() {
   shadow_version_ = options_.delta_shadow && !shadow_stale_ ? version_ : 0;
   // A shadow that was bypassed, or that no sender may send deltas against, is memory for nothing:
   // it goes, and stays unwritten until a sender that may send deltas is heard from (note_sender()).
-  shadow_unwanted_ = shadow_bypassed_ || (heard_no_deltas_ && !heard_deltas_);
+  shadow_unwanted_ = shadow_bypassed_ || (!no_delta_senders_.empty() && !heard_deltas_);
   if (shadow_unwanted_) shadow_version_ = 0;
   if (shadow_version_ == 0 && !shadow_.empty()) {
     shadow_.clear();
