@@ -13,6 +13,7 @@ Status dequantize(const WeightArgs&, float*, void*) { return unavailable(); }
 Status gemm(const GemmArgs&, void*) { return unavailable(); }
 Status gemm_check(const int32_t*, int64_t, void*) { return unavailable(); }
 Status gptq_reload(const GptqArgs&, void*) { return unavailable(); }
+Status marlin_quantize(const MarlinArgs&, void*) { return unavailable(); }
 uint64_t fused_per_tensor_launches() { return 0; }
 int64_t fused_per_tensor_min_bytes() { return 0; }
 

@@ -1,12 +1,15 @@
 // Engine layouts: the storage of each scheme as vLLM's and SGLang's kernels read it, and the fp8
 // arithmetic those engines quantize with (kernels/quantize.h; sources cited in docs/engines.md).
-// Every engine layout is a ferry layout's bytes under other names and shapes, so the kernels are
-// ferry's, given the engine's rule and shards.
+// Every engine layout but one is a ferry layout's bytes under other names and shapes, so the kernels
+// are ferry's, given the engine's rule and shards. The exception is int4_group, which both engines
+// read repacked for Marlin (kernels/marlin_layout.h), quantized straight into that order.
 #include <fmt/format.h>
 
 #include <string>
 
+#include "kernels/gptq.h"
 #include "kernels/internal.h"
+#include "kernels/marlin_layout.h"
 #include "kernels/quantize.h"
 
 namespace ferry::kernels {
@@ -23,6 +26,44 @@ constexpr ops::Fp8Rule kVllmPerChannel{0.0f, 1.0f / (448.0f * 512.0f), false, fa
 constexpr ops::Fp8Rule kPerBlockCast{1e-4f, 0.0f, false, true, false, 0x7F};
 // SGLang per_token_quant_fp8: a zero row's scale multiplies by 0.
 constexpr ops::Fp8Rule kSglangPerToken{0.0f, 0.0f, false, true, true, 0x7E};
+
+// int4_group as both engines' W4A16 kernels read it (compressed-tensors CompressedTensorsWNA16, then
+// MarlinLinearKernel): weight_packed repacked by gptq_marlin_repack, weight_scale permuted by
+// marlin_permute_scales, in the activations' dtype.
+// What Marlin's kernels take: outputs (a stacked weight's dim 1) in tiles of 64, inputs of 128, and
+// scales in the activations' dtype.
+template <typename Refuse>
+Status check_marlin_shape(const Shape& shape, DType model, const Refuse& refuse) {
+  if (shape.size() < 2) return refuse("Marlin needs a weight of rank >= 2");
+  const Geometry g = geometry(Scheme::kInt4Group, shape);
+  if (g.rows % marlin::kMinN != 0 || g.cols % marlin::kMinK != 0) {
+    return refuse(
+        fmt::format("Marlin needs the rank's outputs (dim 0, {}) a multiple of {} and its inputs ({}) a "
+                    "multiple of {}",
+                    g.rows, marlin::kMinN, g.cols, marlin::kMinK));
+  }
+  if (model != DType::kBF16 && model != DType::kF16) {
+    return refuse(fmt::format("Marlin keeps its scales in the activations' dtype, bf16 or f16, and the model's is {}",
+                              dtype_name(model)));
+  }
+  return ok_status();
+}
+
+template <typename Refuse>
+Result<EngineFormat> marlin_format(const Shape& shape, DType model, const Refuse& refuse) {
+  FERRY_RETURN_IF_ERROR(check_marlin_shape(shape, model, refuse));
+  const Geometry g = geometry(Scheme::kInt4Group, shape);
+  const bool stacked = shape.size() >= 3;
+  Shape w{g.cols / marlin::kTile, 2 * g.rows}, s{g.cols / kGroupSize, g.rows};
+  if (stacked) {
+    w.insert(w.begin(), g.batch);
+    s.insert(s.begin(), g.batch);
+  }
+  EngineFormat f;
+  f.tensors = {{"weight_packed", DType::kI32, std::move(w), false}, {"weight_scale", model, std::move(s), false}};
+  f.marlin = true;
+  return f;
+}
 
 }  // namespace
 
@@ -79,9 +120,14 @@ Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Sha
     case Scheme::kInt8PerChannel:
       if (stacked && vllm) return refuse("fused experts are not defined for this scheme in this layout");
       break;
-    case Scheme::kInt4Group:
-    case Scheme::kGptqInt4:
-      return refuse("the engine's int4 kernels read Marlin's or Machete's repacked layouts, which ferry does not write");
+    case Scheme::kInt4Group: return marlin_format(shape, none_dtype, refuse);
+    case Scheme::kGptqInt4: {
+      FERRY_RETURN_IF_ERROR(check_marlin_shape(shape, none_dtype, refuse));
+      FERRY_ASSIGN_OR_RETURN(f.tensors, gptq_marlin_layout(shape, none_dtype));
+      f.shard_rows.clear();
+      f.marlin = true;
+      return f;
+    }
   }
   FERRY_ASSIGN_OR_RETURN(f.tensors, storage_layout(scheme, shape, f.shard_rows, none_dtype));
   const Geometry g = geometry(scheme, shape);

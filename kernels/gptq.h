@@ -37,9 +37,23 @@ Result<std::vector<StorageTensor>> gptq_checkpoint_layout(const Shape& shape);
 // The storage the kernel reads (what storage_layout(Scheme::kGptqInt4, shape, {}) returns).
 Result<std::vector<StorageTensor>> gptq_storage_layout(const Shape& shape);
 
+// gptq_int4 as vLLM's and SGLang's Marlin kernels read it (vLLM GPTQMarlinLinearMethod through
+// MarlinLinearKernel.process_weights_after_loading; docs/engines.md), what
+// storage_layout(Scheme::kGptqInt4, EngineLayout::kVllm or kSglang, shape) returns:
+//   qweight            i32[K/16, 2N]  gptq_marlin_repack(qweight, perm = g_idx_sort_indices): the codes
+//                      in sorted order, in Marlin's tiles (kernels/marlin_layout.h)
+//   scales             model dtype [K/128, N]: the checkpoint's, converted, by marlin_permute_scales
+//   g_idx              i32[K] runtime: g_idx sorted (marlin_sort_g_idx)
+//   g_idx_sort_indices i32[K] runtime: the stable argsort of g_idx (perm above)
+// N must be a multiple of 64; the model's dtype bf16 or f16.
+Result<std::vector<StorageTensor>> gptq_marlin_layout(const Shape& shape, DType model);
+
 // Derives perm from g_idx, repacks qweight into the sorted layout, copies scales and zeroes the
 // workspace, writing into `outputs` (gptq_storage_layout order). All views on one device.
 Status gptq_reload(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
+                   std::span<const TensorView> outputs, const Exec& exec = {});
+// The same into an engine layout's storage (gptq_marlin_layout() for vllm and sglang).
+Status gptq_reload(EngineLayout layout, const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
                    std::span<const TensorView> outputs, const Exec& exec = {});
 
 }  // namespace ferry::kernels

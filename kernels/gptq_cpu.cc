@@ -11,6 +11,7 @@ namespace ferry::kernels::detail::cpu {
 
 Status gptq_reload(const detail::GptqArgs& a, int threads) {
   FERRY_ASSIGN_OR_RETURN(std::vector<int32_t> perm, detail::gptq_permutation(a.g_idx, a.k));
+  if (a.marlin) return gptq_marlin(a, perm, threads);
   std::memcpy(a.perm, perm.data(), perm.size() * sizeof(int32_t));
   const int64_t n = a.n, words = a.k / kGptqPackFactor;
   detail::parallel_for(words, row_grain(n * kGptqPackFactor), threads, [&](int64_t b, int64_t e) {

@@ -70,9 +70,30 @@ struct GptqArgs {
   int64_t k = 0;
   int32_t* out_qweight = nullptr;
   uint16_t* out_scales = nullptr;
-  int32_t* perm = nullptr;
+  int32_t* perm = nullptr;  // Marlin: g_idx_sort_indices
   int32_t* workspace = nullptr;
   int64_t workspace_len = 0;
+  // Marlin's layout (an engine layout, gptq_marlin_layout()): qweight repacked, scales permuted in
+  // the model's dtype, g_idx sorted into out_g_idx; no workspace.
+  bool marlin = false;
+  bool scale_bf16 = false;
+  int32_t* out_g_idx = nullptr;
+};
+
+// int4_group in Marlin's layout (kernels/marlin_layout.h): `batch` matrices of [n, k], ferry's
+// int4 arithmetic with the scale rounded to the scales' dtype.
+// The input holds outputs [n0, n0 + n) of each matrix's n_total (n0 and n multiples of 64).
+struct MarlinArgs {
+  const void* in = nullptr;  // [batch, n, k]
+  DType in_dtype = DType::kF32;
+  int64_t batch = 1;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t n_total = 0;
+  int64_t n0 = 0;
+  int32_t* out = nullptr;     // [batch, k / 16, 2 n_total]
+  uint16_t* scale = nullptr;  // [batch, k / 128, n_total], permuted
+  bool scale_bf16 = false;    // else f16
 };
 
 // Logical shards of one fused parameter (q, k, v; gate, up) are few; kernels keep their bounds in
@@ -88,9 +109,17 @@ struct EngineFormat {
   // Stacked matrices with one scale each: quantized matrix by matrix, each as this layout's 2-D
   // parameter (a per-tensor scale per expert).
   bool per_matrix = false;
+  // int4_group repacked for Marlin: no ferry layout holds these bytes (check_marlin, MarlinArgs).
+  bool marlin = false;
 };
 Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Shape& shape,
                                    std::span<const int64_t> shard_rows, DType none_dtype);
+
+// Rows [row0, row0 + input.dim(0)) of a Marlin int4 parameter of shape `whole` (EngineFormat::marlin),
+// its outputs checked against the format's tensors: outputs of a 2-D weight (row0 and the count
+// multiples of 64), matrices of a stacked one.
+Result<MarlinArgs> check_marlin(const EngineFormat& f, EngineLayout layout, const Shape& whole, const TensorView& input,
+                                int64_t row0, std::span<const TensorView> outputs);
 
 // Validation (validate.cc). Every message names the tensor and what was wrong.
 Result<std::vector<int64_t>> shard_bounds(std::span<const int64_t> shard_rows, int64_t rows);
@@ -107,8 +136,8 @@ Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const Engin
 // `shape`: the logical weight ([N, K] for the GEMMs, the dequantize output's shape otherwise).
 Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
                                 const Shape& shape, Device device);
-Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
-                            std::span<const TensorView> outputs);
+Result<GptqArgs> check_gptq(EngineLayout layout, const TensorView& qweight, const TensorView& scales,
+                            const TensorView& g_idx, std::span<const TensorView> outputs);
 // The act-order permutation: stable argsort of g_idx, after checking every group holds exactly 128
 // rows and every entry is in [0, k/128).
 Result<std::vector<int32_t>> gptq_permutation(const int32_t* g_idx, int64_t k);
@@ -126,6 +155,9 @@ int64_t fp8_per_tensor_rows(const QuantArgs& a, std::span<const std::pair<int64_
 Status dequantize(const WeightArgs& w, float* out, int threads);
 Status gemm(const GemmArgs& a, int threads);
 Status gptq_reload(const GptqArgs& a, int threads);
+Status marlin_quantize(const MarlinArgs& a, int threads);
+// gptq_reload into Marlin's layout (GptqArgs::marlin), given perm = gptq_permutation(g_idx).
+Status gptq_marlin(const GptqArgs& a, std::span<const int32_t> perm, int threads);
 }  // namespace cpu
 
 // Implemented in kernels/cuda/*.cu, or by cuda_unavailable.cc (Unavailable) without CUDA.
@@ -136,6 +168,9 @@ Status gemm(const GemmArgs& a, void* stream);  // enqueues only
 // Waits for `stream`, then reads the gptq workspace: counters (len - 1) and the error flag.
 Status gemm_check(const int32_t* workspace, int64_t len, void* stream);
 Status gptq_reload(const GptqArgs& a, void* stream);
+Status marlin_quantize(const MarlinArgs& a, void* stream);
+// gptq_reload into Marlin's layout once a.perm holds the sort permutation on the device.
+Status gptq_marlin(const GptqArgs& a, void* stream);
 // fp8_per_tensor kernels launched in one piece (quantize_tensor.cu) by this process so far.
 uint64_t fused_per_tensor_launches();
 // The smallest shard, in input bytes, that the current device quantizes in one piece (0: none).

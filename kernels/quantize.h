@@ -118,6 +118,13 @@ Status quantize(Scheme scheme, const TensorView& input, std::span<const int64_t>
 Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std::span<const int64_t> shard_rows,
                 std::span<const TensorView> outputs, const Exec& exec = {});
 
+// int4_group in an engine layout (Marlin's repack, which vLLM and SGLang read): rows
+// [row0, row0 + input.dim(0)) of a parameter of shape `whole`, into the whole parameter's storage
+// `outputs`. A 2-D weight's rows are its outputs, in runs of whole 64-output chunks (Marlin's
+// tile; the weight's own rows are a multiple of 64); a stacked weight's rows are its matrices.
+Status quantize_marlin_rows(EngineLayout layout, const Shape& whole, const TensorView& input, int64_t row0,
+                            std::span<const TensorView> outputs, const Exec& exec = {});
+
 // For a change to rows `rows` (sorted, disjoint, in [0, rows of input)) of a parameter whose other
 // rows are as they were when `outputs` was quantized from them: writes what quantize() of the
 // whole `input` would, touching only what it would change, and returns the rows whose codes it

@@ -128,4 +128,11 @@ FERRY_HOST_DEVICE uint16_t to_bf16(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// int4_group's scale held as bf16 (Marlin's layout keeps scales in the activations' dtype):
+// int4_scale_f16's rule, rounded to bf16 instead.
+FERRY_HOST_DEVICE uint16_t int4_scale_bf16(float amax) {
+  const uint16_t h = to_bf16(amax / 7.0f);
+  return h == 0 ? uint16_t{0x3F80} : (h >= 0x7F80 ? uint16_t{0x7F7F} : h);
+}
+
 }  // namespace ferry::kernels::ops

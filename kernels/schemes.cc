@@ -112,6 +112,15 @@ Result<std::vector<StorageTensor>> gptq_checkpoint_layout(const Shape& shape) {
                                     {"g_idx", DType::kI32, {k}, false}};
 }
 
+Result<std::vector<StorageTensor>> gptq_marlin_layout(const Shape& shape, DType model) {
+  FERRY_RETURN_IF_ERROR(check_gptq_shape(shape));
+  const int64_t n = shape[0], k = shape[1];
+  return std::vector<StorageTensor>{{"qweight", DType::kI32, {k / 16, 2 * n}, false},
+                                    {"scales", model, {k / kGroupSize, n}, false},
+                                    {"g_idx", DType::kI32, {k}, true},
+                                    {"g_idx_sort_indices", DType::kI32, {k}, true}};
+}
+
 Result<std::vector<StorageTensor>> gptq_storage_layout(const Shape& shape) {
   FERRY_RETURN_IF_ERROR(check_gptq_shape(shape));
   const int64_t n = shape[0], k = shape[1];

@@ -6,6 +6,7 @@
 
 #include "kernels/gptq.h"
 #include "kernels/internal.h"
+#include "kernels/marlin_layout.h"
 
 namespace ferry::kernels::detail {
 namespace {
@@ -113,6 +114,50 @@ Result<QuantArgs> check_quantize(Scheme scheme, EngineLayout layout, const Engin
   return a;
 }
 
+Result<MarlinArgs> check_marlin(const EngineFormat& f, EngineLayout layout, const Shape& whole, const TensorView& input,
+                                int64_t row0, std::span<const TensorView> outputs) {
+  const DType dt = input.dtype();
+  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16) {
+    return Status::invalid_argument(
+        fmt::format("quantize input: dtype {} (expected f32, bf16 or f16)", dtype_name(dt)));
+  }
+  if (!input.is_contiguous() || (input.numel() > 0 && input.empty())) {
+    return Status::invalid_argument(fmt::format("quantize input: {} must be contiguous", input.describe()));
+  }
+  FERRY_RETURN_IF_ERROR(check_outputs(
+      [&] { return fmt::format("quantize int4_group output ({} layout, Marlin)", engine_layout_name(layout)); },
+      f.tensors, outputs, input.device()));
+  const int64_t rows = input.rank() ? input.dim(0) : 0;
+  bool fits = input.rank() == static_cast<int>(whole.size()) && row0 >= 0 && row0 + rows <= whole[0];
+  for (size_t d = 1; fits && d < whole.size(); ++d) fits = input.dim(static_cast<int>(d)) == whole[d];
+  const bool stacked = whole.size() >= 3;
+  if (!fits || (!stacked && (row0 % marlin::kChunkN != 0 || rows % marlin::kChunkN != 0))) {
+    return Status::invalid_argument(fmt::format(
+        "quantize int4_group ({} layout, Marlin): rows {}+{} of input {} in a weight of shape {} (a 2-D weight's rows "
+        "go in runs of whole {}-output chunks)",
+        engine_layout_name(layout), row0, rows, input.describe(), shape_to_string(whole), marlin::kChunkN));
+  }
+  const Geometry g = geometry(Scheme::kInt4Group, whole);
+  MarlinArgs a;
+  a.in = input.data();
+  a.in_dtype = dt;
+  a.k = g.cols;
+  a.n_total = g.rows;
+  a.out = outputs[0].data_as<int32_t>();
+  a.scale = static_cast<uint16_t*>(outputs[1].data());
+  a.scale_bf16 = outputs[1].dtype() == DType::kBF16;
+  if (stacked) {  // whole matrices, each with its own storage
+    a.batch = rows;
+    a.n = g.rows;
+    a.out += row0 * (g.cols / marlin::kTile) * 2 * g.rows;
+    a.scale += row0 * (g.cols / kGroupSize) * g.rows;
+  } else {
+    a.n = rows;
+    a.n0 = row0;
+  }
+  return a;
+}
+
 Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> storage, std::span<const int64_t> shard_rows,
                                 const Shape& shape, Device device) {
   if (storage.empty()) return Status::invalid_argument("weight storage: no tensors given");
@@ -146,8 +191,8 @@ Result<WeightArgs> check_weight(Scheme scheme, std::span<const TensorView> stora
   return w;
 }
 
-Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales, const TensorView& g_idx,
-                            std::span<const TensorView> outputs) {
+Result<GptqArgs> check_gptq(EngineLayout layout, const TensorView& qweight, const TensorView& scales,
+                            const TensorView& g_idx, std::span<const TensorView> outputs) {
   if (qweight.rank() != 2 || qweight.dtype() != DType::kI32) {
     return Status::invalid_argument(
         fmt::format("gptq_reload qweight: {} (expected i32[K/8, N])", qweight.describe()));
@@ -157,8 +202,12 @@ Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales,
   FERRY_ASSIGN_OR_RETURN(auto in_layout, gptq_checkpoint_layout({n, k}));
   const TensorView ins[] = {qweight, scales, g_idx};
   FERRY_RETURN_IF_ERROR(check_outputs([] { return std::string("gptq_reload checkpoint"); }, in_layout, ins, qweight.device()));
-  FERRY_ASSIGN_OR_RETURN(auto out_layout, gptq_storage_layout({n, k}));
-  FERRY_RETURN_IF_ERROR(check_outputs([] { return std::string("gptq_reload output"); }, out_layout, outputs, qweight.device()));
+  // The model's dtype, which an engine layout keeps the scales in, from the scales given.
+  const DType model = outputs.size() > 1 ? outputs[1].dtype() : DType::kBF16;
+  FERRY_ASSIGN_OR_RETURN(auto out_layout, storage_layout(Scheme::kGptqInt4, layout, {n, k}, {}, model));
+  FERRY_RETURN_IF_ERROR(
+      check_outputs([&] { return fmt::format("gptq_reload output ({} layout)", engine_layout_name(layout)); },
+                    out_layout, outputs, qweight.device()));
   GptqArgs a;
   a.qweight = qweight.data_as<const int32_t>();
   a.scales = scales.data_as<const uint16_t>();
@@ -167,6 +216,13 @@ Result<GptqArgs> check_gptq(const TensorView& qweight, const TensorView& scales,
   a.k = k;
   a.out_qweight = outputs[0].data_as<int32_t>();
   a.out_scales = outputs[1].data_as<uint16_t>();
+  if (layout != EngineLayout::kFerry) {
+    a.marlin = true;
+    a.scale_bf16 = model == DType::kBF16;
+    a.out_g_idx = outputs[2].data_as<int32_t>();
+    a.perm = outputs[3].data_as<int32_t>();
+    return a;
+  }
   a.perm = outputs[2].data_as<int32_t>();
   a.workspace = outputs[3].data_as<int32_t>();
   a.workspace_len = outputs[3].numel();

@@ -8,6 +8,7 @@
 #include "core/scheme.h"
 #include "kernels/quantize.h"
 #include "python/bindings.h"
+#include "reload/model_storage.h"
 #include "sharding/layout.h"
 #include "sharding/llama.h"
 #include "sharding/model_config.h"
@@ -47,6 +48,9 @@ void set_layout(RankSpec& s, const std::string& name) {
     auto t = kernels::storage_layout(p.scheme, layout, p.shape, p.shard_rows, DType::kBF16);
     if (!t.ok()) check(t.status().with_context(p.name));
   }
+  RankSpec with = s;
+  with.layout = layout;
+  check(reload::check_engine_layout(with));
   s.layout = layout;
 }
 

@@ -54,6 +54,7 @@ Result<std::unique_ptr<ReloadEngine>> ReloadEngine::create(sharding::RankSpec sp
 
 Status ReloadEngine::init() {
   FERRY_RETURN_IF_ERROR(sharding::validate_rank_spec(spec_, spec_.expects));
+  FERRY_RETURN_IF_ERROR(check_engine_layout(spec_));
   max_staging_ = options_.max_staging_bytes;
   rollback_ = options_.rollback;
   // Resolved once: the CPU kernels ask the system for its core count on every call otherwise, a

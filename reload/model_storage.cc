@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 namespace ferry::reload {
 
 std::string storage_name(const std::string& param, const std::string& suffix) {
@@ -20,7 +22,28 @@ Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSp
   return layout;
 }
 
+Status check_engine_layout(const sharding::RankSpec& spec) {
+  if (spec.layout != EngineLayout::kVllm) return ok_status();
+  // vLLM's MarlinLinearKernel permutes a Marlin layer's bias too (marlin_permute_bias); SGLang's
+  // does not.
+  std::set<std::string> marlin;
+  for (const auto& p : spec.params) {
+    if (p.scheme == Scheme::kInt4Group && p.name.ends_with(".weight"))
+      marlin.insert(p.name.substr(0, p.name.size() - 6));
+  }
+  for (const auto& p : spec.params) {
+    if (p.name.ends_with(".bias") && marlin.count(p.name.substr(0, p.name.size() - 4))) {
+      return Status::invalid_argument(fmt::format(
+          "{}: vllm layout: vLLM keeps the bias of an int4 (Marlin) layer permuted (marlin_permute_bias), which "
+          "ferry does not write; use the sglang layout, or leave this layer's weight out of int4_group",
+          p.name));
+    }
+  }
+  return ok_status();
+}
+
 Result<ModelStorage> ModelStorage::allocate(const sharding::RankSpec& spec, Device device, DType none_dtype) {
+  FERRY_RETURN_IF_ERROR(check_engine_layout(spec));
   ModelStorage s;
   s.device_ = device;
   s.none_dtype_ = none_dtype;

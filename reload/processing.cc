@@ -13,6 +13,7 @@
 #endif
 
 #include "kernels/gptq.h"
+#include "kernels/marlin_layout.h"
 #include "reload/model_storage.h"
 
 namespace ferry::reload {
@@ -153,10 +154,14 @@ Result<std::vector<TensorView>> storage_rows(Scheme scheme, std::span<const Tens
 
 namespace {
 
+// Marlin's tile of outputs: the rows of a 2-D int4 weight in an engine layout go in runs of it.
+constexpr int64_t kMarlinRows = kernels::marlin::kChunkN;
+
 class OnlineKernel final : public ProcessingKernel {
  public:
   OnlineKernel(sharding::ParamSpec param, EngineLayout layout)
-      : scheme_(param.scheme), layout_(layout), param_(std::move(param)) {
+      : scheme_(param.scheme), layout_(layout),
+        marlin_(layout != EngineLayout::kFerry && param.scheme == Scheme::kInt4Group), param_(std::move(param)) {
     // An engine layout keeps one fp8_per_tensor scale for the whole fused parameter: only the whole
     // parameter is processed on its own then.
     if (layout_ != EngineLayout::kFerry && scheme_ == Scheme::kFp8PerTensor) param_.shard_rows.clear();
@@ -175,6 +180,8 @@ class OnlineKernel final : public ProcessingKernel {
     for (size_t d = 1; d < s.size(); ++d) {
       if (dst.offset[d] != 0 || dst.size[d] != s[d]) return false;
     }
+    // Marlin's repacked int4: a 2-D weight in whole 64-output chunks, a stacked one in whole matrices.
+    if (marlin_ && s.size() == 2) return dst.offset[0] % kMarlinRows == 0 && dst.size[0] % kMarlinRows == 0;
     if (scheme_ == Scheme::kFp8PerTensor) {
       // Whole logical shards (q, k, v of a fused qkv): each has its own scale.
       return s.size() == 2 && shard_span(dst.offset[0], dst.size[0]).has_value();
@@ -192,9 +199,10 @@ class OnlineKernel final : public ProcessingKernel {
     }
     const int64_t begin = dst.offset[0], end = begin + dst.size[0];
     int64_t r0 = begin, r1 = end;
-    if (scheme_ == Scheme::kFp8Block && s.size() == 2) {
-      // Whole bands, and the last one however long when the piece reaches the end of the tensor.
-      const int64_t b = kFp8BlockSize;
+    if ((scheme_ == Scheme::kFp8Block || marlin_) && s.size() == 2) {
+      // Whole bands (Marlin's 64-output chunks), and under fp8_block the last one however long when
+      // the piece reaches the end of the tensor.
+      const int64_t b = marlin_ ? kMarlinRows : kFp8BlockSize;
       r0 = (begin + b - 1) / b * b;
       r1 = end == s[0] ? end : end / b * b;
     } else if (scheme_ == Scheme::kFp8PerTensor) {
@@ -218,9 +226,9 @@ class OnlineKernel final : public ProcessingKernel {
   std::pair<int64_t, int64_t> rows_around(int64_t r0, int64_t r1) const override {
     const Shape& s = param_.shape;
     if (s.size() != 2) return {r0, r1};  // stacked matrices: a row of the first dimension is a matrix
-    if (scheme_ == Scheme::kFp8Block) {
-      return {r0 / kFp8BlockSize * kFp8BlockSize,
-              std::min(s[0], (r1 + kFp8BlockSize - 1) / kFp8BlockSize * kFp8BlockSize)};
+    if (scheme_ == Scheme::kFp8Block || marlin_) {
+      const int64_t b = marlin_ ? kMarlinRows : kFp8BlockSize;
+      return {r0 / b * b, std::min(s[0], (r1 + b - 1) / b * b)};
     }
     if (scheme_ != Scheme::kFp8PerTensor) return {r0, r1};
     if (param_.shard_rows.empty()) return {0, s[0]};
@@ -238,6 +246,7 @@ class OnlineKernel final : public ProcessingKernel {
   bool can_process_band(const Region& dst) const override {
     const Shape& s = param_.shape;
     if (s.size() != 3 || dst.rank() != 3 || dst.size[0] != 1 || dst.offset[2] != 0 || dst.size[2] != s[2]) return false;
+    if (marlin_) return dst.offset[1] % kMarlinRows == 0 && dst.size[1] % kMarlinRows == 0;
     if (scheme_ == Scheme::kFp8PerTensor) return false;  // one scale a matrix: only whole ones
     if (scheme_ == Scheme::kFp8Block) return whole_blocks(dst.offset[1], dst.size[1], s[1]);
     return true;  // row-local: every row's codes and scale are its own
@@ -257,6 +266,10 @@ class OnlineKernel final : public ProcessingKernel {
       const int64_t per = t.numel() / t.dim(0);
       one.emplace_back(static_cast<char*>(t.data()) + dtype_bytes(t.dtype(), matrix * per), t.dtype(), inner, t.device());
     }
+    if (marlin_) {
+      return kernels::quantize_marlin_rows(layout_, Shape(param_.shape.begin() + 1, param_.shape.end()), input, row0,
+                                           one, exec);
+    }
     FERRY_ASSIGN_OR_RETURN(auto rows, storage_rows(scheme_, one, row0, input.dim(0)));
     return kernels::quantize(scheme_, layout_, input, {}, rows, exec);
   }
@@ -272,6 +285,7 @@ class OnlineKernel final : public ProcessingKernel {
   }
   Status process_rows(const TensorView& input, int64_t row0, std::span<const TensorView> out,
                       const kernels::Exec& exec) override {
+    if (marlin_) return kernels::quantize_marlin_rows(layout_, param_.shape, input, row0, out, exec);
     if (scheme_ == Scheme::kFp8PerTensor) {
       FERRY_ASSIGN_OR_RETURN(const ShardRows sr, shard_rows_of(input, row0, out));
       return kernels::quantize(scheme_, layout_, input, sr.shards, sr.views, exec);
@@ -321,23 +335,26 @@ class OnlineKernel final : public ProcessingKernel {
 
   Scheme scheme_;
   EngineLayout layout_;
+  bool marlin_;
   sharding::ParamSpec param_;
 };
 
 class GptqKernel final : public ProcessingKernel {
  public:
-  explicit GptqKernel(std::vector<kernels::StorageTensor> inputs) : inputs_(std::move(inputs)) {}
+  GptqKernel(std::vector<kernels::StorageTensor> inputs, EngineLayout layout)
+      : inputs_(std::move(inputs)), layout_(layout) {}
   std::string name() const override { return "gptq_int4"; }
   std::vector<kernels::StorageTensor> inputs() const override { return inputs_; }
   Status process(std::span<const TensorView> in, std::span<const TensorView> storage, ScratchArena&,
                  const kernels::Exec& exec) override {
     // Derives perm from g_idx into the registered perm and zeroes the registered workspace: both
     // runtime tensors are rewritten in place, never reallocated.
-    return kernels::gptq_reload(in[0], in[1], in[2], storage, exec);
+    return kernels::gptq_reload(layout_, in[0], in[1], in[2], storage, exec);
   }
 
  private:
   std::vector<kernels::StorageTensor> inputs_;
+  EngineLayout layout_;
 };
 
 }  // namespace
@@ -345,13 +362,9 @@ class GptqKernel final : public ProcessingKernel {
 Result<std::unique_ptr<ProcessingKernel>> scheme_kernel(const sharding::ParamSpec& param, DType /*none_dtype*/,
                                                         EngineLayout layout) {
   if (param.scheme == Scheme::kGptqInt4) {
-    if (layout != EngineLayout::kFerry) {
-      return Status::invalid_argument(fmt::format("{}: gptq_int4 has no {} layout in ferry", param.name,
-                                                  engine_layout_name(layout)));
-    }
     auto in = kernels::gptq_checkpoint_layout(param.shape);
     if (!in.ok()) return in.status().with_context(param.name);
-    return std::unique_ptr<ProcessingKernel>(new GptqKernel(std::move(*in)));
+    return std::unique_ptr<ProcessingKernel>(new GptqKernel(std::move(*in), layout));
   }
   return std::unique_ptr<ProcessingKernel>(new OnlineKernel(param, layout));
 }

@@ -14,7 +14,7 @@
 #   trainer's stacked too: 531 tensors, or one per expert: 18,867) under fp8_block and fp8_per_channel,
 #   beside its floor and the PyTorch baselines of the same trainer layout, same run
 #   layouts: the colocated 8B update into vLLM's and SGLang's layouts (docs/engines.md) beside ferry's own,
-#   per fp8 scheme, in the same run
+#   per fp8 scheme and int4_group (Marlin's repack for vLLM), in the same run
 #   trainers: ferry bench e2e --trainers 1,2,4 (the 117M-parameter and the demo model) over the host transports (CPU processes; the GPU
 #   machine has the cores): a sharded trainer beside gather-then-send and the cost model
 #   sharded: the colocated 8B fp8_per_channel update from 4 trainer processes on the GPU (each
@@ -66,7 +66,7 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
 
 if want tests; then
 for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test \
-         kernels_engine_layout_test core_buffer_test dataplane_bucket_test \
+         kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test core_buffer_test dataplane_bucket_test \
          reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test reload_band_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
@@ -182,7 +182,7 @@ if want colocated; then
 fi
 if want layouts; then
   for sl in fp8_per_tensor:ferry fp8_per_tensor:vllm fp8_per_channel:ferry fp8_per_channel:vllm fp8_per_channel:sglang \
-            fp8_block:ferry fp8_block:vllm; do
+            fp8_block:ferry fp8_block:vllm int4_group:ferry int4_group:vllm; do
     echo "=== colocated ${sl%%:*} --layout ${sl#*:}" >> "$out/tests.log"
     timeout 300 "$bin/ferry-bench-colocated" --scheme "${sl%%:*}" --layout "${sl#*:}" --updates "${FERRY_GPU_UPDATES:-10}" \
       --json >> "$out/results.jsonl" 2>> "$out/tests.log" || { echo "colocated $sl failed" >> "$out/tests.log"; status=1; }

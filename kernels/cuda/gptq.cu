@@ -34,6 +34,11 @@ Status gptq_reload(const GptqArgs& a, void* stream) {
   FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
   FERRY_ASSIGN_OR_RETURN(std::vector<int32_t> perm, gptq_permutation(g_idx.data(), a.k));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(a.perm, perm.data(), perm.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  if (a.marlin) {
+    FERRY_RETURN_IF_ERROR(gptq_marlin(a, stream));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(st));  // `perm` is read by the copy above
+    return ok_status();
+  }
   const int64_t words = a.k / kGptqPackFactor, total = words * a.n;
   repack_kernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, st>>>(a.qweight, a.perm,
                                                                                                a.out_qweight, words, a.n);

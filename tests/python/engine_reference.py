@@ -5,7 +5,7 @@ arrays as the engine's parameters hold them (fp8 as uint8 codes)."""
 
 import numpy as np
 
-from reference import e4m3fn_encode
+from reference import bf16_bits, e4m3fn_encode
 
 F32 = np.float32
 FP8_MAX = F32(448.0)
@@ -97,6 +97,61 @@ def int8_per_channel(x, shape):
     return {"weight": q, "weight_scale": scales.reshape(shape)}
 
 
+def marlin_weight_perm():
+    """get_weight_perm(num_bits=4) of vLLM's marlin_utils_test.py, built as vLLM builds it."""
+    perm = []
+    for i in range(32):
+        perm1 = []
+        col = i // 4
+        for block in (0, 1):
+            for row in (2 * (i % 4), 2 * (i % 4) + 1, 2 * (i % 4 + 4), 2 * (i % 4 + 4) + 1):
+                perm1.append(16 * row + col + 8 * block)
+        for j in range(4):
+            perm.extend(p + 256 * j for p in perm1)
+    return np.array(perm).reshape(-1, 8)[:, [0, 2, 4, 6, 1, 3, 5, 7]].ravel()
+
+
+def marlin_weights(q_w):
+    """marlin_weights (marlin_utils_test.py) of unsigned codes q_w [K, N]: 16x16 tiles
+    (marlin_permute_weights), the 1024-element permutation, eight codes per int32, the first lowest.
+    The same bytes as the gptq_marlin_repack kernel gives."""
+    k, n = q_w.shape
+    q = q_w.reshape(k // 16, 16, n // 16, 16).transpose(0, 2, 1, 3).reshape(k // 16, n * 16)
+    q = q.reshape(-1, 1024)[:, marlin_weight_perm()].reshape(k // 16, n * 16).astype(np.uint32)
+    packed = np.zeros((k // 16, n * 2), dtype=np.uint32)
+    for i in range(8):
+        packed |= q[:, i::8] << np.uint32(4 * i)
+    return packed.view(np.int32)
+
+
+def marlin_permute_scales(s, size_k, group_size=128):
+    """marlin_permute_scales (marlin_utils.py) of s [groups, N]."""
+    scale_perm = [i + 8 * j for i in range(8) for j in range(8)]
+    scale_perm_single = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]
+    perm = scale_perm if group_size < size_k else scale_perm_single
+    return s.reshape(-1, len(perm))[:, perm].reshape(s.shape)
+
+
+def int4_marlin(x):
+    """int4_group for both engines' W4A16 kernels (compressed-tensors CompressedTensorsWNA16, then
+    MarlinLinearKernel.process_weights_after_loading): weight_packed by gptq_marlin_repack
+    (marlin_weights above), weight_scale [K/128, N] by marlin_permute_scales, in the model's dtype
+    (bf16 here). The engines do not quantize int4 themselves, so the arithmetic is ferry's:
+    scale = bf16(amax / 7) per 128 inputs of a row (1 when 0), code = round half even of x / scale
+    clamped to [-8, 7] (NaN -> 0), stored as uint4b8 (code + 8)."""
+    n, k = x.shape
+    groups = x.astype(F32).reshape(n, k // 128, 128)
+    amax = np.array([[_amax(g) for g in row] for row in groups], dtype=F32)
+    bits = bf16_bits(amax / F32(7.0))
+    bits = np.where(bits == 0, np.uint16(0x3F80), bits)
+    scale = (bits.astype(np.uint32) << 16).view(F32)
+    with np.errstate(invalid="ignore"):
+        v = np.nan_to_num(groups / scale[:, :, None], nan=0.0, posinf=np.inf, neginf=-np.inf)
+    codes = np.clip(np.rint(np.clip(v, -8, 7)), -8, 7).astype(np.int32).reshape(n, k)
+    return {"weight_packed": marlin_weights((codes + 8).astype(np.uint32).T),
+            "weight_scale": marlin_permute_scales(bits.T.copy(), k)}
+
+
 def engine_storage(layout, scheme, x):
     """{suffix: array} of a quantized parameter under (layout, scheme)."""
     rows = x.shape[0]
@@ -108,4 +163,6 @@ def engine_storage(layout, scheme, x):
         return per_block_cast_to_fp8(x)
     if scheme == "int8_per_channel":
         return int8_per_channel(x, (rows, 1))
+    if scheme == "int4_group":
+        return int4_marlin(x)
     raise ValueError(f"no reference for {layout} {scheme}")

@@ -18,22 +18,27 @@ CONFIG = dict(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=38
 REF_CONFIG = dict(hidden=256, heads=4, kv_heads=2, inter=384, vocab=300, layers=2, pad=64)
 COMBOS = [("vllm", "fp8_per_tensor"), ("vllm", "fp8_per_channel"), ("vllm", "fp8_block"), ("vllm", "int8_per_channel"),
           ("sglang", "fp8_per_channel"), ("sglang", "fp8_block"), ("sglang", "int8_per_channel")]
-NUMPY_DTYPES = {"bf16": np.uint16, "f8_e4m3fn": np.uint8, "f32": np.float32, "i8": np.int8}
+# Marlin's int4 (both engines): dimensions it tiles at TP 1 and 2 (outputs a multiple of 64, inputs
+# of 128); o_proj at TP 2 has one group, which takes Marlin's single-group scale permutation.
+INT4_CONFIG = dict(CONFIG, intermediate_size=512)
+INT4_REF_CONFIG = dict(REF_CONFIG, inter=512)
+INT4_COMBOS = [("vllm", "int4_group"), ("sglang", "int4_group")]
+NUMPY_DTYPES = {"bf16": np.uint16, "f8_e4m3fn": np.uint8, "f32": np.float32, "i8": np.int8, "i32": np.int32}
 TIMEOUT_MS = 120_000
 
 
-def config():
-    return ferry.LlamaConfig(**CONFIG)
+def config(cfg=None):
+    return ferry.LlamaConfig(**(cfg or CONFIG))
 
 
 class Replica:
     """The ranks of one replica, each a RolloutWorker over numpy arrays, serving on a thread."""
 
-    def __init__(self, address, replica, tp, layout, scheme):
-        self.layout, self.scheme, self.tp = layout, scheme, tp
+    def __init__(self, address, replica, tp, layout, scheme, cfg=CONFIG, ref_cfg=REF_CONFIG):
+        self.layout, self.scheme, self.tp, self.ref_cfg = layout, scheme, tp, ref_cfg
         self.arrays, self.workers, self.threads, self.errors = [], [], [], []
         for r in range(tp):
-            spec = ferry.llama_rank_spec(config(), r, tp, scheme, replica=replica, layout=layout)
+            spec = ferry.llama_rank_spec(config(cfg), r, tp, scheme, replica=replica, layout=layout)
             assert spec.layout == layout
             tensors = ferry.storage_tensors(spec)
             arrays = {t.name: np.zeros(t.shape, NUMPY_DTYPES[t.dtype]) for t in tensors}
@@ -54,7 +59,7 @@ class Replica:
     def expected(self, weights, rank):
         """{storage name: array} of one rank, from the references alone."""
         out = {}
-        for name, (x, _shards, quantized) in reference.llama_rank_params(REF_CONFIG, weights, rank, self.tp).items():
+        for name, (x, _shards, quantized) in reference.llama_rank_params(self.ref_cfg, weights, rank, self.tp).items():
             if not quantized:
                 out[name] = reference.bf16_bits(x)
                 continue
@@ -64,15 +69,14 @@ class Replica:
         return out
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
-def cluster(request):
-    tp = request.param
+def serve_combos(tp, combos, cfg, ref_cfg):
+    """A trainer and one replica of TP `tp` per (layout, scheme), closed on exit."""
     trainer = ferry.Trainer()
     replicas = []
     try:
-        for i, (layout, scheme) in enumerate(COMBOS):
-            replicas.append(Replica(trainer.coordinator_address, i, tp, layout, scheme))
-        trainer.wait_for_ranks(len(COMBOS) * tp, timeout_ms=TIMEOUT_MS)
+        for i, (layout, scheme) in enumerate(combos):
+            replicas.append(Replica(trainer.coordinator_address, i, tp, layout, scheme, cfg, ref_cfg))
+        trainer.wait_for_ranks(len(combos) * tp, timeout_ms=TIMEOUT_MS)
         yield trainer, replicas
     finally:
         trainer.close()
@@ -81,6 +85,16 @@ def cluster(request):
                 w.close()
             for t in rep.threads:
                 t.join(timeout=TIMEOUT_MS / 1000)
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def cluster(request):
+    yield from serve_combos(request.param, COMBOS, CONFIG, REF_CONFIG)
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def int4_cluster(request):
+    yield from serve_combos(request.param, INT4_COMBOS, INT4_CONFIG, INT4_REF_CONFIG)
 
 
 def make_weights(manifest, seed):
@@ -101,8 +115,15 @@ def make_weights(manifest, seed):
 
 
 def test_every_layout_and_scheme_lands_bit_exact(cluster):
-    trainer, replicas = cluster
-    manifest = ferry.llama_manifest(config())
+    updates_land_bit_exact(*cluster, config())
+
+
+def test_int4_lands_in_marlins_layout_bit_exact(int4_cluster):
+    updates_land_bit_exact(*int4_cluster, config(INT4_CONFIG))
+
+
+def updates_land_bit_exact(trainer, replicas, cfg):
+    manifest = ferry.llama_manifest(cfg)
     for version in (1, 2):
         weights = make_weights(manifest, seed=10 + version)
         trainer.start_weight_update(version, manifest)
@@ -144,9 +165,13 @@ def test_layouts_an_engine_does_not_define_are_refused_naming_the_parameter():
         ferry.llama_rank_spec(config(), 0, 1, "fp8_per_tensor", layout="sglang")
     assert "model.layers.0.self_attn.qkv_proj.weight" in str(e.value)
     assert "per channel" in str(e.value)
+    # 16 heads of 16 and one kv head: a fused qkv of 288 rows, which Marlin's 64-output tiles do not divide.
+    narrow_heads = dict(CONFIG, num_heads=16, num_kv_heads=1)
+    ferry.llama_rank_spec(config(narrow_heads), 0, 1, "int4_group")  # ferry's own layout takes it
     with pytest.raises(ferry.Error) as e:
-        ferry.llama_rank_spec(config(), 0, 1, "int4_group", layout="vllm")
-    assert "Marlin" in str(e.value)
+        ferry.llama_rank_spec(config(narrow_heads), 0, 1, "int4_group", layout="vllm")
+    assert "model.layers.0.self_attn.qkv_proj.weight" in str(e.value)
+    assert "Marlin" in str(e.value) and "multiple of 64" in str(e.value)
     with pytest.raises(ferry.Error) as e:
         ferry.llama_rank_spec(config(), 0, 1, "none", layout="trtllm")
     assert "'trtllm'" in str(e.value) and "vllm" in str(e.value)
@@ -199,3 +224,15 @@ def test_a_vllm_style_module_is_updated_through_its_transposed_weights():
     got = params[qkv + "weight"].t().contiguous().view(torch.uint8).numpy()
     assert np.array_equal(got, want["weight"])
     assert np.array_equal(params[qkv + "weight_scale"].numpy(), want["weight_scale"])
+
+
+def test_vllm_refuses_an_int4_layer_with_a_bias_that_it_would_permute():
+    # Qwen2's qkv has a bias; vLLM's Marlin kernel permutes it, SGLang's reads it as it is.
+    qwen2 = ferry.describe_model(ferry.parse_hf_config(
+        '{"model_type": "qwen2", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, '
+        '"intermediate_size": 512, "vocab_size": 320, "num_hidden_layers": 1, "torch_dtype": "bfloat16"}'))
+    spec = qwen2.rank_spec(0, 1, "int4_group", layout="sglang")
+    assert "model.layers.0.self_attn.qkv_proj.bias" in [p.name for p in spec.params]
+    with pytest.raises(ferry.Error) as e:
+        qwen2.rank_spec(0, 1, "int4_group", layout="vllm")
+    assert "model.layers.0.self_attn.qkv_proj.bias" in str(e.value) and "marlin_permute_bias" in str(e.value)

@@ -95,7 +95,7 @@ Result<std::map<std::string, std::vector<uint8_t>>> reference(const Case& c, con
 }
 
 // False when the layout does not define this stacked storage (kernels::storage_layout refuses it:
-// int4 and some fused-expert scales in the engines' layouts; per-shard fp8_per_tensor of experts).
+// some fused-expert scales in the engines' layouts; per-shard fp8_per_tensor of experts).
 bool run_case(const Case& c) {
   SCOPED_TRACE(describe(c));
   const sharding::RankSpec spec = stacked_spec(c.scheme, c.inter, c.layout);
