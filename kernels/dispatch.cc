@@ -64,14 +64,10 @@ Status quantize(Scheme scheme, EngineLayout layout, const TensorView& input, std
   if (scheme == Scheme::kGptqInt4) {
     return Status::invalid_argument("quantize: gptq_int4 is a quantized reload; call gptq_reload()");
   }
-  // The model's dtype, which engine_format() takes: the weight's under none, the scales' under
-  // Marlin's int4 (the activations' dtype).
-  const DType model = scheme == Scheme::kInt4Group && outputs.size() > 1 ? outputs[1].dtype() : outputs[0].dtype();
-  FERRY_ASSIGN_OR_RETURN(auto f, detail::engine_format(scheme, layout, input.shape(), shard_rows, model));
+  if (scheme == Scheme::kInt4Group) return quantize_marlin_rows(layout, input.shape(), input, 0, outputs, exec);
+  // The model's dtype, which engine_format() takes: the weight's under none.
+  FERRY_ASSIGN_OR_RETURN(auto f, detail::engine_format(scheme, layout, input.shape(), shard_rows, outputs[0].dtype()));
   if (f.per_matrix) return quantize_per_matrix(scheme, layout, f, input, outputs, exec);
-  if (f.marlin) {
-    return quantize_marlin_rows(layout, input.shape(), input, 0, outputs, exec);
-  }
   FERRY_ASSIGN_OR_RETURN(auto args, detail::check_quantize(scheme, layout, f, input, outputs));
   return run_quantize(args, input.device(), exec);
 }
@@ -80,7 +76,8 @@ Status quantize_marlin_rows(EngineLayout layout, const Shape& whole, const Tenso
                             std::span<const TensorView> outputs, const Exec& exec) {
   if (outputs.size() != 2) {
     return Status::invalid_argument(
-        fmt::format("quantize int4_group ({} layout): {} output tensors given where Marlin's layout has 2",
+        fmt::format("quantize int4_group ({} layout): {} output tensors given where Marlin's layout has 2 "
+                    "(weight_packed, weight_scale)",
                     engine_layout_name(layout), outputs.size()));
   }
   FERRY_ASSIGN_OR_RETURN(auto f, detail::engine_format(Scheme::kInt4Group, layout, whole, {}, outputs[1].dtype()));
@@ -89,6 +86,7 @@ Status quantize_marlin_rows(EngineLayout layout, const Shape& whole, const Tenso
         fmt::format("quantize_marlin_rows: the {} layout of int4_group is not Marlin's", engine_layout_name(layout)));
   }
   FERRY_ASSIGN_OR_RETURN(const detail::MarlinArgs m, detail::check_marlin(f, layout, whole, input, row0, outputs));
+  if (m.batch == 0 || m.n == 0) return ok_status();  // an empty run
   g_quantize_runs.fetch_add(1, std::memory_order_relaxed);
   if (input.device().is_cuda()) return detail::cuda::marlin_quantize(m, exec.stream);
   return detail::cpu::marlin_quantize(m, exec.threads);

@@ -36,11 +36,10 @@ template <typename Refuse>
 Status check_marlin_shape(const Shape& shape, DType model, const Refuse& refuse) {
   if (shape.size() < 2) return refuse("Marlin needs a weight of rank >= 2");
   const Geometry g = geometry(Scheme::kInt4Group, shape);
-  if (g.rows % marlin::kMinN != 0 || g.cols % marlin::kMinK != 0) {
-    return refuse(
-        fmt::format("Marlin needs the rank's outputs (dim 0, {}) a multiple of {} and its inputs ({}) a "
-                    "multiple of {}",
-                    g.rows, marlin::kMinN, g.cols, marlin::kMinK));
+  if (g.rows <= 0 || g.cols <= 0 || g.rows % marlin::kMinN != 0 || g.cols % marlin::kMinK != 0) {
+    return refuse(fmt::format(
+        "Marlin needs the rank's outputs ({}) a positive multiple of {} and its inputs ({}) a positive multiple of {}",
+        g.rows, marlin::kMinN, g.cols, marlin::kMinK));
   }
   if (model != DType::kBF16 && model != DType::kF16) {
     return refuse(fmt::format("Marlin keeps its scales in the activations' dtype, bf16 or f16, and the model's is {}",

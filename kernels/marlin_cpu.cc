@@ -37,10 +37,10 @@ void marlin_words(int64_t rows_of_words, int64_t tiles, int64_t words, int64_t c
                      uint32_t word = 0;
                      for (int q = 0; q < 8; ++q) {
                        const int64_t p = 8 * c + q;
-                       int nl, kk;
-                       marlin::chunk_element(perm[p & (marlin::kPermChunk - 1)], nl, kk);
-                       word |= (nibble(t, p / marlin::kPermChunk * marlin::kChunkN + nl, r * marlin::kTile + kk) & 0xFu)
-                               << (4 * q);
+                       int64_t n;
+                       int kk;
+                       marlin::word_element(p, perm[p & (marlin::kPermChunk - 1)], n, kk);
+                       word |= (nibble(t, n, r * marlin::kTile + kk) & 0xFu) << (4 * q);
                      }
                      out[t * words + c] = static_cast<int32_t>(word);
                    }
@@ -60,7 +60,7 @@ void marlin_codes(const MarlinArgs& a, int threads) {
                  const void* x = in + elem * static_cast<size_t>(m * a.n * k);
                  const uint16_t s =
                      a.scale[m * groups * a.n_total + marlin::scale_index(row / kGroupSize, col, groups, a.n_total)];
-                 const float scale = a.scale_bf16 ? bf16_to_f32(s) : f16_to_f32(s);
+                 const float scale = ops::scale_value(s, a.scale_bf16);
                  const int32_t code = ops::quant_int(load<D>(x, (col - a.n0) * k + row), scale, -8.0f, 7.0f);
                  return static_cast<uint32_t>(code + static_cast<int32_t>(marlin::kZeroPoint));
                });
@@ -77,7 +77,7 @@ Status marlin_quantize(const MarlinArgs& a, int threads) {
       for (int64_t g = 0; g < groups; ++g) {
         const float amax = amax_run(advance(a.in, kind, row * a.k + g * kGroupSize), kind, kGroupSize);
         a.scale[m * groups * a.n_total + marlin::scale_index(g, col, groups, a.n_total)] =
-            a.scale_bf16 ? ops::int4_scale_bf16(amax) : ops::int4_scale_f16(amax);
+            ops::int4_scale_bits(amax, a.scale_bf16);
       }
     }
   });
@@ -96,7 +96,7 @@ Status gptq_marlin(const GptqArgs& a, std::span<const int32_t> perm, int threads
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t col = 0; col < n; ++col) {
       const uint16_t h = a.scales[g * n + col];
-      a.out_scales[marlin::scale_index(g, col, groups, n)] = a.scale_bf16 ? ops::to_bf16(f16_to_f32(h)) : h;
+      a.out_scales[marlin::scale_index(g, col, groups, n)] = ops::f16_scale_as(h, a.scale_bf16);
     }
   }
   for (int64_t i = 0; i < k; ++i) {

@@ -49,6 +49,14 @@ FERRY_HOST_DEVICE void chunk_element(int v, int& n, int& k) {
   k = (v >> 4) & 15;
 }
 
+// The output n and the input kk (within the word's 16) of nibble p % 8 of word p / 8 in a row of
+// words, given v = weight_perm(p % 1024).
+FERRY_HOST_DEVICE void word_element(int64_t p, int v, int64_t& n, int& kk) {
+  int nl;
+  chunk_element(v, nl, kk);
+  n = p / kPermChunk * kChunkN + nl;
+}
+
 // Where the scale of group g of output n lies in the permuted [groups, n_total] scales.
 FERRY_HOST_DEVICE int64_t scale_index(int64_t g, int64_t n, int64_t groups, int64_t n_total) {
   if (groups > 1) {

@@ -135,4 +135,11 @@ FERRY_HOST_DEVICE uint16_t int4_scale_bf16(float amax) {
   return h == 0 ? uint16_t{0x3F80} : (h >= 0x7F80 ? uint16_t{0x7F7F} : h);
 }
 
+// An int4 scale held as bf16 or f16 bits: made from amax, read back, and an f16 scale converted.
+FERRY_HOST_DEVICE uint16_t int4_scale_bits(float amax, bool bf16) {
+  return bf16 ? int4_scale_bf16(amax) : int4_scale_f16(amax);
+}
+FERRY_HOST_DEVICE float scale_value(uint16_t bits, bool bf16) { return bf16 ? bf16_to_f32(bits) : f16_to_f32(bits); }
+FERRY_HOST_DEVICE uint16_t f16_scale_as(uint16_t f16, bool bf16) { return bf16 ? to_bf16(f16_to_f32(f16)) : f16; }
+
 }  // namespace ferry::kernels::ops

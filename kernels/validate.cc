@@ -131,11 +131,16 @@ Result<MarlinArgs> check_marlin(const EngineFormat& f, EngineLayout layout, cons
   bool fits = input.rank() == static_cast<int>(whole.size()) && row0 >= 0 && row0 + rows <= whole[0];
   for (size_t d = 1; fits && d < whole.size(); ++d) fits = input.dim(static_cast<int>(d)) == whole[d];
   const bool stacked = whole.size() >= 3;
-  if (!fits || (!stacked && (row0 % marlin::kChunkN != 0 || rows % marlin::kChunkN != 0))) {
-    return Status::invalid_argument(fmt::format(
-        "quantize int4_group ({} layout, Marlin): rows {}+{} of input {} in a weight of shape {} (a 2-D weight's rows "
-        "go in runs of whole {}-output chunks)",
-        engine_layout_name(layout), row0, rows, input.describe(), shape_to_string(whole), marlin::kChunkN));
+  if (!fits) {
+    return Status::invalid_argument(
+        fmt::format("quantize int4_group ({} layout, Marlin): input {} is not rows {}+{} of a weight of shape {}",
+                    engine_layout_name(layout), input.describe(), row0, rows, shape_to_string(whole)));
+  }
+  if (!stacked && (row0 % marlin::kChunkN != 0 || rows % marlin::kChunkN != 0)) {
+    return Status::invalid_argument(
+        fmt::format("quantize int4_group ({} layout, Marlin): rows {}+{} of a weight of shape {}: a 2-D weight's rows "
+                    "go in runs of whole {}-output chunks",
+                    engine_layout_name(layout), row0, rows, shape_to_string(whole), marlin::kChunkN));
   }
   const Geometry g = geometry(Scheme::kInt4Group, whole);
   MarlinArgs a;

@@ -28,8 +28,8 @@ Status check_engine_layout(const sharding::RankSpec& spec) {
   // does not.
   std::set<std::string> marlin;
   for (const auto& p : spec.params) {
-    if (p.scheme == Scheme::kInt4Group && p.name.ends_with(".weight"))
-      marlin.insert(p.name.substr(0, p.name.size() - 6));
+    const bool int4 = p.scheme == Scheme::kInt4Group || p.scheme == Scheme::kGptqInt4;
+    if (int4 && p.name.ends_with(".weight")) marlin.insert(p.name.substr(0, p.name.size() - 6));
   }
   for (const auto& p : spec.params) {
     if (p.name.ends_with(".bias") && marlin.count(p.name.substr(0, p.name.size() - 4))) {

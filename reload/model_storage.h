@@ -20,7 +20,7 @@ std::string storage_name(const std::string& param, const std::string& suffix);
 // The storage tensors of one parameter, in kernels::storage_layout order.
 // `layout`: the rank's engine layout (RankSpec::layout).
 // What an engine layout needs of a whole spec beyond each parameter's own layout: under vllm, no
-// bias beside an int4_group (Marlin) weight.
+// bias beside an int4_group or gptq_int4 (Marlin) weight.
 Status check_engine_layout(const sharding::RankSpec& spec);
 
 Result<std::vector<kernels::StorageTensor>> param_layout(const sharding::ParamSpec& p, DType none_dtype,

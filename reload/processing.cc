@@ -202,7 +202,7 @@ class OnlineKernel final : public ProcessingKernel {
     if ((scheme_ == Scheme::kFp8Block || marlin_) && s.size() == 2) {
       // Whole bands (Marlin's 64-output chunks), and under fp8_block the last one however long when
       // the piece reaches the end of the tensor.
-      const int64_t b = marlin_ ? kMarlinRows : kFp8BlockSize;
+      const int64_t b = band_rows();
       r0 = (begin + b - 1) / b * b;
       r1 = end == s[0] ? end : end / b * b;
     } else if (scheme_ == Scheme::kFp8PerTensor) {
@@ -227,7 +227,7 @@ class OnlineKernel final : public ProcessingKernel {
     const Shape& s = param_.shape;
     if (s.size() != 2) return {r0, r1};  // stacked matrices: a row of the first dimension is a matrix
     if (scheme_ == Scheme::kFp8Block || marlin_) {
-      const int64_t b = marlin_ ? kMarlinRows : kFp8BlockSize;
+      const int64_t b = band_rows();
       return {r0 / b * b, std::min(s[0], (r1 + b - 1) / b * b)};
     }
     if (scheme_ != Scheme::kFp8PerTensor) return {r0, r1};
@@ -332,6 +332,10 @@ class OnlineKernel final : public ProcessingKernel {
     }
     return std::nullopt;
   }
+
+  // The rows a run of a 2-D weight goes in multiples of, where it does: fp8_block's 128-row blocks
+  // and Marlin's 64-output chunks.
+  int64_t band_rows() const { return marlin_ ? kMarlinRows : kFp8BlockSize; }
 
   Scheme scheme_;
   EngineLayout layout_;

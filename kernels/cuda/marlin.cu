@@ -24,9 +24,10 @@ constexpr int kWordsPerTile = kBlockN * static_cast<int>(marlin::kTile) / 8;  //
 // make, gathered from shared memory and written in order.
 template <DType D>
 __global__ void __launch_bounds__(kBlockThreads) marlin_kernel(const void* in, MarlinArgs a) {
-  // [n][k] of this block, uint4b8 bytes, 4 a word; rows padded by a word so that the gathers of a
-  // warp, whose outputs differ, fall in different banks.
-  __shared__ uint32_t codes[kBlockN][kGroupSize / 4 + 1];
+  // [n][k] of this block, uint4b8 bytes, 4 a word. Rows padded by 3 words: a warp's gathers, whose
+  // outputs differ, then share a bank two ways at most (eight ways unpadded), and the writes, one
+  // row a warp, none.
+  __shared__ uint32_t codes[kBlockN][kGroupSize / 4 + 3];
   const int groups = static_cast<int>(a.k / kGroupSize), chunks = static_cast<int>(a.n / kBlockN);
   const int64_t chunk0 = a.n0 / kBlockN;  // the first chunk of outputs this call writes
   const int64_t blk = blockIdx.x;
@@ -50,10 +51,10 @@ __global__ void __launch_bounds__(kBlockThreads) marlin_kernel(const void* in, M
 #pragma unroll
     for (int e = 0; e < 4; ++e) amax = fmaxf(amax, ops::finite_abs(v[i][e]));
     for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const uint16_t s = a.scale_bf16 ? ops::int4_scale_bf16(amax) : ops::int4_scale_f16(amax);
+    const uint16_t s = ops::int4_scale_bits(amax, a.scale_bf16);
     if (lane == 0)
       scales[marlin::scale_index(g, a.n0 + static_cast<int64_t>(chunk) * kBlockN + nl, groups, a.n_total)] = s;
-    const float scale = a.scale_bf16 ? bf16_to_f32(s) : f16_to_f32(s);
+    const float scale = ops::scale_value(s, a.scale_bf16);
     uint32_t four = 0;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -103,9 +104,9 @@ __global__ void __launch_bounds__(kThreads) gptq_marlin_words_kernel(GptqArgs a,
 #pragma unroll
   for (int q = 0; q < 8; ++q) {
     const int64_t p = 8 * c + q;
-    int nl, kk;
-    marlin::chunk_element(marlin::weight_perm(static_cast<int>(p % marlin::kPermChunk)), nl, kk);
-    const int64_t col = p / marlin::kPermChunk * marlin::kChunkN + nl;
+    int64_t col;
+    int kk;
+    marlin::word_element(p, marlin::weight_perm(static_cast<int>(p % marlin::kPermChunk)), col, kk);
     const int64_t src = a.perm[r * marlin::kTile + kk];
     word |= ((static_cast<uint32_t>(a.qweight[(src / kGptqPackFactor) * a.n + col]) >> (4 * (src % kGptqPackFactor))) &
              0xFu)
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) gptq_marlin_side_kernel(GptqArgs a) 
   const int64_t groups = a.k / kGroupSize;
   if (i < groups * a.n) {
     const uint16_t h = a.scales[i];
-    a.out_scales[marlin::scale_index(i / a.n, i % a.n, groups, a.n)] = a.scale_bf16 ? ops::to_bf16(f16_to_f32(h)) : h;
+    a.out_scales[marlin::scale_index(i / a.n, i % a.n, groups, a.n)] = ops::f16_scale_as(h, a.scale_bf16);
   }
   if (i < a.k) a.out_g_idx[i] = a.g_idx[a.perm[i]];
 }

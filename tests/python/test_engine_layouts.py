@@ -233,6 +233,7 @@ def test_vllm_refuses_an_int4_layer_with_a_bias_that_it_would_permute():
         '"intermediate_size": 512, "vocab_size": 320, "num_hidden_layers": 1, "torch_dtype": "bfloat16"}'))
     spec = qwen2.rank_spec(0, 1, "int4_group", layout="sglang")
     assert "model.layers.0.self_attn.qkv_proj.bias" in [p.name for p in spec.params]
-    with pytest.raises(ferry.Error) as e:
-        qwen2.rank_spec(0, 1, "int4_group", layout="vllm")
-    assert "model.layers.0.self_attn.qkv_proj.bias" in str(e.value) and "marlin_permute_bias" in str(e.value)
+    for scheme in ("int4_group", "gptq_int4"):
+        with pytest.raises(ferry.Error) as e:
+            qwen2.rank_spec(0, 1, scheme, layout="vllm")
+        assert "model.layers.0.self_attn.qkv_proj.bias" in str(e.value) and "marlin_permute_bias" in str(e.value)

@@ -166,7 +166,7 @@ std::vector<Device> devices() {
 }
 
 TEST(Bands, PerExpertPiecesEqualTheStackedTensorQuantizedAtOnce) {
-  int ran = 0, ferry_ran = 0;
+  int ran = 0, ferry_ran = 0, marlin_ran = 0;
   for (const Device device : devices()) {
     for (Scheme scheme : {Scheme::kNone, Scheme::kFp8PerChannel, Scheme::kFp8Block, Scheme::kInt8PerChannel,
                           Scheme::kInt4Group, Scheme::kFp8PerTensor}) {
@@ -175,6 +175,7 @@ TEST(Bands, PerExpertPiecesEqualTheStackedTensorQuantizedAtOnce) {
           for (Intake intake : {Intake::kLend, Intake::kBorrowThenRelease, Intake::kCopyGateLendUp, Intake::kLendGateCopyUp}) {
             const bool done = run_case({scheme, layout, inter, intake, device});
             ran += done ? 1 : 0;
+            if (scheme == Scheme::kInt4Group && layout != EngineLayout::kFerry) marlin_ran += done ? 1 : 0;
             // ferry's own layout defines every stacked scheme but per-shard fp8_per_tensor.
             if (layout == EngineLayout::kFerry && scheme != Scheme::kFp8PerTensor) {
               EXPECT_TRUE(done) << scheme_name(scheme);
@@ -187,6 +188,7 @@ TEST(Bands, PerExpertPiecesEqualTheStackedTensorQuantizedAtOnce) {
   }
   EXPECT_GE(ferry_ran, 40);  // 5 schemes x 2 sizes x 4 intakes on the host
   EXPECT_GE(ran, 60);
+  EXPECT_GE(marlin_ran, 16);  // int4 in Marlin's layout: 2 engines x 2 sizes x 4 intakes on the host
 }
 
 // Which bands the kernel takes alone: under fp8_block only whole 128-row blocks (or the rows to a

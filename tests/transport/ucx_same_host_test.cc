@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/transport/conformance.h"
+#include "transport/ucx/ucx_stream.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace ferry::transport::testing {
@@ -91,6 +92,32 @@ TEST(UcxSameHost, BucketsGoOverTwoLanesInOrder) {
   for (int i = 0; i < kCount; ++i) EXPECT_EQ(firsts[i], i + 1) << "bucket " << i;
   (*tx)->shutdown();
   (*rx)->shutdown();
+}
+
+// A lane whose hello comes after its stream ended (refused, its other lanes closed: UCX keeps no
+// order between endpoints) is refused, not made a new stream whose close would be reported as a
+// second end of the same connection.
+TEST(UcxStreamTable, ALaneOfAnEndedStreamIsRefused) {
+  using ucx::Inbound;
+  using ucx::LaneHeader;
+  ucx::StreamTable table;
+  const auto ep = [](uintptr_t i) { return reinterpret_cast<ucp_ep_h>(i * 64); };
+  const LaneHeader h{42, 0, 2, 0};
+  auto first = std::make_shared<Inbound>();
+  first->peer = 7;
+  ASSERT_TRUE(table.join(first, h, ep(1), {}));
+  first->closed = true;  // refused
+  table.forget(*first, ep(1));
+  EXPECT_TRUE(table.streams.empty());
+  auto late = std::make_shared<Inbound>();
+  late->peer = 7;
+  EXPECT_FALSE(table.join(late, h, ep(2), {}));
+  EXPECT_TRUE(table.streams.empty());
+  // Another connection's stream still starts.
+  auto other = std::make_shared<Inbound>();
+  other->peer = 7;
+  EXPECT_TRUE(table.join(other, LaneHeader{43, 0, 2, 0}, ep(3), {}));
+  EXPECT_EQ(table.streams.size(), 1u);
 }
 
 }  // namespace

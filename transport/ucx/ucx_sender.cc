@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -64,9 +65,12 @@ Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>
                                                    bool same_host, std::string_view credential, Deadline deadline) {
   std::vector<std::shared_ptr<UcxConnection>> lanes;
   if (same_host) {  // lanes, each on a worker of its own, torn down to stop its requests (ucx_transport.cc)
+    // The id: a random part per process (a pid comes back when a container's trainer restarts, and
+    // receivers remember the ids of streams that ended) and a counter.
     static std::atomic<uint32_t> streams{0};
+    static const uint64_t process = static_cast<uint64_t>(std::random_device{}()) << 32;
     auto group = std::make_shared<LaneGroup>();
-    group->stream = (static_cast<uint64_t>(getpid()) << 32) | (streams.fetch_add(1) + 1);
+    group->stream = process | (streams.fetch_add(1) + 1);
     const uint32_t n = local_ports.size() >= 2 ? std::min<uint32_t>(same_host_lanes(), local_ports.size()) : 1;
     for (uint32_t i = 0; i < n; ++i) {
       auto engine = std::make_shared<Engine>();

@@ -32,6 +32,10 @@ std::shared_ptr<Inbound::Pending> Inbound::pop_ready() {
 bool StreamTable::join(std::shared_ptr<Inbound>& lane, const LaneHeader& h, ucp_ep_h ep, std::weak_ptr<Receiver> owner) {
   if (h.stream == 0) return true;
   auto joined = streams.find(h.stream);
+  if (joined == streams.end() && std::find(ended.begin(), ended.end(), h.stream) != ended.end()) {
+    FERRY_LOG_DEBUG("ucx: closed a lane of peer {} whose stream has ended", lane->peer);
+    return false;
+  }
   if (joined == streams.end()) {
     lane->stream = h.stream;
     lane->lanes = std::max<uint32_t>(h.lanes, 1);
@@ -57,7 +61,11 @@ void StreamTable::forget(Inbound& in, ucp_ep_h e) {
   in.owners.erase(e);
   if (in.eps.empty() && in.stream != 0) {
     auto found = streams.find(in.stream);
-    if (found != streams.end() && found->second.get() == &in) streams.erase(found);
+    if (found != streams.end() && found->second.get() == &in) {
+      streams.erase(found);
+      ended.push_back(in.stream);
+      if (ended.size() > kEndedKept) ended.pop_front();
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -72,11 +73,18 @@ struct Inbound {
 struct StreamTable {
   std::recursive_mutex mu;
   std::map<uint64_t, std::shared_ptr<Inbound>> streams;
+  // The ids of the streams that ended here (their last endpoint gone), the newest kEndedKept. UCX
+  // keeps no order between endpoints, so a lane's hello can come after its stream was refused and
+  // closed on the other lanes: join() refuses such a lane instead of starting a new stream with it,
+  // whose close would be reported as a second end of the same connection.
+  std::deque<uint64_t> ended;
+  static constexpr size_t kEndedKept = 4096;
   std::shared_ptr<BufferPool> pool;  // null: each receiver maps a pool of its own
 
   // A lane's admission: joins endpoint `ep` (accepted by `owner`; `lane` its record so far) to the
   // stream `h` names, and points `lane` at that stream's record. False (logged) when the stream is
-  // another peer's: no admitted sender can slip buckets into another's stream.
+  // another peer's: no admitted sender can slip buckets into another's stream, or when the stream
+  // has ended.
   bool join(std::shared_ptr<Inbound>& lane, const LaneHeader& h, ucp_ep_h ep, std::weak_ptr<Receiver> owner);
   // Takes `e` out of its stream; the stream's id goes with its last endpoint.
   void forget(Inbound& in, ucp_ep_h e);
