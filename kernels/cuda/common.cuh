@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/float_convert.h"
+#include "core/status.h"
 
 namespace ferry::kernels::detail::cuda {
 
@@ -24,6 +26,17 @@ inline bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 #define FERRY_CUDA_LAUNCH_CHECK() FERRY_CUDA_CHECK(cudaGetLastError())
+
+// fn(std::integral_constant<DType, D>{}) for the float input dtype `dt` (f32, bf16, f16): a kernel's
+// launch instance per input dtype.
+template <typename Fn>
+Status by_float_dtype(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::kBF16: return fn(std::integral_constant<DType, DType::kBF16>{});
+    case DType::kF16: return fn(std::integral_constant<DType, DType::kF16>{});
+    default: return fn(std::integral_constant<DType, DType::kF32>{});
+  }
+}
 
 template <DType D>
 __device__ __forceinline__ float load1(const void* p, int64_t i) {

@@ -141,11 +141,7 @@ Status gptq_marlin(const GptqArgs& a, void* stream) {
 
 Status marlin_quantize(const MarlinArgs& a, void* stream) {
   const cudaStream_t st = as_stream(stream);
-  switch (a.in_dtype) {
-    case DType::kBF16: return launch<DType::kBF16>(a, st);
-    case DType::kF16: return launch<DType::kF16>(a, st);
-    default: return launch<DType::kF32>(a, st);
-  }
+  return by_float_dtype(a.in_dtype, [&](auto d) { return launch<decltype(d)::value>(a, st); });
 }
 
 }  // namespace ferry::kernels::detail::cuda

@@ -352,11 +352,7 @@ Status launch(const QuantArgs& a, cudaStream_t st) {
 
 Status quantize(const QuantArgs& a, void* stream) {
   const cudaStream_t st = as_stream(stream);
-  switch (a.in_dtype) {
-    case DType::kBF16: return launch<DType::kBF16>(a, st);
-    case DType::kF16: return launch<DType::kF16>(a, st);
-    default: return launch<DType::kF32>(a, st);
-  }
+  return by_float_dtype(a.in_dtype, [&](auto d) { return launch<decltype(d)::value>(a, st); });
 }
 
 }  // namespace ferry::kernels::detail::cuda

@@ -131,22 +131,8 @@ class EngineLayoutTest : public ::testing::TestWithParam<Case> {};
 std::vector<std::vector<uint8_t>> run(const Case& c, HostTensor& in, bool cuda) {
   auto layout = storage_layout(c.scheme, c.layout, c.shape, c.shard_rows);
   EXPECT_TRUE(layout.ok()) << layout.status().to_string();
-  if (!cuda) {
-    Outputs o = make_outputs(*layout);
-    const Status st = quantize(c.scheme, c.layout, in.view(), c.shard_rows, o.views);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    return o.bytes();
-  }
-  DeviceTensor din = to_device(in.bytes, in.dtype, in.shape);
-  std::vector<DeviceTensor> outs;
-  std::vector<TensorView> views;
-  for (const auto& t : *layout) outs.push_back(device_output(t.dtype, t.shape));
-  for (auto& t : outs) views.push_back(t.view);
-  const Status st = quantize(c.scheme, c.layout, din.view, c.shard_rows, views);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  std::vector<std::vector<uint8_t>> got;
-  for (auto& t : outs) got.push_back(to_host(t.view));
-  return got;
+  if (!layout.ok()) return {};
+  return quantize_bytes(c.scheme, c.layout, in, c.shard_rows, *layout, cuda);
 }
 
 void expect_matches(const Case& c, bool cuda) {

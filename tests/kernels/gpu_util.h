@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <span>
 #include <vector>
 
 #include "core/buffer.h"
 #include "core/tensor.h"
+#include "kernels/quantize.h"
+#include "tests/kernels/test_util.h"
 
 #if defined(FERRY_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -64,6 +67,29 @@ inline std::vector<uint8_t> to_host(const TensorView& v) {
   }
 #endif
   return out;
+}
+
+// quantize() of host `in` into fresh storage of `layout` (an engine layout's, with `shards`), on the
+// CPU or, with `cuda`, on a CUDA device; the outputs' bytes. Failures are test failures.
+inline std::vector<std::vector<uint8_t>> quantize_bytes(Scheme scheme, EngineLayout engine, HostTensor& in,
+                                                        std::span<const int64_t> shards,
+                                                        const std::vector<StorageTensor>& layout, bool cuda) {
+  if (!cuda) {
+    Outputs o = make_outputs(layout);
+    const Status st = quantize(scheme, engine, in.view(), shards, o.views);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return o.bytes();
+  }
+  DeviceTensor din = to_device(in.bytes, in.dtype, in.shape);
+  std::vector<DeviceTensor> outs;
+  std::vector<TensorView> views;
+  for (const auto& t : layout) outs.push_back(device_output(t.dtype, t.shape));
+  for (auto& t : outs) views.push_back(t.view);
+  const Status st = quantize(scheme, engine, din.view, shards, views);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  std::vector<std::vector<uint8_t>> got;
+  for (auto& t : outs) got.push_back(to_host(t.view));
+  return got;
 }
 
 }  // namespace ferry::kernels::testing

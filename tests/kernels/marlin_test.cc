@@ -66,22 +66,7 @@ std::vector<std::vector<uint8_t>> run(const Case& c, HostTensor& in, DType scale
   auto layout = storage_layout(Scheme::kInt4Group, c.layout, c.shape, {}, scale_dtype);
   EXPECT_TRUE(layout.ok()) << layout.status().to_string();
   if (!layout.ok()) return {};
-  if (!cuda) {
-    Outputs o = make_outputs(*layout);
-    const Status st = quantize(Scheme::kInt4Group, c.layout, in.view(), {}, o.views);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    return o.bytes();
-  }
-  DeviceTensor din = to_device(in.bytes, in.dtype, in.shape);
-  std::vector<DeviceTensor> outs;
-  std::vector<TensorView> views;
-  for (const auto& t : *layout) outs.push_back(device_output(t.dtype, t.shape));
-  for (auto& t : outs) views.push_back(t.view);
-  const Status st = quantize(Scheme::kInt4Group, c.layout, din.view, {}, views);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  std::vector<std::vector<uint8_t>> got;
-  for (auto& t : outs) got.push_back(to_host(t.view));
-  return got;
+  return quantize_bytes(Scheme::kInt4Group, c.layout, in, {}, *layout, cuda);
 }
 
 class MarlinTest : public ::testing::TestWithParam<Case> {};
