@@ -195,25 +195,16 @@ Status block_typed(const QuantArgs& a, cudaStream_t st) {
   return ok_status();
 }
 
-template <typename Fn>
-Status by_dtype(DType d, Fn&& fn) {
-  switch (d) {
-    case DType::kBF16: return fn(std::integral_constant<DType, DType::kBF16>{});
-    case DType::kF16: return fn(std::integral_constant<DType, DType::kF16>{});
-    default: return fn(std::integral_constant<DType, DType::kF32>{});
-  }
-}
-
 }  // namespace
 
 Status generic_rows(const QuantArgs& a, cudaStream_t st) {
-  return by_dtype(a.in_dtype, [&](auto d) { return rows_typed<decltype(d)::value>(a, st); });
+  return by_float_dtype(a.in_dtype, [&](auto d) { return rows_typed<decltype(d)::value>(a, st); });
 }
 Status generic_per_tensor(const QuantArgs& a, cudaStream_t st) {
-  return by_dtype(a.in_dtype, [&](auto d) { return per_tensor_typed<decltype(d)::value>(a, st); });
+  return by_float_dtype(a.in_dtype, [&](auto d) { return per_tensor_typed<decltype(d)::value>(a, st); });
 }
 Status generic_block(const QuantArgs& a, cudaStream_t st) {
-  return by_dtype(a.in_dtype, [&](auto d) { return block_typed<decltype(d)::value>(a, st); });
+  return by_float_dtype(a.in_dtype, [&](auto d) { return block_typed<decltype(d)::value>(a, st); });
 }
 
 }  // namespace ferry::kernels::detail::cuda

@@ -239,19 +239,10 @@ Status per_tensor_typed(const QuantArgs& a, cudaStream_t st) {
   return ok_status();
 }
 
-template <typename Fn>
-Status by_dtype(DType d, Fn&& fn) {
-  switch (d) {
-    case DType::kBF16: return fn(std::integral_constant<DType, DType::kBF16>{});
-    case DType::kF16: return fn(std::integral_constant<DType, DType::kF16>{});
-    default: return fn(std::integral_constant<DType, DType::kF32>{});
-  }
-}
-
 }  // namespace
 
 Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st) {
-  return by_dtype(a.in_dtype, [&](auto d) {
+  return by_float_dtype(a.in_dtype, [&](auto d) {
     constexpr DType D = decltype(d)::value;
     if (int8) return rows_typed<D, kInt8Channel>(a, st);
     // kFp8Channel takes the rule's scale; a rule that also encodes otherwise takes kFp8Rule.
@@ -260,7 +251,7 @@ Status quantize_per_channel(const QuantArgs& a, bool int8, cudaStream_t st) {
 }
 
 Status quantize_per_tensor(const QuantArgs& a, cudaStream_t st) {
-  return by_dtype(a.in_dtype, [&](auto d) { return per_tensor_typed<decltype(d)::value>(a, st); });
+  return by_float_dtype(a.in_dtype, [&](auto d) { return per_tensor_typed<decltype(d)::value>(a, st); });
 }
 
 }  // namespace ferry::kernels::detail::cuda
