@@ -57,7 +57,8 @@ class RolloutWorkerImpl final : public RolloutWorker {
     eo.none_dtype = options_.storage->none_dtype();  // f32 or f16 storage is written as such
     eo.rollback = settings.rollback == "host" ? reload::RollbackMode::kHost : reload::RollbackMode::kOff;
     eo.max_staging_bytes = settings.max_staging_bytes;
-    eo.delta_shadow = settings.delta_shadow == "host";
+    eo.delta_shadow = settings.delta_shadow != "off";
+    eo.shadow_on_device = settings.delta_shadow == "device";
     FERRY_ASSIGN_OR_RETURN(engine_, reload::ReloadEngine::create(options_.spec, *options_.storage, std::move(eo)));
     device_ = options_.storage->device();
     receiver_ = std::make_unique<dataplane::BucketReceiver>(*engine_, device_, verify_);

@@ -74,6 +74,7 @@ class TrainerImpl final : public Trainer {
                                             : dataplane::DeltaMode::kAuto;
     ss.delta_max_bytes = settings.delta_max_bytes;
     ss.delta_zstd = static_cast<int>(settings.delta_zstd);
+    ss.delta_copy_on_device = settings.delta_copy == "device";
     stage_ = settings.stage == "on";
     ss.direct = settings.direct == "auto" && transport::ipc_share_available();
     ss.transport = settings.transport;

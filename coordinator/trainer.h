@@ -93,8 +93,9 @@ struct UpdateReport {
   uint64_t direct_bytes = 0;  // of `bytes`, read in place from this trainer's device memory by colocated ranks
   std::vector<uint64_t> buckets;  // buckets this trainer posted to each rank of the update, in plan order
   std::vector<RankDelta> delta;   // per rank of the update, in plan order: dense and delta bytes
-  uint64_t delta_copy_bytes = 0;  // host memory this trainer keeps to compute deltas against
-  uint64_t shadow_bytes = 0;      // host memory the ranks keep as delta shadows (FERRY_DELTA_SHADOW), summed
+  uint64_t delta_copy_bytes =
+      0;                      // memory (host, or device: FERRY_DELTA_COPY) this trainer keeps to compute deltas against
+  uint64_t shadow_bytes = 0;  // memory the ranks keep as delta shadows, host or device (FERRY_DELTA_SHADOW), summed
   uint64_t wire_bytes() const {
     uint64_t b = 0;
     for (const auto& d : delta) b += d.wire_bytes();

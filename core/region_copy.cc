@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "core/device_copy.h"
+
 namespace ferry {
 namespace {
 
@@ -12,7 +14,6 @@ namespace {
 template <typename Fn>
 Status for_each_run(const TensorView& t, const Region& region, size_t io_bytes, Fn&& fn) {
   if (!t.is_contiguous()) return Status::invalid_argument("region copy needs a contiguous tensor: " + t.describe());
-  if (!t.device().is_cpu()) return Status::invalid_argument("region copy runs on host tensors: " + t.describe());
   if (dtype_bits(t.dtype()) % 8) return Status::invalid_argument("region copy needs whole-byte elements");
   if (!region.inside(t.shape())) {
     return Status::out_of_range(fmt::format("region {} outside tensor {}", region.to_string(), t.describe()));
@@ -57,9 +58,54 @@ Status for_each_run(const TensorView& t, const Region& region, size_t io_bytes, 
   return ok_status();
 }
 
+Status host_only(const TensorView& t) {
+  if (t.device().is_cpu()) return ok_status();
+  return Status::invalid_argument("region copy runs on host tensors: " + t.describe());
+}
+
+// The runs of a region of a device tensor, each as a copy between it and `packed`, the runs that
+// lie a fixed pitch apart merged into one strided copy; queued on this thread's stream of the
+// device, then waited for.
+Status copy_region_on_device(const TensorView& t, const Region& region, void* packed, size_t bytes, bool to_packed) {
+  if (!t.device().is_cuda()) return Status::invalid_argument("device region copy of a host tensor: " + t.describe());
+  auto* base = static_cast<uint8_t*>(t.data());
+  auto* p = static_cast<uint8_t*>(packed);
+  struct Group {
+    size_t t_off = 0, p_off = 0, run = 0, pitch = 0, rows = 0;
+  } g;
+  Status st = ok_status();
+  const auto flush = [&] {
+    if (g.rows == 0 || !st.ok()) return;
+    st = to_packed ? copy_rows_async(t.device().index, p + g.p_off, g.run, base + g.t_off, g.pitch, g.run, g.rows)
+                   : copy_rows_async(t.device().index, base + g.t_off, g.pitch, p + g.p_off, g.run, g.run, g.rows);
+    g.rows = 0;
+  };
+  FERRY_RETURN_IF_ERROR(for_each_run(t, region, bytes, [&](size_t t_off, size_t p_off, size_t n) {
+    if (g.rows == 1) g.pitch = t_off - g.t_off;
+    if (g.rows > 0 && n == g.run && p_off == g.p_off + g.rows * n && t_off == g.t_off + g.rows * g.pitch) {
+      ++g.rows;
+      return;
+    }
+    flush();
+    g = Group{t_off, p_off, n, n, 1};
+  }));
+  flush();
+  FERRY_RETURN_IF_ERROR(st);
+  return wait_copies(t.device().index);
+}
+
 }  // namespace
 
+Status pack_region_on_device(const TensorView& tensor, const Region& region, void* out, size_t out_bytes) {
+  return copy_region_on_device(tensor, region, out, out_bytes, /*to_packed=*/true);
+}
+
+Status unpack_region_on_device(const TensorView& tensor, const Region& region, const void* in, size_t in_bytes) {
+  return copy_region_on_device(tensor, region, const_cast<void*>(in), in_bytes, /*to_packed=*/false);
+}
+
 Status pack_region(const TensorView& tensor, const Region& region, void* out, size_t out_bytes) {
+  FERRY_RETURN_IF_ERROR(host_only(tensor));
   const auto* base = static_cast<const uint8_t*>(tensor.data());
   auto* o = static_cast<uint8_t*>(out);
   return for_each_run(tensor, region, out_bytes,
@@ -67,6 +113,7 @@ Status pack_region(const TensorView& tensor, const Region& region, void* out, si
 }
 
 Status unpack_region(const TensorView& tensor, const Region& region, const void* in, size_t in_bytes) {
+  FERRY_RETURN_IF_ERROR(host_only(tensor));
   auto* base = static_cast<uint8_t*>(tensor.data());
   const auto* i = static_cast<const uint8_t*>(in);
   return for_each_run(tensor, region, in_bytes,
@@ -74,8 +121,11 @@ Status unpack_region(const TensorView& tensor, const Region& region, const void*
 }
 
 const uint8_t* region_span(const TensorView& tensor, const Region& region) {
-  if (!tensor.device().is_cpu() || !tensor.is_contiguous() || dtype_bits(tensor.dtype()) % 8 ||
-      !region.inside(tensor.shape())) {
+  return tensor.device().is_cpu() ? region_span_anywhere(tensor, region) : nullptr;
+}
+
+const uint8_t* region_span_anywhere(const TensorView& tensor, const Region& region) {
+  if (!tensor.is_contiguous() || dtype_bits(tensor.dtype()) % 8 || !region.inside(tensor.shape())) {
     return nullptr;
   }
   // One run: past the first dimension the region does not span whole, every dimension is whole,

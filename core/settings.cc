@@ -62,10 +62,15 @@ constexpr SettingInfo kSettings[] = {
      "trainer: zstd level for delta pieces, whose changed values then travel as XORs with the old ones "
      "(about 2.4 x fewer bytes than plain deltas for Adam steps; pays on links of about 1 Gbit/s and slower); 0: off",
      "", &Settings::delta_zstd, 0, 19},
+    {"FERRY_DELTA_COPY", SettingType::kChoice, "host",
+     "trainer: where a GPU tensor's copy of the last version sent is kept: host (the tensor crosses to the host "
+     "and is compared there), or device (kept in its GPU's memory and compared there; only the changes cross)",
+     "host device", &Settings::delta_copy},
     {"FERRY_DELTA_SHADOW", SettingType::kChoice, "host",
-     "rank: keep a full-precision host copy of its shard so that deltas apply on top of it (off: every "
-     "update to this rank is sent whole)",
-     "host off", &Settings::delta_shadow},
+     "rank: keep a full-precision copy of its shard so that deltas apply on top of it: in host memory, or "
+     "(device) in its GPU's memory, where only the changed elements then cross to the device (off: every update to "
+     "this rank is sent whole)",
+     "host device off", &Settings::delta_shadow},
     {"FERRY_STAGE", SettingType::kChoice, "off",
      "trainer: ranks receive each update into staging while they serve, and pause only to apply it "
      "(needs host memory for a rank's full-precision input, within FERRY_MAX_STAGING_BYTES)",

@@ -48,6 +48,7 @@ struct Settings {
   uint64_t delta_max_bytes = uint64_t{64} << 30;   // FERRY_DELTA_MAX_BYTES
   int64_t delta_zstd = 0;                          // FERRY_DELTA_ZSTD, 0 (off) to 19
   std::string delta_shadow = "host";               // FERRY_DELTA_SHADOW
+  std::string delta_copy = "host";                 // FERRY_DELTA_COPY
   std::string stage = "off";                       // FERRY_STAGE
 
   // Where each value that is not its default came from, by variable name.

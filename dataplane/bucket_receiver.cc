@@ -170,11 +170,15 @@ Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst,
     encoded = host.data();
   }
   const size_t elem = std::max<size_t>(dtype_bits(dtype) / 8, 1);
-  return engine_.take_delta_piece(p.param(), 0, dst, dtype, p.bytes(), p.base_version(),
-                                  [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
-                                    return apply_delta(encoding, encoded, p.encoded_bytes(), values, bytes / elem, elem,
-                                                       changed);
-                                  });
+  const size_t n = p.bytes() / elem;
+  reload::ReloadEngine::DeltaSource source;
+  source.apply = [&](uint8_t* values, size_t, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
+    return apply_delta(encoding, encoded, p.encoded_bytes(), values, n, elem, changed);
+  };
+  source.decode = [&](kernels::DeltaRuns& runs) {
+    return delta_runs(encoding, encoded, p.encoded_bytes(), n, elem, runs);
+  };
+  return engine_.take_delta_piece(p.param(), 0, dst, dtype, p.bytes(), p.base_version(), source);
 }
 
 Status BucketReceiver::announce(const wire::IpcAllocation& a) {

@@ -79,7 +79,9 @@ struct BucketSender::Destination {
 
 BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> on_posted)
     : settings_(settings), on_posted_(std::move(on_posted)), exporter_(std::make_unique<transport::IpcExporter>()) {
-  if (settings_.delta != DeltaMode::kOff) bases_ = std::make_unique<DeltaBases>(settings_.delta_max_bytes);
+  if (settings_.delta != DeltaMode::kOff) {
+    bases_ = std::make_unique<DeltaBases>(settings_.delta_max_bytes, settings_.delta_copy_on_device);
+  }
 }
 
 uint64_t BucketSender::delta_copy_bytes() const { return bases_ ? bases_->bytes() : 0; }
@@ -443,13 +445,22 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
                                        ? bases_->find(name, held, tensor_in.dtype(), tensor_in.shape())
                                        : nullptr;
     if (base != nullptr && base->version != d.delta_base) base = nullptr;
+    // A copy kept on the device is compared there, for a box that is one run of the tensor; any
+    // other box goes dense (its old values are not on the host).
+    const bool device_delta = base != nullptr && base->values.device().is_cuda();
+    if (device_delta &&
+        (base->values.device() != tensor_in.device() || region_span_anywhere(tensor_in, piece.src) == nullptr)) {
+      base = nullptr;
+    }
     // Into a device bucket, rows that are contiguous runs are copied straight from the tensor (a
     // delta is encoded on the host).
     const auto runs = d.bucket_device.is_cuda() && base == nullptr
                           ? row_runs(tensor_in.shape(), tensor_in.dtype(), piece.src)
                           : std::nullopt;
     if (runs) FERRY_RETURN_IF_ERROR(sync_source(tensor_in.device()).with_context(name));
-    if (!runs && !tensor.device().is_cpu()) FERRY_RETURN_IF_ERROR(host_copy(tensor_in, host, tensor).with_context(name));
+    if (!runs && !(device_delta && base != nullptr) && !tensor.device().is_cpu()) {
+      FERRY_RETURN_IF_ERROR(host_copy(tensor_in, host, tensor).with_context(name));
+    }
     any_bytes = true;
     const sharding::PieceRows pr = sharding::piece_rows(piece.src.size, piece.bytes);
     for (int64_t row = 0; row < pr.rows;) {
@@ -470,8 +481,13 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
   // it is on the host (a device tensor's bytes are, once a piece travelled as host bytes). A device
   // tensor read in place (direct reads) or copied device to device (nccl, cuda_ipc) keeps none: its
   // ranks' shadows miss those pieces too, and a copy would cost every byte once more.
-  if (bases_ && keep_bases_ && tensor.device().is_cpu() && (any_bytes || pieces_given_[source] == 0)) {
-    bases_->record(name, held, tensor, version_);
+  // A copy kept on the device (FERRY_DELTA_COPY=device) is taken there, from the tensor itself.
+  if (bases_ && keep_bases_ && (any_bytes || pieces_given_[source] == 0)) {
+    if (bases_->keeps_on(tensor_in.device())) {
+      bases_->record(name, held, tensor_in, version_);
+    } else if (tensor.device().is_cpu()) {
+      bases_->record(name, held, tensor, version_);
+    }
   }
   return ok_status();
 }

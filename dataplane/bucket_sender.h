@@ -48,6 +48,7 @@ struct BucketSenderSettings {
   DeltaMode delta = DeltaMode::kOff;
   uint64_t delta_max_bytes = 0;  // FERRY_DELTA_MAX_BYTES: the copies kept for deltas
   int delta_zstd = 0;            // FERRY_DELTA_ZSTD: zstd level for delta pieces (0: off)
+  bool delta_copy_on_device = false;  // FERRY_DELTA_COPY=device: a GPU tensor's copy and compare on its GPU
   bool direct = false;        // FERRY_DIRECT allows direct reads
   std::string transport = "auto";  // FERRY_TRANSPORT: the one allowed, or "auto"
   // What the transports it creates are made with; also the sender's deadlines (timeout) and the

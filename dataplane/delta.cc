@@ -275,6 +275,13 @@ uint8_t* put_varint(uint8_t* w, uint64_t v) {
   return w;
 }
 
+// Room for the bitmap of n elements, padded with clear bits to whole 64-bit words (for_each_run).
+uint8_t* scan_bitmap(Scratch& memory, size_t n) {
+  uint8_t* bitmap = memory.get((n + 63) / 64 * 8 + 16);
+  std::memset(bitmap + (n + 7) / 8 / 8 * 8, 0, 16);
+  return bitmap;
+}
+
 }  // namespace
 
 std::string_view encoding_name(DeltaEncoding encoding) {
@@ -291,15 +298,23 @@ std::string_view encoding_name(DeltaEncoding encoding) {
 
 DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool prefer_delta,
                          std::vector<uint8_t>& out, bool xor_values) {
-  out.clear();
-  thread_local Scratch bitmap_memory, values_memory, runs_memory;
+  thread_local Scratch bitmap_memory, values_memory;
   // The scan's bitmap, padded with clear bits to whole words, and the changed values (as many as
   // n at most; only what is written is touched).
-  const size_t map_bytes = (n + 7) / 8;
-  uint8_t* bitmap = bitmap_memory.get((n + 63) / 64 * 8 + 16);
-  std::memset(bitmap + map_bytes / 8 * 8, 0, 16);
+  uint8_t* bitmap = scan_bitmap(bitmap_memory, n);
   uint8_t* values = values_memory.get(std::max<size_t>(n * elem, 1));
   const uint64_t k = scan_parallel(before, after, n, elem, xor_values, bitmap, values);
+  const DeltaChoice choice = encode_scanned(bitmap, values, k, n, elem, prefer_delta, out);
+  bitmap_memory.trim();
+  values_memory.trim();
+  return choice;
+}
+
+DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_t k, size_t n, size_t elem,
+                           bool prefer_delta, std::vector<uint8_t>& out) {
+  out.clear();
+  thread_local Scratch runs_memory;
+  const size_t map_bytes = (n + 7) / 8;
   // The runs' varints, for as long as they stay smaller than the bitmap (past it, the bitmap wins).
   uint8_t* runs = runs_memory.get(map_bytes + 32);
   uint8_t* w = runs;
@@ -330,8 +345,6 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
     }
     if (value_bytes != 0) std::memcpy(o, values, value_bytes);
   }
-  bitmap_memory.trim();
-  values_memory.trim();
   runs_memory.trim();
   return choice;
 }
@@ -400,6 +413,37 @@ Result<std::pair<const uint8_t*, size_t>> unpack_field(uint32_t field, const uin
 }
 
 }  // namespace
+
+Status delta_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
+                  kernels::DeltaRuns& out) {
+  out.runs.clear();
+  out.inflated.clear();
+  out.values = nullptr;
+  out.changed = 0;
+  out.xor_values = (field & kDeltaXor) != 0;
+  thread_local Scratch inflated;
+  const TrimOnExit trim{inflated};
+  FERRY_ASSIGN_OR_RETURN(auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
+  const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
+  // Checked whole first, as apply_delta does; the values follow the runs or the bitmap, in order.
+  FERRY_ASSIGN_OR_RETURN(out.changed,
+                         walk(encoding, bytes.first, bytes.second, n, elem, [](size_t, const uint8_t*) {}));
+  const size_t value_bytes = static_cast<size_t>(out.changed) * elem;
+  const uint8_t* values = bytes.first + bytes.second - value_bytes;
+  if ((field & kDeltaZstd) != 0) {
+    out.inflated.assign(values, values + value_bytes);
+    values = out.inflated.data();
+  }
+  out.values = values;
+  FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [&](size_t e, const uint8_t*) {
+                          if (!out.runs.empty() && out.runs.back().first + out.runs.back().second == e) {
+                            ++out.runs.back().second;
+                          } else {
+                            out.runs.emplace_back(e, 1);
+                          }
+                        }).status());
+  return ok_status();
+}
 
 Result<uint64_t> delta_changed(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem) {
   thread_local Scratch inflated;

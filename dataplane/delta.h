@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/delta.h"
 
 namespace ferry::dataplane {
 
@@ -43,6 +44,11 @@ struct DeltaChoice {
 DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool prefer_delta,
                          std::vector<uint8_t>& out, bool xor_values = false);
 
+// encode_delta's choice for a scan made elsewhere (on a device, kernels/delta.h): `bitmap` of the n
+// elements (padded with clear bits to whole 64-bit words) and the k changed `values` in order.
+DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_t k, size_t n, size_t elem,
+                           bool prefer_delta, std::vector<uint8_t>& out);
+
 // Replaces `encoded` by one zstd frame of it at `level` when that saves at least an eighth of its
 // bytes; returns whether it did (the piece then carries kDeltaZstd).
 bool compress_delta(std::vector<uint8_t>& encoded, int level);
@@ -59,6 +65,11 @@ inline Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t
                           size_t n, size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr) {
   return apply_delta(static_cast<uint32_t>(encoding), encoded, encoded_bytes, values, n, elem, changed);
 }
+
+// `encoded`'s changed elements as runs and values (kernels::DeltaRuns), for a destination apply_delta
+// cannot write (device memory); the same checks as apply_delta.
+Status delta_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
+                  kernels::DeltaRuns& out);
 
 // How many elements `encoded` says changed; the same checks as apply_delta, nothing written.
 Result<uint64_t> delta_changed(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem);

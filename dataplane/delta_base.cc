@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/device_copy.h"
 #include "core/log.h"
 #include "core/region_copy.h"
 #include "dataplane/delta.h"
@@ -20,11 +21,12 @@ const DeltaBases::Base* DeltaBases::find(const std::string& name, const Region& 
   return &it->second;
 }
 
-void DeltaBases::record(const std::string& name, const Region& held, const TensorView& host, uint64_t version) {
+void DeltaBases::record(const std::string& name, const Region& held, const TensorView& tensor, uint64_t version) {
   const std::string k = key(name, held);
   auto it = bases_.find(k);
-  const uint64_t want = host.nbytes();
-  if (it != bases_.end() && it->second.values.size() != want) {
+  const uint64_t want = tensor.nbytes();
+  const Device where = keeps_on(tensor.device()) ? tensor.device() : Device::cpu();
+  if (it != bases_.end() && (it->second.values.size() != want || it->second.values.device() != where)) {
     bytes_ -= it->second.values.size();
     bases_.erase(it);
     it = bases_.end();
@@ -39,9 +41,9 @@ void DeltaBases::record(const std::string& name, const Region& held, const Tenso
       }
       return;
     }
-    auto b = Buffer::allocate(want);
+    auto b = Buffer::allocate(want, where);
     if (!b.ok()) {
-      FERRY_LOG_WARN("{} is sent whole every update: no host memory for its delta copy ({})", name,
+      FERRY_LOG_WARN("{} is sent whole every update: no {} memory for its delta copy ({})", name, where.to_string(),
                      b.status().message());
       return;
     }
@@ -51,9 +53,16 @@ void DeltaBases::record(const std::string& name, const Region& held, const Tenso
     bytes_ += want;
   }
   Base& base = it->second;
-  base.dtype = host.dtype();
-  base.shape = host.shape();
-  std::memcpy(base.values.data(), host.data(), want);
+  base.dtype = tensor.dtype();
+  base.shape = tensor.shape();
+  base.version = 0;
+  if (where.is_cpu() && tensor.device().is_cpu()) {
+    std::memcpy(base.values.data(), tensor.data(), want);
+  } else if (const Status st = copy_bytes(base.values.data(), where, tensor.data(), tensor.device(), want); !st.ok()) {
+    // Kept without a version: no delta is computed against it.
+    FERRY_LOG_WARN("{}: its delta copy was not taken ({}); the next update sends it whole", name, st.message());
+    return;
+  }
   base.version = version;
 }
 
@@ -69,13 +78,16 @@ Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, c
   // Sub-byte elements (packed int4) compare byte by byte.
   const size_t elem = std::max<size_t>(dtype_bits(base.dtype) / 8, 1);
   const bool zstd = options.zstd > 0;
-  const DeltaChoice c = encode_delta(old, packed, bytes / elem, elem, options.prefer, encoded, zstd);
-  uint32_t field = static_cast<uint32_t>(c.encoding);
-  if (field != 0 && zstd) {
+  return finish_part(encode_delta(old, packed, bytes / elem, elem, options.prefer, encoded, zstd), options, encoded);
+}
+
+PartDelta finish_part(const DeltaChoice& choice, const DeltaOptions& options, std::vector<uint8_t>& encoded) {
+  uint32_t field = static_cast<uint32_t>(choice.encoding);
+  if (field != 0 && options.zstd > 0) {
     field |= kDeltaXor;
     if (compress_delta(encoded, options.zstd)) field |= kDeltaZstd;
   }
-  return PartDelta{field, c.changed};
+  return PartDelta{field, choice.changed};
 }
 
 }  // namespace ferry::dataplane

@@ -1,7 +1,8 @@
 // What a sender last sent, kept so that the next update can send only what changed (delta.h).
 //
-// One host copy per (manifest tensor, held box): the whole local tensor this sender held at the
-// version it was recorded at, whichever pieces of it went where. A delta for a rank is computed
+// One copy per (manifest tensor, held box), in host memory, or (device_copies, FERRY_DELTA_COPY=device)
+// a GPU tensor's in its own device's memory, where the compare then runs (kernels/delta.h): the whole local tensor this
+// sender held at the version it was recorded at, whichever pieces of it went where. A delta for a rank is computed
 // against it only when the rank holds exactly that version (Member.delta_base); any other rank gets
 // dense bytes. The copies are bounded (FERRY_DELTA_MAX_BYTES): a tensor that does not fit keeps no
 // copy and always travels dense, with one warning naming the bound.
@@ -14,25 +15,30 @@
 
 #include "core/buffer.h"
 #include "core/tensor.h"
+#include "dataplane/delta.h"
 
 namespace ferry::dataplane {
 
 class DeltaBases {
  public:
-  explicit DeltaBases(uint64_t max_bytes) : max_bytes_(max_bytes) {}
+  explicit DeltaBases(uint64_t max_bytes, bool device_copies = false)
+      : max_bytes_(max_bytes), device_copies_(device_copies) {}
 
   struct Base {
     uint64_t version = 0;
     DType dtype = DType::kBF16;
     Shape shape;
-    Buffer values;  // contiguous, host
-    TensorView view() const { return TensorView(values.data(), dtype, shape); }
+    Buffer values;  // contiguous; on the host, or on the tensor's device
+    TensorView view() const { return TensorView(values.data(), dtype, shape, values.device()); }
   };
   // The copy kept for `name`'s box `held`, when it is of `dtype` and `shape`; else null.
   const Base* find(const std::string& name, const Region& held, DType dtype, const Shape& shape) const;
-  // Keeps `host` (the local tensor, contiguous on the host) as sent at `version`. A tensor past the
-  // bound is dropped, and warned about once.
-  void record(const std::string& name, const Region& held, const TensorView& host, uint64_t version);
+  // Keeps `tensor` (the local tensor, contiguous) as sent at `version`: on the host, or on its device
+  // when it is on one and copies are kept there. A tensor past the bound is dropped, and warned
+  // about once.
+  void record(const std::string& name, const Region& held, const TensorView& tensor, uint64_t version);
+  // Whether a tensor on `device` keeps its copy there (and is compared there).
+  bool keeps_on(Device device) const { return device_copies_ && device.is_cuda(); }
   // Drops every copy.
   void clear() {
     bases_.clear();
@@ -45,6 +51,7 @@ class DeltaBases {
   static std::string key(const std::string& name, const Region& held);
 
   uint64_t max_bytes_;
+  bool device_copies_;
   uint64_t bytes_ = 0;
   bool warned_ = false;
   std::map<std::string, Base> bases_;
@@ -66,6 +73,9 @@ struct PartDelta {
   uint32_t encoding = 0;
   uint64_t changed = 0;
 };
+// The encoding field of a choice (DeltaChoice), with the flags `options` add: the values as XORs,
+// and `encoded` replaced by a zstd frame where that pays.
+PartDelta finish_part(const DeltaChoice& choice, const DeltaOptions& options, std::vector<uint8_t>& encoded);
 Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, const uint8_t* packed, size_t bytes,
                               const DeltaOptions& options, std::vector<uint8_t>& scratch,
                               std::vector<uint8_t>& encoded);

@@ -1,10 +1,12 @@
 #include "dataplane/piece_pack.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/device_copy.h"
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
+#include "kernels/delta.h"
 
 namespace ferry::dataplane {
 namespace {
@@ -16,6 +18,52 @@ Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes)
     return ok_status();
   }
   return copy_now(bucket_device.index, where, from, bytes);
+}
+
+// A part compared on the device against a copy kept there: the changed elements' bitmap and values
+// come to the host, where the smallest encoding is chosen (encode_scanned, the host codec's choice),
+// or the part's dense bytes when no encoding is smaller.
+Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src,
+                         const Region& dst, DType dtype, const TensorView& tensor, size_t bytes,
+                         const DeltaBases::Base& base, const DeltaOptions& delta, PackScratch& scratch,
+                         DeltaTally& tally) {
+  const Device device = tensor.device();
+  const uint8_t* now = region_span_anywhere(tensor, src);
+  const uint8_t* old = region_span_anywhere(base.view(), src);
+  if (now == nullptr || old == nullptr) return Status::internal("a device delta of a box that is not one run");
+  const size_t elem = std::max<size_t>(dtype_bits(base.dtype) / 8, 1);
+  const size_t n = bytes / elem;
+  const size_t map_bytes = (n + 7) / 8;
+  const size_t values_at = (map_bytes + 15) / 16 * 16;
+  if (scratch.device_scan.size() < values_at + bytes || scratch.device_scan.device() != device) {
+    scratch.device_scan.reset();
+    FERRY_ASSIGN_OR_RETURN(scratch.device_scan, Buffer::allocate(values_at + bytes, device));
+  }
+  auto* out = scratch.device_scan.data_as<uint8_t>();
+  FERRY_ASSIGN_OR_RETURN(const uint64_t k, kernels::scan_changes_on_device(device.index, old, now, n, elem,
+                                                                           delta.zstd > 0, out, out + values_at));
+  tally.elements += n;
+  tally.changed += k;
+  // No encoding is smaller than its values: past that the dense bytes go, unless a delta is preferred.
+  if (delta.prefer || k * elem + 1 < bytes) {
+    // The bitmap padded with clear bits to whole 64-bit words, as encode_scanned reads it.
+    scratch.bitmap.assign((n + 63) / 64 * 8, 0);
+    scratch.values.resize(std::max<size_t>(k * elem, 1));
+    FERRY_RETURN_IF_ERROR(copy_bytes(scratch.bitmap.data(), Device::cpu(), out, device, map_bytes));
+    FERRY_RETURN_IF_ERROR(copy_bytes(scratch.values.data(), Device::cpu(), out + values_at, device, k * elem));
+    const PartDelta pd = finish_part(
+        encode_scanned(scratch.bitmap.data(), scratch.values.data(), k, n, elem, delta.prefer, scratch.encoded), delta,
+        scratch.encoded);
+    if (pd.encoding != 0 && scratch.encoded.size() <= bucket.payload_room()) {
+      uint8_t* where =
+          bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base.version, scratch.encoded.size());
+      tally.delta_bytes += scratch.encoded.size();
+      tally.delta_dense_bytes += bytes;
+      return put(bucket_device, where, scratch.encoded.data(), scratch.encoded.size());
+    }
+  }
+  tally.dense_bytes += bytes;
+  return copy_bytes(bucket.add_piece(param, dst, dtype, bytes), bucket_device, now, device, bytes);
 }
 
 }  // namespace
@@ -45,6 +93,10 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
                  const TensorView& host, int64_t row, int64_t rows, size_t row_bytes, const DeltaBases::Base* base,
                  const DeltaOptions& delta, PackScratch& scratch, DeltaTally& tally) {
   const size_t bytes = static_cast<size_t>(rows) * row_bytes;
+  if (base != nullptr && base->values.device().is_cuda()) {
+    return pack_device_delta(bucket, bucket_device, param, src, dst, dtype, tensor, bytes, *base, delta, scratch,
+                             tally);
+  }
   if (base != nullptr) {
     // The new elements: read in place when the box is one run of the host tensor.
     const uint8_t* now = region_span(host, src);

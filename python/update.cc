@@ -229,9 +229,9 @@ void init_update(py::module_& m) {
       .def_readonly("staged", &UpdateReport::staged)
       .def_readonly("apply_seconds", &UpdateReport::apply_seconds, "staged: the longest apply of a replica")
       .def_readonly("delta_copy_bytes", &UpdateReport::delta_copy_bytes,
-                    "host memory this trainer keeps to compute deltas against")
+                    "memory (host, or device: FERRY_DELTA_COPY) this trainer keeps to compute deltas against")
       .def_readonly("shadow_bytes", &UpdateReport::shadow_bytes,
-                    "host memory the ranks keep as delta shadows (FERRY_DELTA_SHADOW), summed")
+                    "memory the ranks keep as delta shadows, host or device (FERRY_DELTA_SHADOW), summed")
       .def_property_readonly("wire_bytes", &UpdateReport::wire_bytes, "payload bytes this trainer sent, over ranks")
       .def_property_readonly(
           "delta_bytes",

@@ -55,6 +55,11 @@ Result<std::unique_ptr<ReloadEngine>> ReloadEngine::create(sharding::RankSpec sp
 Status ReloadEngine::init() {
   FERRY_RETURN_IF_ERROR(sharding::validate_rank_spec(spec_, spec_.expects));
   FERRY_RETURN_IF_ERROR(check_engine_layout(spec_));
+  if (options_.delta_shadow && options_.shadow_on_device && !storage_.device().is_cuda()) {
+    return Status::invalid_argument(fmt::format(
+        "FERRY_DELTA_SHADOW=device: this rank's storage is on {}, not a GPU (host keeps the shadow in host memory)",
+        storage_.device().to_string()));
+  }
   max_staging_ = options_.max_staging_bytes;
   rollback_ = options_.rollback;
   // Resolved once: the CPU kernels ask the system for its core count on every call otherwise, a

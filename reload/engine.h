@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "kernels/delta.h"
 #include "reload/buffer_pool.h"
 #include "reload/coverage.h"
 #include "reload/host_snapshots.h"
@@ -64,9 +65,13 @@ struct EngineOptions {
   // Bound on out-of-order staging (FERRY_MAX_STAGING_BYTES at a rank), host and device staging
   // together; 0: none beyond one layer.
   uint64_t max_staging_bytes = 0;
-  // Keep a full-precision host copy of every input (the shadow), so that delta pieces apply on top
-  // of the version it holds (FERRY_DELTA_SHADOW=host at a rank).
+  // Keep a full-precision copy of every input (the shadow), so that delta pieces apply on top of the
+  // version it holds (FERRY_DELTA_SHADOW=host|device at a rank).
   bool delta_shadow = false;
+  // The shadow in the storage's device memory (FERRY_DELTA_SHADOW=device; device storage only): a
+  // delta's changed elements are written there by a kernel, and its parameters are processed from
+  // it in place, so the host holds no copy and only the changes cross to the device.
+  bool shadow_on_device = false;
 };
 
 struct EngineReport {
@@ -84,7 +89,7 @@ struct EngineReport {
   double process_seconds = 0;        // time in processing kernels and copy-in
   uint64_t delta_pieces = 0;         // pieces that arrived as deltas
   uint64_t kept_rows = 0;            // rows of delta-only parameters left as they were: nothing in them changed
-  uint64_t shadow_bytes = 0;         // host memory of the delta shadow
+  uint64_t shadow_bytes = 0;         // memory of the delta shadow (host, or the storage's device)
   Census census;
 };
 
@@ -137,8 +142,18 @@ class ReloadEngine {
   // `changed` receives the runs of elements (of the piece, packed) it changed.
   using DeltaApply =
       std::function<Status(uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed)>;
+  // A delta as the engine may take it: applied onto host values, or decoded into runs and values
+  // for a shadow in device memory (the only form a device shadow takes).
+  struct DeltaSource {
+    DeltaApply apply;
+    std::function<Status(kernels::DeltaRuns& runs)> decode;
+  };
   Status take_delta_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
-                          uint64_t base_version, const DeltaApply& apply);
+                          uint64_t base_version, const DeltaSource& delta);
+  Status take_delta_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
+                          uint64_t base_version, const DeltaApply& apply) {
+    return take_delta_piece(param, input, dst, dtype, bytes, base_version, DeltaSource{apply, {}});
+  }
   // The version the shadow holds complete (0: none, or the shadow is off): deltas against it apply.
   uint64_t delta_base() const { return shadow_version_; }
   // This update's pieces do not all reach the shadow (a colocated sender's direct pieces, read in
@@ -268,6 +283,10 @@ class ReloadEngine {
   Status shadow_write(uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
                       Device data_device);
   Result<TensorView> shadow_view(uint32_t param, uint32_t input, bool allocate);
+  Device shadow_device() const { return options_.shadow_on_device ? storage_.device() : Device::cpu(); }
+  // A delta into a device shadow: its runs written by a kernel, the new values then lent to apply().
+  Status take_device_delta(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
+                           const TensorView& shadow, const DeltaSource& delta);
   // Processes only the changed rows of a delta-only parameter; false when it cannot (the kernel is
   // not row-local for them, or its pieces were processed on arrival), and the caller processes all.
   Result<bool> process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
@@ -319,6 +338,7 @@ class ReloadEngine {
   // Delta shadow, per parameter per input; the version it holds complete (0 during an update), the
   // one it held when the update began, and whether this update's pieces all reached it.
   std::vector<std::vector<Buffer>> shadow_;
+  Buffer delta_upload_;  // a device shadow's deltas: their chunks and values, on the device
   uint64_t shadow_version_ = 0;
   uint64_t shadow_base_ = 0;
   bool shadow_stale_ = false;

@@ -34,12 +34,12 @@ Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, boo
   Buffer& b = per_input[input];
   if (b.data() == nullptr) {
     if (!allocate) return Status::internal(fmt::format("no shadow of {}", input_name(param, input)));
-    FERRY_ASSIGN_OR_RETURN(b, Buffer::allocate(dtype_bytes(in.dtype, shape_numel(in.shape))));
+    FERRY_ASSIGN_OR_RETURN(b, Buffer::allocate(dtype_bytes(in.dtype, shape_numel(in.shape)), shadow_device()));
     // Padding no piece covers stays zero, as in staging: a row re-processed from the shadow holds it.
-    std::memset(b.data(), 0, b.size());
+    FERRY_RETURN_IF_ERROR(b.zero());
     report_.shadow_bytes += b.size();
   }
-  return TensorView(b.data(), in.dtype, in.shape);
+  return TensorView(b.data(), in.dtype, in.shape, b.device());
 }
 
 void ReloadEngine::note_sender(int64_t sender, bool sends_deltas) {
@@ -59,6 +59,11 @@ Status ReloadEngine::shadow_write(uint32_t param, uint32_t input, const Region& 
     const auto* p = static_cast<const uint8_t*>(data);
     if (p >= b.data_as<uint8_t>() && p < b.data_as<uint8_t>() + b.size()) return ok_status();
   }
+  if (options_.shadow_on_device) {
+    // Host or device bytes into device memory: strided copies, no kernel.
+    FERRY_ASSIGN_OR_RETURN(TensorView shadow, shadow_view(param, input, /*allocate=*/true));
+    return unpack_region_on_device(shadow, dst, data, bytes);
+  }
   if (!data_device.is_cpu()) {
     // A device bucket's piece (nccl, cuda_ipc): copying every byte back to the host would cost the
     // update more than a delta could save on such links. The shadow misses it; the next update
@@ -71,7 +76,7 @@ Status ReloadEngine::shadow_write(uint32_t param, uint32_t input, const Region& 
 }
 
 Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
-                                      uint64_t base_version, const DeltaApply& apply_delta) {
+                                      uint64_t base_version, const DeltaSource& delta) {
   if (!in_update_) return Status::failed_precondition("delta piece received outside an update");
   FERRY_RETURN_IF_ERROR(check_piece(param, input, dst, dtype, bytes));
   const std::string name = input_name(param, input);
@@ -92,6 +97,9 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
     return Status::invalid_argument(fmt::format("{}: delta piece {} outside {}", name, dst.to_string(),
                                                 shape_to_string(shadow.shape())));
   }
+  if (options_.shadow_on_device) return take_device_delta(param, input, dst, dtype, bytes, shadow, delta);
+  const DeltaApply& apply_delta = delta.apply;
+  if (!apply_delta) return Status::internal(fmt::format("{}: a delta without a host form", name));
   // Whole rows are one run of the shadow: the delta lands there in place, and the engine is lent
   // those bytes (they stay put until the update ends: every region is written once per update).
   // A piece that breaks coverage (a region sent twice) is refused by apply() after its delta was

@@ -66,7 +66,7 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
 
 if want tests; then
 for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test \
-         kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test core_buffer_test dataplane_bucket_test \
+         kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test kernels_delta_test core_buffer_test dataplane_bucket_test \
          reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test reload_band_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
@@ -163,10 +163,13 @@ if want sharded; then
   done
 fi
 # delta: the colocated 8B fp8_per_channel update whose weights follow Adam steps (lr 1e-6): direct
-# reads (dense, the default path), bytes over shm, deltas over shm, and deltas staged while serving.
+# reads (dense, the default path), bytes over shm, deltas over shm, and deltas staged while serving;
+# then deltas compared and applied on the GPU (device copy at the trainer, device shadows at the ranks).
 if want delta; then
   for how in "FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=off" "FERRY_DIRECT=off FERRY_DELTA=on" \
-             "FERRY_DIRECT=off FERRY_DELTA=on FERRY_STAGE=on"; do
+             "FERRY_DIRECT=off FERRY_DELTA=on FERRY_STAGE=on" \
+             "FERRY_DIRECT=off FERRY_DELTA=on FERRY_DELTA_COPY=device FERRY_DELTA_SHADOW=device" \
+             "FERRY_DIRECT=off FERRY_DELTA=on FERRY_DELTA_COPY=device FERRY_DELTA_SHADOW=device FERRY_STAGE=on"; do
     echo "=== colocated adam $how" >> "$out/tests.log"
     env $how timeout 500 "$bin/ferry-bench-colocated" --scheme fp8_per_channel --change adam \
       --updates "${FERRY_GPU_DELTA_UPDATES:-3}" --json >> "$out/results.jsonl" 2>> "$out/tests.log" ||

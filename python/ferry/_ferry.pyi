@@ -247,12 +247,12 @@ class UpdateReport:
     @property
     def delta_copy_bytes(self) -> int:
         """
-        host memory this trainer keeps to compute deltas against
+        memory (host, or device: FERRY_DELTA_COPY) this trainer keeps to compute deltas against
         """
     @property
     def shadow_bytes(self) -> int:
         """
-        host memory the ranks keep as delta shadows (FERRY_DELTA_SHADOW), summed
+        memory the ranks keep as delta shadows, host or device (FERRY_DELTA_SHADOW), summed
         """
     @property
     def wire_bytes(self) -> int:

@@ -23,6 +23,7 @@
 #include "tests/common/scoped_env.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/coordinator/process.h"
+#include "tests/coordinator/version_changes.h"
 #include "transport/transport.h"
 
 namespace ferry::testutil {
@@ -97,6 +98,7 @@ struct DeviceCase {
   int tp;
   int trainer_gpu;
   int rank_gpu;
+  Scheme scheme = Scheme::kFp8PerTensor;
 };
 
 std::ostream& operator<<(std::ostream& os, const DeviceCase& c) { return os << c.transport; }
@@ -122,7 +124,7 @@ class DeviceReplica {
     // Device transports move memory of the device current when they are made: the storage's.
     FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(c_.rank_gpu)));
     for (int r = 0; r < c_.tp; ++r) {
-      FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(tiny_llama(), r, c_.tp, Scheme::kFp8PerTensor));
+      FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(tiny_llama(), r, c_.tp, c_.scheme));
       FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cuda(c_.rank_gpu)));
       storage_.push_back(std::make_unique<reload::ModelStorage>(std::move(storage)));
       coordinator::RolloutOptions o;
@@ -277,6 +279,75 @@ TEST_P(BucketPlanOnDevice, AStagedUpdateLandsWhatAPauseFirstOneDoes) {
 INSTANTIATE_TEST_SUITE_P(DeviceTransports, BucketPlanOnDevice,
                          ::testing::Values(DeviceCase{"cuda_ipc", 2, 0, 0}, DeviceCase{"nccl", 1, 0, 1}),
                          [](const ::testing::TestParamInfo<DeviceCase>& i) { return i.param.transport; });
+
+// Deltas compared and applied on the GPU, over tcp: the trainer keeps its copies on its device and
+// compares there (FERRY_DELTA_COPY=device), the ranks keep their shadows on theirs and a kernel
+// writes each delta's changes there (FERRY_DELTA_SHADOW=device). Versions with no change, 0.1%,
+// 3% with amaxes that move, and every element changed each land exactly what a dense update of the
+// same version leaves on a second replica (FERRY_DELTA=off), in every online scheme; the changes
+// travel as deltas, and each end reports its device copies.
+TEST(DeltaOnDevice, ComparedAndAppliedOnTheGpuTheyLandWhatDenseUpdatesDo) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv direct("FERRY_DIRECT", "off");
+  for (const Scheme scheme : {Scheme::kFp8PerChannel, Scheme::kFp8PerTensor, Scheme::kFp8Block, Scheme::kInt8PerChannel,
+                              Scheme::kInt4Group, Scheme::kNone}) {
+    const DeviceCase c{"tcp", 2, 0, 0, scheme};
+    if (const std::string why = device_case_skip(c); !why.empty()) GTEST_SKIP() << why;
+    SCOPED_TRACE(scheme_name(scheme));
+    DeviceReplica dense(c), delta(c);
+    {
+      ScopedEnv off("FERRY_DELTA", "off");
+      const Status st = dense.start();
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+    {
+      ScopedEnv on("FERRY_DELTA", "on");  // this test's ranks share the trainer's host
+      ScopedEnv copy("FERRY_DELTA_COPY", "device");
+      ScopedEnv shadow("FERRY_DELTA_SHADOW", "device");
+      const Status st = delta.start();
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+    Checkpoint ck(sharding::llama_manifest(tiny_llama()), 41);
+    std::mt19937_64 rng(43);
+    for (uint64_t v = 1; v <= 5; ++v) {
+      const char* what[] = {
+          "", "first: dense", "nothing changed", "0.1% changed", "3% changed, amax moved", "every element changed"};
+      SCOPED_TRACE(what[v]);
+      if (v == 3) nudge(ck, 0.001, rng);
+      if (v == 4) {
+        nudge(ck, 0.03, rng);
+        move_amax(ck, rng);
+      }
+      if (v == 5) renew(ck, rng);
+      auto want = dense.update(v, ck);
+      ASSERT_TRUE(want.ok()) << want.status().to_string();
+      auto got = delta.update(v, ck);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      auto a = dense.fingerprint(), b = delta.fingerprint();
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(*b, *a) << "a device delta landed other bytes than a dense update";
+      ASSERT_EQ(got->delta.size(), 2u);
+      for (const coordinator::RankDelta& d : got->delta) {
+        if (v == 1) {
+          EXPECT_EQ(d.delta_bytes, 0u);
+        } else if (v < 5) {
+          EXPECT_GT(d.delta_bytes, 0u) << "compared on the device, sent as a delta";
+          if (v < 4) {
+            EXPECT_EQ(d.dense_bytes, 0u) << "every piece is smaller as a delta";
+          }
+          if (v == 2) {
+            EXPECT_EQ(d.changed, 0u);
+          }
+        } else {
+          EXPECT_GT(d.changed_fraction(), 0.99);
+          EXPECT_EQ(d.delta_bytes, 0u) << "a change of everything goes dense";
+        }
+      }
+      EXPECT_GT(got->delta_copy_bytes, 0u);
+      EXPECT_GT(got->shadow_bytes, 0u);
+    }
+  }
+}
 
 // The rank's transports are made with FERRY_BUCKET_BYTES=4K, which alone would let them take
 // buckets of 64 MiB and a little; the trainer cuts 96 MiB ones from a model whose embedding alone

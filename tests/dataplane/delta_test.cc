@@ -211,6 +211,67 @@ TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
   EXPECT_TRUE(got == after);
 }
 
+// A device's scan handed to the host (encode_scanned: the bitmap and the changed values, as the
+// compare kernel writes them) encodes exactly what encode_delta does from the two buffers; and the
+// runs a receiver decodes for a device shadow (delta_runs), written over the old values by a loop
+// here, give the new ones, for every encoding, with and without XORs and zstd.
+TEST(Delta, AScanMadeElsewhereAndItsRunsAgreeWithTheHostCodec) {
+  for (size_t elem : {1, 2, 4, 8}) {
+    for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
+      const size_t n = 40'003;
+      auto [before, after] = pair_with_changes(n, elem, static_cast<size_t>(rate * n), 31 + elem);
+      for (bool xor_values : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "elem " << elem << " rate " << rate << " xor " << xor_values);
+        Bytes bitmap((n + 63) / 64 * 8, 0), values;
+        for (size_t e = 0; e < n; ++e) {
+          if (std::memcmp(&before[e * elem], &after[e * elem], elem) == 0) continue;
+          bitmap[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+          for (size_t i = 0; i < elem; ++i) {
+            values.push_back(xor_values ? after[e * elem + i] ^ before[e * elem + i] : after[e * elem + i]);
+          }
+        }
+        for (bool prefer : {false, true}) {
+          Bytes want, got;
+          const DeltaChoice a = encode_delta(before.data(), after.data(), n, elem, prefer, want, xor_values);
+          const DeltaChoice b =
+              encode_scanned(bitmap.data(), values.data(), values.size() / elem, n, elem, prefer, got);
+          EXPECT_EQ(a.encoding, b.encoding);
+          EXPECT_EQ(a.changed, b.changed);
+          EXPECT_TRUE(want == got);
+          if (b.encoding == DeltaEncoding::kDense) continue;
+          for (bool zstd : {false, true}) {
+            Bytes enc = got;
+            uint32_t field = static_cast<uint32_t>(b.encoding) | (xor_values ? kDeltaXor : 0u);
+            if (zstd && compress_delta(enc, 1)) field |= kDeltaZstd;
+            kernels::DeltaRuns runs;
+            ASSERT_TRUE(delta_runs(field, enc.data(), enc.size(), n, elem, runs).ok());
+            EXPECT_EQ(runs.changed, b.changed);
+            EXPECT_EQ(runs.xor_values, xor_values);
+            Bytes applied = before;
+            const uint8_t* v = runs.values;
+            uint64_t prev_end = 0;
+            for (const auto& [first, count] : runs.runs) {
+              EXPECT_TRUE(first >= prev_end && count > 0) << "runs in order, apart";
+              prev_end = first + count;
+              for (uint64_t e = first; e < first + count; ++e, v += elem) {
+                for (size_t i = 0; i < elem; ++i) {
+                  applied[e * elem + i] = xor_values ? static_cast<uint8_t>(applied[e * elem + i] ^ v[i]) : v[i];
+                }
+              }
+            }
+            EXPECT_TRUE(applied == after) << "zstd " << zstd;
+          }
+        }
+      }
+    }
+  }
+  // A bad encoding is refused by delta_runs as by apply_delta.
+  kernels::DeltaRuns runs;
+  const Bytes junk = {5, 1, 1};
+  EXPECT_EQ(delta_runs(static_cast<uint32_t>(DeltaEncoding::kRuns), junk.data(), junk.size(), 100, 2, runs).code(),
+            StatusCode::kDataLoss);
+}
+
 // Every malformed encoding is refused with DataLoss, and the values stay as they were.
 TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
   const size_t n = 100, elem = 2;

@@ -81,6 +81,21 @@ TEST(DeltaShadow, WithoutAShadowEveryDeltaIsRefused) {
   EXPECT_FALSE(applied);
 }
 
+// A shadow in device memory (FERRY_DELTA_SHADOW=device) needs storage on a GPU: a rank whose
+// storage is on the host is refused at creation, naming the setting.
+TEST(DeltaShadow, ADeviceShadowForHostStorageIsRefused) {
+  const tiny::Config cfg;
+  auto spec = *tiny::rank_spec(cfg, Scheme::kFp8PerChannel);
+  auto storage = ModelStorage::allocate(spec, Device::cpu());
+  ASSERT_TRUE(storage.ok());
+  EngineOptions o = shadow(true);
+  o.shadow_on_device = true;
+  auto e = ReloadEngine::create(spec, *storage, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("FERRY_DELTA_SHADOW=device"), std::string::npos) << e.status().to_string();
+}
+
 TEST(DeltaShadow, AFailedRolledBackOrBypassedUpdateLeavesNoBase) {
   const tiny::Config cfg;
   auto rank = make_rank(cfg, Scheme::kInt4Group, shadow(true, RollbackMode::kHost));
