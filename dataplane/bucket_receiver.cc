@@ -10,6 +10,7 @@
 #include "dataplane/bucket.h"
 #include "dataplane/credential.h"
 #include "dataplane/delta.h"
+#include "dataplane/delta_device.h"
 #include "reload/engine.h"
 #include "transport/ipc_share.h"
 
@@ -175,8 +176,8 @@ Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst,
   source.apply = [&](uint8_t* values, size_t, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
     return apply_delta(encoding, encoded, p.encoded_bytes(), values, n, elem, changed);
   };
-  source.decode = [&](kernels::DeltaRuns& runs) {
-    return delta_runs(encoding, encoded, p.encoded_bytes(), n, elem, runs);
+  source.apply_on_device = [&](void* values, size_t, Device device) {
+    return apply_delta_on_device(encoding, encoded, p.encoded_bytes(), values, device, n, elem, delta_upload_);
   };
   return engine_.take_delta_piece(p.param(), 0, dst, dtype, p.bytes(), p.base_version(), source);
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/buffer.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "dataplane/device_bucket.h"
@@ -70,6 +71,7 @@ class BucketReceiver {
   bool verify_;
   std::unique_ptr<transport::IpcImporter> importer_;  // device storage: colocated senders' memory
   PayloadPool payloads_;                              // device buckets' payloads, kept for the engine
+  Buffer delta_upload_;  // deltas into a device shadow, on their way there (delta_device.h); under take()'s lock
 
   mutable std::mutex senders_mu_;
   int receiver_ = 0;

@@ -414,34 +414,35 @@ Result<std::pair<const uint8_t*, size_t>> unpack_field(uint32_t field, const uin
 
 }  // namespace
 
-Status delta_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
-                  kernels::DeltaRuns& out) {
-  out.runs.clear();
+Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
+                    DeltaBitmap& out) {
+  out.built.clear();
   out.inflated.clear();
-  out.values = nullptr;
+  out.bitmap = out.values = nullptr;
   out.changed = 0;
   out.xor_values = (field & kDeltaXor) != 0;
   thread_local Scratch inflated;
   const TrimOnExit trim{inflated};
   FERRY_ASSIGN_OR_RETURN(auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
+  if ((field & kDeltaZstd) != 0) {  // the thread's scratch is given back: the caller keeps a copy
+    out.inflated.assign(bytes.first, bytes.first + bytes.second);
+    bytes.first = out.inflated.data();
+  }
   const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
-  // Checked whole first, as apply_delta does; the values follow the runs or the bitmap, in order.
+  // Checked whole first, as apply_delta does; the values end the encoding, in order.
   FERRY_ASSIGN_OR_RETURN(out.changed,
                          walk(encoding, bytes.first, bytes.second, n, elem, [](size_t, const uint8_t*) {}));
-  const size_t value_bytes = static_cast<size_t>(out.changed) * elem;
-  const uint8_t* values = bytes.first + bytes.second - value_bytes;
-  if ((field & kDeltaZstd) != 0) {
-    out.inflated.assign(values, values + value_bytes);
-    values = out.inflated.data();
+  out.values = bytes.first + bytes.second - static_cast<size_t>(out.changed) * elem;
+  if (encoding == DeltaEncoding::kBitmap) {
+    out.bitmap = bytes.first;
+    return ok_status();
   }
-  out.values = values;
-  FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [&](size_t e, const uint8_t*) {
-                          if (!out.runs.empty() && out.runs.back().first + out.runs.back().second == e) {
-                            ++out.runs.back().second;
-                          } else {
-                            out.runs.emplace_back(e, 1);
-                          }
+  out.built.assign((n + 7) / 8, 0);
+  uint8_t* built = out.built.data();
+  FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [built](size_t e, const uint8_t*) {
+                          built[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
                         }).status());
+  out.bitmap = built;
   return ok_status();
 }
 

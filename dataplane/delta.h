@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "core/status.h"
-#include "kernels/delta.h"
 
 namespace ferry::dataplane {
 
@@ -66,10 +65,21 @@ inline Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t
   return apply_delta(static_cast<uint32_t>(encoding), encoded, encoded_bytes, values, n, elem, changed);
 }
 
-// `encoded`'s changed elements as runs and values (kernels::DeltaRuns), for a destination apply_delta
-// cannot write (device memory); the same checks as apply_delta.
-Status delta_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
-                  kernels::DeltaRuns& out);
+// A delta's changed elements as the bitmap of the n elements (bit i % 8 of byte i / 8 set when
+// element i changed) and the new values (or XORs with the old) of the changed ones, in order.
+struct DeltaBitmap {
+  const uint8_t* bitmap = nullptr;  // ceil(n / 8) bytes: into the encoding, `inflated` or `built`
+  const uint8_t* values = nullptr;  // changed * elem bytes: into the encoding or `inflated`
+  uint64_t changed = 0;
+  bool xor_values = false;
+  std::vector<uint8_t> built;     // the bitmap of a runs encoding
+  std::vector<uint8_t> inflated;  // a zstd frame's contents
+};
+// `encoded`'s changed elements as a bitmap and their values (DeltaBitmap), for a destination
+// apply_delta cannot write (device memory): a bitmap encoding's own, a runs encoding's built; the
+// same checks as apply_delta.
+Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
+                    DeltaBitmap& out);
 
 // How many elements `encoded` says changed; the same checks as apply_delta, nothing written.
 Result<uint64_t> delta_changed(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem);

@@ -6,7 +6,7 @@
 #include "core/device_copy.h"
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
-#include "kernels/delta.h"
+#include "dataplane/delta_device.h"
 
 namespace ferry::dataplane {
 namespace {
@@ -20,7 +20,8 @@ Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes)
   return copy_now(bucket_device.index, where, from, bytes);
 }
 
-// A part compared on the device against a copy kept there: the changed elements' bitmap and values
+// A part compared on the device against a copy kept there (the same shape, so a box is one run of
+// both or of neither): the changed elements' bitmap and values
 // come to the host, where the smallest encoding is chosen (encode_scanned, the host codec's choice),
 // or the part's dense bytes when no encoding is smaller.
 Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src,
@@ -28,20 +29,31 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
                          const DeltaBases::Base& base, const DeltaOptions& delta, PackScratch& scratch,
                          DeltaTally& tally) {
   const Device device = tensor.device();
-  const uint8_t* now = region_span_anywhere(tensor, src);
-  const uint8_t* old = region_span_anywhere(base.view(), src);
-  if (now == nullptr || old == nullptr) return Status::internal("a device delta of a box that is not one run");
   const size_t elem = std::max<size_t>(dtype_bits(base.dtype) / 8, 1);
   const size_t n = bytes / elem;
   const size_t map_bytes = (n + 7) / 8;
   const size_t values_at = (map_bytes + 15) / 16 * 16;
-  if (scratch.device_scan.size() < values_at + bytes || scratch.device_scan.device() != device) {
+  const uint8_t* now = region_span_anywhere(tensor, src);
+  const uint8_t* old = region_span_anywhere(base.view(), src);
+  // A box that is not one run (a rank's columns of a row-parallel weight) is packed on the device
+  // first, the new elements and the old, after the scan's own room.
+  const size_t packed_at = values_at + (bytes + 15) / 16 * 16;
+  const size_t need = now == nullptr ? packed_at + 2 * ((bytes + 15) / 16 * 16) : values_at + bytes;
+  if (scratch.device_scan.size() < need || scratch.device_scan.device() != device) {
     scratch.device_scan.reset();
-    FERRY_ASSIGN_OR_RETURN(scratch.device_scan, Buffer::allocate(values_at + bytes, device));
+    FERRY_ASSIGN_OR_RETURN(scratch.device_scan, Buffer::allocate(need, device));
   }
   auto* out = scratch.device_scan.data_as<uint8_t>();
-  FERRY_ASSIGN_OR_RETURN(const uint64_t k, kernels::scan_changes_on_device(device.index, old, now, n, elem,
-                                                                           delta.zstd > 0, out, out + values_at));
+  if (now == nullptr || old == nullptr) {
+    uint8_t* packed_now = out + packed_at;
+    uint8_t* packed_old = packed_now + (bytes + 15) / 16 * 16;
+    FERRY_RETURN_IF_ERROR(pack_region_on_device(tensor, src, packed_now, bytes));
+    FERRY_RETURN_IF_ERROR(pack_region_on_device(base.view(), src, packed_old, bytes));
+    now = packed_now;
+    old = packed_old;
+  }
+  FERRY_ASSIGN_OR_RETURN(const uint64_t k,
+                         scan_changes_on_device(device.index, old, now, n, elem, delta.zstd > 0, out, out + values_at));
   tally.elements += n;
   tally.changed += k;
   // No encoding is smaller than its values: past that the dense bytes go, unless a delta is preferred.

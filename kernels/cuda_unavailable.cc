@@ -14,10 +14,6 @@ Status gemm(const GemmArgs&, void*) { return unavailable(); }
 Status gemm_check(const int32_t*, int64_t, void*) { return unavailable(); }
 Status gptq_reload(const GptqArgs&, void*) { return unavailable(); }
 Status marlin_quantize(const MarlinArgs&, void*) { return unavailable(); }
-Status scan_changes(const void*, const void*, uint64_t, size_t, bool, void*, void*, uint64_t*, void*) {
-  return unavailable();
-}
-Status scatter_delta(void*, size_t, const DeltaChunk*, uint64_t, const void*, bool, void*) { return unavailable(); }
 uint64_t fused_per_tensor_launches() { return 0; }
 int64_t fused_per_tensor_min_bytes() { return 0; }
 

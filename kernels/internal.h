@@ -9,7 +9,6 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
-#include "kernels/delta.h"
 #include "kernels/quantize.h"
 #include "kernels/scalar_ops.h"
 
@@ -176,11 +175,6 @@ Status gptq_marlin(const GptqArgs& a, void* stream);
 uint64_t fused_per_tensor_launches();
 // The smallest shard, in input bytes, that the current device quantizes in one piece (0: none).
 int64_t fused_per_tensor_min_bytes();
-// kernels/delta.h on the device (delta.cu): `changed` is written once the work finished.
-Status scan_changes(const void* before, const void* after, uint64_t n, size_t elem, bool xor_values, void* bitmap,
-                    void* values, uint64_t* changed, void* stream);
-Status scatter_delta(void* dst, size_t elem, const DeltaChunk* chunks, uint64_t count, const void* values,
-                     bool xor_values, void* stream);
 }  // namespace cuda
 
 }  // namespace ferry::kernels::detail

@@ -40,7 +40,6 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "kernels/delta.h"
 #include "reload/buffer_pool.h"
 #include "reload/coverage.h"
 #include "reload/host_snapshots.h"
@@ -142,11 +141,12 @@ class ReloadEngine {
   // `changed` receives the runs of elements (of the piece, packed) it changed.
   using DeltaApply =
       std::function<Status(uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed)>;
-  // A delta as the engine may take it: applied onto host values, or decoded into runs and values
-  // for a shadow in device memory (the only form a device shadow takes).
+  // A delta as the engine may take it: applied onto host values, or onto `bytes` of values in the
+  // memory of `device` (a device shadow's; returns once written).
+  using DeltaApplyOnDevice = std::function<Status(void* values, size_t bytes, Device device)>;
   struct DeltaSource {
     DeltaApply apply;
-    std::function<Status(kernels::DeltaRuns& runs)> decode;
+    DeltaApplyOnDevice apply_on_device;
   };
   Status take_delta_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
                           uint64_t base_version, const DeltaSource& delta);
@@ -284,7 +284,8 @@ class ReloadEngine {
                       Device data_device);
   Result<TensorView> shadow_view(uint32_t param, uint32_t input, bool allocate);
   Device shadow_device() const { return options_.shadow_on_device ? storage_.device() : Device::cpu(); }
-  // A delta into a device shadow: its runs written by a kernel, the new values then lent to apply().
+  // A delta into a device shadow: written there by the caller's kernel, the new values then lent to
+  // apply().
   Status take_device_delta(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes,
                            const TensorView& shadow, const DeltaSource& delta);
   // Processes only the changed rows of a delta-only parameter; false when it cannot (the kernel is
@@ -338,7 +339,6 @@ class ReloadEngine {
   // Delta shadow, per parameter per input; the version it holds complete (0 during an update), the
   // one it held when the update began, and whether this update's pieces all reached it.
   std::vector<std::vector<Buffer>> shadow_;
-  Buffer delta_upload_;  // a device shadow's deltas: their chunks and values, on the device
   uint64_t shadow_version_ = 0;
   uint64_t shadow_base_ = 0;
   bool shadow_stale_ = false;

@@ -66,7 +66,7 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
 
 if want tests; then
 for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test \
-         kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test kernels_delta_test core_buffer_test dataplane_bucket_test \
+         kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test dataplane_delta_device_test core_buffer_test dataplane_bucket_test \
          reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test reload_band_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done

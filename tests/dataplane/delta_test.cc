@@ -213,8 +213,8 @@ TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
 
 // A device's scan handed to the host (encode_scanned: the bitmap and the changed values, as the
 // compare kernel writes them) encodes exactly what encode_delta does from the two buffers; and the
-// runs a receiver decodes for a device shadow (delta_runs), written over the old values by a loop
-// here, give the new ones, for every encoding, with and without XORs and zstd.
+// bitmap a receiver decodes for a device shadow (delta_bitmap), its values written over the old
+// ones by a loop here, gives the new ones, for every encoding, with and without XORs and zstd.
 TEST(Delta, AScanMadeElsewhereAndItsRunsAgreeWithTheHostCodec) {
   for (size_t elem : {1, 2, 4, 8}) {
     for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
@@ -243,21 +243,19 @@ TEST(Delta, AScanMadeElsewhereAndItsRunsAgreeWithTheHostCodec) {
             Bytes enc = got;
             uint32_t field = static_cast<uint32_t>(b.encoding) | (xor_values ? kDeltaXor : 0u);
             if (zstd && compress_delta(enc, 1)) field |= kDeltaZstd;
-            kernels::DeltaRuns runs;
-            ASSERT_TRUE(delta_runs(field, enc.data(), enc.size(), n, elem, runs).ok());
-            EXPECT_EQ(runs.changed, b.changed);
-            EXPECT_EQ(runs.xor_values, xor_values);
+            DeltaBitmap bits;
+            ASSERT_TRUE(delta_bitmap(field, enc.data(), enc.size(), n, elem, bits).ok());
+            EXPECT_EQ(bits.changed, b.changed);
+            EXPECT_EQ(bits.xor_values, xor_values);
+            EXPECT_TRUE(std::equal(bitmap.begin(), bitmap.begin() + static_cast<long>((n + 7) / 8), bits.bitmap));
             Bytes applied = before;
-            const uint8_t* v = runs.values;
-            uint64_t prev_end = 0;
-            for (const auto& [first, count] : runs.runs) {
-              EXPECT_TRUE(first >= prev_end && count > 0) << "runs in order, apart";
-              prev_end = first + count;
-              for (uint64_t e = first; e < first + count; ++e, v += elem) {
-                for (size_t i = 0; i < elem; ++i) {
-                  applied[e * elem + i] = xor_values ? static_cast<uint8_t>(applied[e * elem + i] ^ v[i]) : v[i];
-                }
+            const uint8_t* v = bits.values;
+            for (size_t e = 0; e < n; ++e) {
+              if ((bits.bitmap[e / 8] >> (e % 8) & 1) == 0) continue;
+              for (size_t i = 0; i < elem; ++i) {
+                applied[e * elem + i] = xor_values ? static_cast<uint8_t>(applied[e * elem + i] ^ v[i]) : v[i];
               }
+              v += elem;
             }
             EXPECT_TRUE(applied == after) << "zstd " << zstd;
           }
@@ -265,10 +263,10 @@ TEST(Delta, AScanMadeElsewhereAndItsRunsAgreeWithTheHostCodec) {
       }
     }
   }
-  // A bad encoding is refused by delta_runs as by apply_delta.
-  kernels::DeltaRuns runs;
+  // A bad encoding is refused by delta_bitmap as by apply_delta.
+  DeltaBitmap bits;
   const Bytes junk = {5, 1, 1};
-  EXPECT_EQ(delta_runs(static_cast<uint32_t>(DeltaEncoding::kRuns), junk.data(), junk.size(), 100, 2, runs).code(),
+  EXPECT_EQ(delta_bitmap(static_cast<uint32_t>(DeltaEncoding::kRuns), junk.data(), junk.size(), 100, 2, bits).code(),
             StatusCode::kDataLoss);
 }
 

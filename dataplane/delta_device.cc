@@ -1,0 +1,63 @@
+// dataplane/delta_device.h: checks, the host's share, then the CUDA side.
+#include "dataplane/delta_device.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/device_copy.h"
+#include "dataplane/delta.h"
+
+namespace ferry::dataplane {
+namespace {
+
+bool aligned(const void* p, size_t elem) { return reinterpret_cast<uintptr_t>(p) % elem == 0; }
+
+Status check_elements(size_t elem, std::initializer_list<const void*> pointers) {
+  if (elem != 1 && elem != 2 && elem != 4 && elem != 8) {
+    return Status::invalid_argument("device deltas take elements of 1, 2, 4 or 8 bytes");
+  }
+  for (const void* p : pointers) {
+    if (!aligned(p, elem)) return Status::invalid_argument("device deltas: elements not aligned to their width");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<uint64_t> scan_changes_on_device(int device, const void* before, const void* after, size_t n, size_t elem,
+                                        bool xor_values, void* bitmap, void* values) {
+  FERRY_RETURN_IF_ERROR(check_elements(elem, {before, after, values}));
+  FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(device)));
+  uint64_t changed = 0;
+  FERRY_RETURN_IF_ERROR(detail::scan_changes(before, after, n, elem, xor_values, bitmap, values, &changed));
+  return changed;
+}
+
+Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, const uint8_t* bitmap, const void* values,
+                              bool xor_values) {
+  FERRY_RETURN_IF_ERROR(check_elements(elem, {dst, values}));
+  FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(device)));
+  return detail::apply_bitmap(dst, n, elem, bitmap, values, xor_values);
+}
+
+Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, void* values, Device device,
+                             size_t n, size_t elem, Buffer& upload) {
+  if (!device.is_cuda()) return Status::invalid_argument("apply_delta_on_device: values in host memory");
+  DeltaBitmap bits;
+  FERRY_RETURN_IF_ERROR(delta_bitmap(field, encoded, encoded_bytes, n, elem, bits));
+  // The bitmap, then the values (16-byte aligned), in one upload buffer kept between pieces.
+  const size_t map_bytes = (n + 7) / 8;
+  const size_t values_at = (map_bytes + 15) / 16 * 16;
+  const size_t value_bytes = static_cast<size_t>(bits.changed) * elem;
+  if (upload.size() < values_at + value_bytes || upload.device() != device) {
+    upload.reset();
+    FERRY_ASSIGN_OR_RETURN(upload,
+                           Buffer::allocate(std::max<size_t>(values_at + value_bytes, size_t{1} << 20), device));
+  }
+  auto* up = upload.data_as<uint8_t>();
+  FERRY_RETURN_IF_ERROR(copy_bytes(up, device, bits.bitmap, Device::cpu(), map_bytes));
+  FERRY_RETURN_IF_ERROR(copy_bytes(up + values_at, device, bits.values, Device::cpu(), value_bytes));
+  return apply_bitmap_on_device(device.index, values, n, elem, up, up + values_at, bits.xor_values);
+}
+
+}  // namespace ferry::dataplane

@@ -1,0 +1,46 @@
+// The delta codec on a CUDA device: the compare a trainer runs against a copy of the version a rank
+// holds kept in device memory (FERRY_DELTA_COPY=device), and the write of a delta's changed elements
+// into a rank's shadow in device memory (FERRY_DELTA_SHADOW=device). Elements compare and move as
+// bytes (1, 2, 4 or 8 per element), so the results are bit for bit the host codec's (delta.h).
+// Unavailable on a build without CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "core/status.h"
+
+namespace ferry::dataplane {
+
+// Compares `n` elements of `elem` bytes of `before` and `after` (device memory of `device`) and
+// writes the bitmap of those that differ to `bitmap` (device memory, ceil(n / 8) bytes: element i
+// as bit i % 8 of byte i / 8, bits past n clear) and their new values, in element order, to
+// `values` (device memory, room for n elements; with `xor_values`, new XOR old). Returns how many
+// changed, once written. `elem` must be 1, 2, 4 or 8.
+Result<uint64_t> scan_changes_on_device(int device, const void* before, const void* after, size_t n, size_t elem,
+                                        bool xor_values, void* bitmap, void* values);
+
+// Writes a delta into `dst` (device memory of `device`, n elements of `elem` bytes): element i takes
+// the next of `values` (or XORs it in, with `xor_values`) when bit i of `bitmap` is set. `bitmap`
+// (ceil(n / 8) bytes, bits past n clear) and `values` (as many as the bitmap marks) are device
+// memory. Returns once written. `elem` must be 1, 2, 4 or 8.
+Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, const uint8_t* bitmap, const void* values,
+                              bool xor_values);
+
+// apply_delta() (delta.h) for `values` in device memory: the encoding (a piece's encoding field
+// and bytes, on the host) is checked and decoded on the host into the bitmap of its changed
+// elements (delta_bitmap), which crosses to the device with their values through `upload` (device
+// memory there, grown as needed), and apply_bitmap_on_device() writes them. DataLoss, and nothing
+// written, for an encoding that does not describe n elements.
+Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, void* values, Device device,
+                             size_t n, size_t elem, Buffer& upload);
+
+namespace detail {
+// The CUDA side (cuda/delta_kernels.cu), or Unavailable (delta_device_unavailable.cc).
+Status scan_changes(const void* before, const void* after, uint64_t n, size_t elem, bool xor_values, void* bitmap,
+                    void* values, uint64_t* changed);
+Status apply_bitmap(void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values, bool xor_values);
+}  // namespace detail
+
+}  // namespace ferry::dataplane
