@@ -12,7 +12,6 @@
 
 #include "core/device_copy.h"
 #include "core/log.h"
-#include "core/region_copy.h"
 #include "dataplane/bucket.h"
 #include "dataplane/credential.h"
 #include "dataplane/piece_pack.h"
@@ -445,13 +444,9 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
                                        ? bases_->find(name, held, tensor_in.dtype(), tensor_in.shape())
                                        : nullptr;
     if (base != nullptr && base->version != d.delta_base) base = nullptr;
-    // A copy kept on the device is compared there, for a box that is one run of the tensor; any
-    // other box goes dense (its old values are not on the host).
+    // A copy kept on the device is compared there (the tensor never crosses to the host whole).
     const bool device_delta = base != nullptr && base->values.device().is_cuda();
-    if (device_delta &&
-        (base->values.device() != tensor_in.device() || region_span_anywhere(tensor_in, piece.src) == nullptr)) {
-      base = nullptr;
-    }
+    if (device_delta && base->values.device() != tensor_in.device()) base = nullptr;
     // Into a device bucket, rows that are contiguous runs are copied straight from the tensor (a
     // delta is encoded on the host).
     const auto runs = d.bucket_device.is_cuda() && base == nullptr

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -126,33 +127,42 @@ uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t 
                     : scan_width<false>(before, after, n, elem, bitmap, values);
 }
 
+// fn(t) for t in [0, count), each on a thread of its own (on the caller's when none is to be had).
+template <typename Fn>
+void on_threads(size_t count, Fn&& fn) {
+  std::vector<std::jthread> threads;
+  for (size_t t = 0; t < count; ++t) {
+    try {
+      threads.emplace_back([&fn, t] { fn(t); });
+    } catch (const std::system_error&) {
+      fn(t);
+    }
+  }
+}
+
+// How many slices of at least 1 Mi elements a large piece is cut into: at most the hardware's
+// threads, 8 at most.
+size_t slices_for(size_t n) {
+  constexpr size_t kSlice = size_t{1} << 20;
+  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
+  return std::min({hw, size_t{8}, n / kSlice});
+}
+
 // scan_any() over several threads for a large piece: each scans a slice (a multiple of 8
 // elements, so each writes bitmap bytes of its own) with its values at the slice's own offset of
 // `values`, then the values are closed up in order. One slice per Mi elements, at most the
 // hardware's threads (8 at most).
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values) {
-  constexpr size_t kSlice = size_t{1} << 20;
-  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
-  const size_t slices = std::min({hw, size_t{8}, n / kSlice});
+  const size_t slices = slices_for(n);
   if (slices < 2) return scan_any(before, after, n, elem, xor_values, bitmap, values);
   const size_t step = (n / slices) & ~size_t{7};
   std::vector<uint64_t> counts(slices, 0);
-  {
-    std::vector<std::jthread> threads;
-    for (size_t t = 0; t < slices; ++t) {
-      const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
-      const auto scan = [=, &counts] {
-        counts[t] = scan_any(before + lo * elem, after + lo * elem, hi - lo, elem, xor_values, bitmap + lo / 8,
-                             values + lo * elem);
-      };
-      try {
-        threads.emplace_back(scan);
-      } catch (const std::system_error&) {
-        scan();  // no thread to be had: this one scans the slice
-      }
-    }
-  }
+  on_threads(slices, [&](size_t t) {
+    const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
+    counts[t] =
+        scan_any(before + lo * elem, after + lo * elem, hi - lo, elem, xor_values, bitmap + lo / 8, values + lo * elem);
+  });
   uint64_t k = counts[0];
   for (size_t t = 1; t < slices; ++t) {
     std::memmove(values + k * elem, values + t * step * elem, counts[t] * elem);
@@ -190,6 +200,30 @@ void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
 
 Status bad(std::string_view what) { return Status::data_loss(fmt::format("delta piece: {}", what)); }
 
+// A bitmap encoding's header checked: the bitmap of n elements is there, marks none past n, and as
+// many values follow as it marks. Returns that many.
+Result<uint64_t> check_bitmap(const uint8_t* enc, size_t bytes, size_t n, size_t elem) {
+  const size_t map = (n + 7) / 8;
+  if (bytes < map) return bad(fmt::format("bitmap of {} elements in {} bytes", n, bytes));
+  uint64_t k = 0;
+  size_t i = 0;
+  for (; i + 8 <= map; i += 8) {
+    uint64_t x;
+    std::memcpy(&x, enc + i, 8);
+    // The bits of a word, counted in registers (the x86-64 baseline has no popcnt instruction).
+    x -= (x >> 1) & 0x5555555555555555ull;
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+    k += (x * 0x0101010101010101ull) >> 56;
+  }
+  for (; i < map; ++i) k += static_cast<uint64_t>(__builtin_popcount(enc[i]));
+  if (n % 8 != 0 && (enc[map - 1] >> (n % 8)) != 0) return bad("bitmap marks elements past the piece");
+  if ((bytes - map) / elem != k || (bytes - map) % elem != 0) {
+    return bad(fmt::format("bitmap marks {} elements, {} bytes of values follow", k, bytes - map));
+  }
+  return k;
+}
+
 // Walks an encoding's changed elements without trusting it: `visit(element, value)` for each, in
 // order, only after the whole encoding was checked (so a bad one writes nothing).
 template <typename Visit>
@@ -198,13 +232,7 @@ Result<uint64_t> walk(DeltaEncoding encoding, const uint8_t* enc, size_t bytes, 
   const uint8_t* end = enc + bytes;
   if (encoding == DeltaEncoding::kBitmap) {
     const size_t map = (n + 7) / 8;
-    if (bytes < map) return bad(fmt::format("bitmap of {} elements in {} bytes", n, bytes));
-    uint64_t k = 0;
-    for (size_t i = 0; i < map; ++i) k += static_cast<uint64_t>(__builtin_popcount(enc[i]));
-    if (n % 8 != 0 && (enc[map - 1] >> (n % 8)) != 0) return bad("bitmap marks elements past the piece");
-    if ((bytes - map) / elem != k || (bytes - map) % elem != 0) {
-      return bad(fmt::format("bitmap marks {} elements, {} bytes of values follow", k, bytes - map));
-    }
+    FERRY_ASSIGN_OR_RETURN(const uint64_t k, check_bitmap(enc, bytes, n, elem));
     const uint8_t* v = enc + map;
     for (size_t i = 0; i < map; ++i) {
       for (uint8_t b = enc[i]; b != 0; b &= static_cast<uint8_t>(b - 1)) {
@@ -282,6 +310,102 @@ uint8_t* scan_bitmap(Scratch& memory, size_t n) {
   return bitmap;
 }
 
+// Room past a runs limit: a run's pair (20 bytes at most) may be written past it, twice, before the
+// limit is checked.
+constexpr size_t kRunsSlack = 64;
+
+// The runs of the n bits of `bitmap` (padded with clear bits to whole 64-bit words) as varint pairs
+// (skip, length) into `runs` (room for limit + kRunsSlack bytes): their count and the bytes written,
+// or nullopt once those pass `limit`. A large bitmap is cut into slices of whole words, each
+// encoded on a thread of its own: a slice's first run is kept apart (its skip depends on where the
+// slice before ended, and a run across the border is one run), as is its last (the next slice's
+// first may continue it); the pairs between go as they are.
+std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs) {
+  const size_t slices = slices_for(n);
+  if (slices < 2) {
+    uint8_t* w = runs;
+    uint64_t r = 0, at = 0;
+    bool fits = true;
+    for_each_run(bitmap, n, [&](uint64_t first, uint64_t len) {
+      w = put_varint(put_varint(w, first - at), len);
+      at = first + len;
+      ++r;
+      return fits = static_cast<size_t>(w - runs) <= limit;
+    });
+    if (!fits) return std::nullopt;
+    return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
+  }
+  struct Slice {
+    uint64_t count = 0;
+    uint64_t first_start = 0, first_end = 0, last_start = 0, last_end = 0, before_last_end = 0;
+    size_t last_at = 0;  // where the last run's pair starts in the slice's pairs (those of runs 2, 3, ...)
+    size_t bytes = 0;
+    bool over = false;
+  };
+  // The calling thread's (a lambda run on another thread would name that thread's own).
+  thread_local std::vector<Scratch> memory_of_this_thread(8);
+  std::vector<Scratch>& memory = memory_of_this_thread;
+  const size_t step = (n / slices) & ~size_t{63};
+  std::vector<Slice> sl(slices);
+  on_threads(slices, [&](size_t t) {
+    const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
+    Slice& S = sl[t];
+    uint8_t* const base = memory[t].get(limit + kRunsSlack);
+    uint8_t* w = base;
+    uint64_t at = 0;
+    for_each_run(bitmap + lo / 8, hi - lo, [&](uint64_t first_in, uint64_t len) {
+      const uint64_t first = lo + first_in, end = first + len;
+      if (S.count == 0) {
+        S.first_start = first;
+        S.first_end = end;
+      } else {
+        S.last_at = static_cast<size_t>(w - base);
+        S.before_last_end = at;
+        w = put_varint(put_varint(w, first - at), len);
+      }
+      S.last_start = first;
+      S.last_end = at = end;
+      ++S.count;
+      S.over = static_cast<size_t>(w - base) > limit;
+      return !S.over;
+    });
+    S.bytes = static_cast<size_t>(w - base);
+  });
+  uint8_t* w = runs;
+  uint64_t r = 0, at = 0, start = 0, end = 0;
+  bool pending = false;
+  const auto put_pending = [&] {
+    w = put_varint(put_varint(w, start - at), end - start);
+    at = end;
+    ++r;
+    return static_cast<size_t>(w - runs) <= limit;
+  };
+  for (size_t t = 0; t < slices; ++t) {
+    const Slice& S = sl[t];
+    if (S.over) return std::nullopt;
+    if (S.count == 0) continue;
+    if (pending && end == S.first_start) {
+      end = S.first_end;  // one run across the border
+    } else {
+      if (pending && !put_pending()) return std::nullopt;
+      start = S.first_start;
+      end = S.first_end;
+      pending = true;
+    }
+    if (S.count < 2) continue;
+    if (!put_pending() || static_cast<size_t>(w - runs) + S.last_at > limit) return std::nullopt;
+    std::memcpy(w, memory[t].get(0), S.last_at);
+    w += S.last_at;
+    at = S.before_last_end;
+    r += S.count - 2;
+    start = S.last_start;
+    end = S.last_end;
+  }
+  if (pending && !put_pending()) return std::nullopt;
+  for (Scratch& m : memory) m.trim();
+  return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
+}
+
 }  // namespace
 
 std::string_view encoding_name(DeltaEncoding encoding) {
@@ -316,19 +440,13 @@ DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_
   thread_local Scratch runs_memory;
   const size_t map_bytes = (n + 7) / 8;
   // The runs' varints, for as long as they stay smaller than the bitmap (past it, the bitmap wins).
-  uint8_t* runs = runs_memory.get(map_bytes + 32);
-  uint8_t* w = runs;
-  const uint8_t* runs_limit = runs + map_bytes;
-  uint64_t r = 0, at = 0;
-  for_each_run(bitmap, n, [&](uint64_t first, uint64_t len) {
-    w = put_varint(put_varint(w, first - at), len);
-    at = first + len;
-    ++r;
-    return w <= runs_limit;
-  });
+  uint8_t* runs = runs_memory.get(map_bytes + kRunsSlack);
+  const auto found = runs_of(bitmap, n, map_bytes, runs);
+  const uint64_t r = found ? found->first : 0;
+  uint8_t* w = runs + (found ? found->second : 0);
   const size_t value_bytes = static_cast<size_t>(k) * elem;
   const size_t by_bitmap = map_bytes + value_bytes;
-  const size_t by_runs = w <= runs_limit ? varint_size(r) + static_cast<size_t>(w - runs) + value_bytes : SIZE_MAX;
+  const size_t by_runs = found ? varint_size(r) + found->second + value_bytes : SIZE_MAX;
   DeltaChoice choice{DeltaEncoding::kDense, k};
   if (prefer_delta || std::min(by_bitmap, by_runs) < n * elem) {
     out.resize(std::min(by_runs, by_bitmap));
@@ -429,20 +547,47 @@ Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes
     bytes.first = out.inflated.data();
   }
   const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
-  // Checked whole first, as apply_delta does; the values end the encoding, in order.
-  FERRY_ASSIGN_OR_RETURN(out.changed,
-                         walk(encoding, bytes.first, bytes.second, n, elem, [](size_t, const uint8_t*) {}));
-  out.values = bytes.first + bytes.second - static_cast<size_t>(out.changed) * elem;
+  // A bitmap encoding goes as it is, its header checked; a runs encoding is checked whole first (as
+  // apply_delta does), then its runs set in a bitmap of its own. The values end either, in order.
   if (encoding == DeltaEncoding::kBitmap) {
+    FERRY_ASSIGN_OR_RETURN(out.changed, check_bitmap(bytes.first, bytes.second, n, elem));
     out.bitmap = bytes.first;
-    return ok_status();
+  } else {
+    if (encoding != DeltaEncoding::kRuns)
+      return bad(fmt::format("unknown encoding {}", static_cast<uint32_t>(encoding)));
+    // One pass, with walk()'s checks: the bitmap is this call's own until every run was checked.
+    out.built.assign((n + 7) / 8, 0);
+    uint8_t* map = out.built.data();
+    const uint8_t* p = bytes.first;
+    const uint8_t* end = bytes.first + bytes.second;
+    uint64_t r = 0, at = 0, skip = 0, len = 0;
+    if (!get_varint(&p, end, &r)) return bad("runs: no count");
+    if (r > bytes.second / 2) return bad(fmt::format("{} runs in {} bytes", r, bytes.second));
+    for (uint64_t i = 0; i < r; ++i) {
+      if (!get_varint(&p, end, &skip) || !get_varint(&p, end, &len)) return bad("runs: truncated");
+      if (len == 0 || skip > n - at || len > n - at - skip) {
+        return bad(fmt::format("run of {} elements after {} at element {} of {}", len, skip, at, n));
+      }
+      out.changed += len;
+      at += skip;
+      // Bits [at, at + len): the partial bytes at either end bit by bit, the whole ones between at once.
+      uint64_t e = at;
+      const uint64_t stop = at + len;
+      for (; e < stop && e % 8 != 0; ++e) map[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+      if (stop - e >= 8) {
+        std::memset(map + e / 8, 0xff, static_cast<size_t>((stop - e) / 8));
+        e += (stop - e) / 8 * 8;
+      }
+      for (; e < stop; ++e) map[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+      at = stop;
+    }
+    const size_t values = static_cast<size_t>(end - p);
+    if (values % elem != 0 || values / elem != out.changed) {
+      return bad(fmt::format("runs cover {} elements, {} bytes of values follow", out.changed, values));
+    }
+    out.bitmap = map;
   }
-  out.built.assign((n + 7) / 8, 0);
-  uint8_t* built = out.built.data();
-  FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [built](size_t e, const uint8_t*) {
-                          built[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
-                        }).status());
-  out.bitmap = built;
+  out.values = bytes.first + bytes.second - static_cast<size_t>(out.changed) * elem;
   return ok_status();
 }
 

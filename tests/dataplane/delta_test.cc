@@ -270,6 +270,46 @@ TEST(Delta, AScanMadeElsewhereAndItsRunsAgreeWithTheHostCodec) {
             StatusCode::kDataLoss);
 }
 
+// The runs of a large piece are found on several threads, each a slice of whole 64-element words
+// (n / threads rounded down to a multiple of 64, for every thread count the encoder may take):
+// runs that cross a border, that end or begin exactly at one (so that two slices' runs touch and
+// are one), slices with no change at all, and a run over whole slices come out as one scan gives.
+TEST(Delta, RunsFoundOnSeveralThreadsAreTheRunsOfOneScan) {
+  const size_t n = (size_t{9} << 20) + 77, elem = 1;
+  Bytes before(n, 0), after(n, 0);
+  const auto change = [&](size_t e) { after[e] = 1; };
+  for (size_t threads = 2; threads <= 8; ++threads) {
+    const size_t step = (n / threads) & ~size_t{63};
+    for (size_t t = 1; t < threads; ++t) {
+      const size_t b = t * step;
+      switch ((threads + t) % 4) {
+        case 0:
+          for (size_t e = b - 3; e < b + 3; ++e) change(e);
+          break;  // across
+        case 1:
+          for (size_t e = b - 5; e < b; ++e) change(e);
+          break;  // ends at the border
+        case 2:
+          for (size_t e = b; e < b + 5; ++e) change(e);
+          break;                                   // begins there
+        default: change(b - 1), change(b); break;  // touching halves
+      }
+    }
+  }
+  // One run over the slices between 30% and 45% of the piece, and a few lone changes.
+  for (size_t e = n * 3 / 10; e < n * 45 / 100; ++e) change(e);
+  for (size_t e : {size_t{0}, size_t{64}, n - 1}) change(e);
+  for (bool prefer : {false, true}) {
+    Bytes enc;
+    const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, prefer, enc);
+    ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);
+    EXPECT_TRUE(enc == reference_runs(before, after, elem)) << "encoded " << enc.size() << " bytes";
+    Bytes got = before;
+    ASSERT_TRUE(apply_delta(c.encoding, enc.data(), enc.size(), got.data(), n, elem).ok());
+    EXPECT_TRUE(got == after);
+  }
+}
+
 // Every malformed encoding is refused with DataLoss, and the values stay as they were.
 TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
   const size_t n = 100, elem = 2;
