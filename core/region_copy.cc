@@ -68,6 +68,9 @@ Status host_only(const TensorView& t) {
 // device, then waited for.
 Status copy_region_on_device(const TensorView& t, const Region& region, void* packed, size_t bytes, bool to_packed) {
   if (!t.device().is_cuda()) return Status::invalid_argument("device region copy of a host tensor: " + t.describe());
+  // After the work queued so far on the legacy default stream (a new shadow's cudaMemset, kernels
+  // still reading or writing these bytes); the copies run on this thread's own stream.
+  FERRY_RETURN_IF_ERROR(order_default_before_copies(t.device().index));
   auto* base = static_cast<uint8_t*>(t.data());
   auto* p = static_cast<uint8_t*>(packed);
   struct Group {
@@ -80,7 +83,7 @@ Status copy_region_on_device(const TensorView& t, const Region& region, void* pa
                    : copy_rows_async(t.device().index, base + g.t_off, g.pitch, p + g.p_off, g.run, g.run, g.rows);
     g.rows = 0;
   };
-  FERRY_RETURN_IF_ERROR(for_each_run(t, region, bytes, [&](size_t t_off, size_t p_off, size_t n) {
+  const Status walked = for_each_run(t, region, bytes, [&](size_t t_off, size_t p_off, size_t n) {
     if (g.rows == 1) g.pitch = t_off - g.t_off;
     if (g.rows > 0 && n == g.run && p_off == g.p_off + g.rows * n && t_off == g.t_off + g.rows * g.pitch) {
       ++g.rows;
@@ -88,10 +91,13 @@ Status copy_region_on_device(const TensorView& t, const Region& region, void* pa
     }
     flush();
     g = Group{t_off, p_off, n, n, 1};
-  }));
-  flush();
+  });
+  if (walked.ok()) flush();
+  // Whatever was queued lands before the caller reuses the memory, whichever way this ends.
+  const Status waited = wait_copies(t.device().index);
+  FERRY_RETURN_IF_ERROR(walked);
   FERRY_RETURN_IF_ERROR(st);
-  return wait_copies(t.device().index);
+  return waited;
 }
 
 }  // namespace

@@ -55,8 +55,8 @@ constexpr SettingInfo kSettings[] = {
      "always: every piece a rank can take so, smaller or not; off: every byte, and no copy kept)",
      "auto on off always", &Settings::delta},
     {"FERRY_DELTA_MAX_BYTES", SettingType::kBytes, "64G",
-     "trainer: bound on the host copy of the last version sent, which deltas are computed against; tensors "
-     "past it are sent whole",
+     "trainer: bound on the copy of the last version sent, which deltas are computed against (host memory, or GPU "
+     "memory under FERRY_DELTA_COPY=device); tensors past it are sent whole",
      "", &Settings::delta_max_bytes},
     {"FERRY_DELTA_ZSTD", SettingType::kInt, "0",
      "trainer: zstd level for delta pieces, whose changed values then travel as XORs with the old ones "

@@ -135,7 +135,7 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
     }
     Result<reload::PieceBytes> bytes = from_bucket;
     if (p.ref_alloc() != 0) {
-      engine_.drop_shadow();  // read in place on the device: the host shadow does not see it
+      engine_.drop_shadow();  // read in place on the device: the shadow (host or device) does not see it
       bytes = direct_bytes(header.sender_nonce(), p);
     } else {
       bytes->data = data + p.offset();

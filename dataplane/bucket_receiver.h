@@ -71,7 +71,8 @@ class BucketReceiver {
   bool verify_;
   std::unique_ptr<transport::IpcImporter> importer_;  // device storage: colocated senders' memory
   PayloadPool payloads_;                              // device buckets' payloads, kept for the engine
-  Buffer delta_upload_;  // deltas into a device shadow, on their way there (delta_device.h); under take()'s lock
+  Buffer delta_upload_;  // deltas into a device shadow, on their way there (delta_device.h); take() is called under
+                         // its caller's lock (RolloutWorker's), one bucket at a time
 
   mutable std::mutex senders_mu_;
   int receiver_ = 0;

@@ -131,6 +131,7 @@ uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t 
 template <typename Fn>
 void on_threads(size_t count, Fn&& fn) {
   std::vector<std::jthread> threads;
+  threads.reserve(count);
   for (size_t t = 0; t < count; ++t) {
     try {
       threads.emplace_back([&fn, t] { fn(t); });
@@ -310,8 +311,8 @@ uint8_t* scan_bitmap(Scratch& memory, size_t n) {
   return bitmap;
 }
 
-// Room past a runs limit: a run's pair (20 bytes at most) may be written past it, twice, before the
-// limit is checked.
+// Room past a runs limit: a run's pair (20 bytes at most) may be written past it before the limit is
+// checked.
 constexpr size_t kRunsSlack = 64;
 
 // The runs of the n bits of `bitmap` (padded with clear bits to whole 64-bit words) as varint pairs
@@ -342,15 +343,24 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
     size_t bytes = 0;
     bool over = false;
   };
-  // The calling thread's (a lambda run on another thread would name that thread's own).
+  // The calling thread's, taken here (a lambda run on another thread would name that thread's own,
+  // and an allocation failing there would end the process), and given back past 64 MiB on any exit.
   thread_local std::vector<Scratch> memory_of_this_thread(8);
   std::vector<Scratch>& memory = memory_of_this_thread;
+  struct TrimAll {
+    std::vector<Scratch>& m;
+    ~TrimAll() {
+      for (Scratch& s : m) s.trim();
+    }
+  } const trim{memory};
+  std::vector<uint8_t*> bases(slices);
+  for (size_t t = 0; t < slices; ++t) bases[t] = memory[t].get(limit + kRunsSlack);
   const size_t step = (n / slices) & ~size_t{63};
   std::vector<Slice> sl(slices);
   on_threads(slices, [&](size_t t) {
     const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
     Slice& S = sl[t];
-    uint8_t* const base = memory[t].get(limit + kRunsSlack);
+    uint8_t* const base = bases[t];
     uint8_t* w = base;
     uint64_t at = 0;
     for_each_run(bitmap + lo / 8, hi - lo, [&](uint64_t first_in, uint64_t len) {
@@ -394,7 +404,7 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
     }
     if (S.count < 2) continue;
     if (!put_pending() || static_cast<size_t>(w - runs) + S.last_at > limit) return std::nullopt;
-    std::memcpy(w, memory[t].get(0), S.last_at);
+    std::memcpy(w, bases[t], S.last_at);
     w += S.last_at;
     at = S.before_last_end;
     r += S.count - 2;
@@ -402,7 +412,6 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
     end = S.last_end;
   }
   if (pending && !put_pending()) return std::nullopt;
-  for (Scratch& m : memory) m.trim();
   return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
 }
 
@@ -539,6 +548,7 @@ Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes
   out.bitmap = out.values = nullptr;
   out.changed = 0;
   out.xor_values = (field & kDeltaXor) != 0;
+  if (elem == 0) return bad("elements of 0 bytes");
   thread_local Scratch inflated;
   const TrimOnExit trim{inflated};
   FERRY_ASSIGN_OR_RETURN(auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));

@@ -43,7 +43,7 @@ struct DeltaChoice {
 DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool prefer_delta,
                          std::vector<uint8_t>& out, bool xor_values = false);
 
-// encode_delta's choice for a scan made elsewhere (on a device, kernels/delta.h): `bitmap` of the n
+// encode_delta's choice for a scan made elsewhere (on a device, delta_device.h): `bitmap` of the n
 // elements (padded with clear bits to whole 64-bit words) and the k changed `values` in order.
 DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_t k, size_t n, size_t elem,
                            bool prefer_delta, std::vector<uint8_t>& out);

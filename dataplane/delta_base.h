@@ -1,7 +1,7 @@
 // What a sender last sent, kept so that the next update can send only what changed (delta.h).
 //
 // One copy per (manifest tensor, held box), in host memory, or (device_copies, FERRY_DELTA_COPY=device)
-// a GPU tensor's in its own device's memory, where the compare then runs (kernels/delta.h): the whole local tensor this
+// a GPU tensor's in its own device's memory, where the compare then runs (delta_device.h): the whole local tensor this
 // sender held at the version it was recorded at, whichever pieces of it went where. A delta for a rank is computed
 // against it only when the rank holds exactly that version (Member.delta_base); any other rank gets
 // dense bytes. The copies are bounded (FERRY_DELTA_MAX_BYTES): a tensor that does not fit keeps no

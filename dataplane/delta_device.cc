@@ -27,17 +27,15 @@ Status check_elements(size_t elem, std::initializer_list<const void*> pointers) 
 Result<uint64_t> scan_changes_on_device(int device, const void* before, const void* after, size_t n, size_t elem,
                                         bool xor_values, void* bitmap, void* values) {
   FERRY_RETURN_IF_ERROR(check_elements(elem, {before, after, values}));
-  FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(device)));
   uint64_t changed = 0;
-  FERRY_RETURN_IF_ERROR(detail::scan_changes(before, after, n, elem, xor_values, bitmap, values, &changed));
+  FERRY_RETURN_IF_ERROR(detail::scan_changes(device, before, after, n, elem, xor_values, bitmap, values, &changed));
   return changed;
 }
 
 Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, const uint8_t* bitmap, const void* values,
                               bool xor_values) {
   FERRY_RETURN_IF_ERROR(check_elements(elem, {dst, values}));
-  FERRY_RETURN_IF_ERROR(set_current_device(Device::cuda(device)));
-  return detail::apply_bitmap(dst, n, elem, bitmap, values, xor_values);
+  return detail::apply_bitmap(device, dst, n, elem, bitmap, values, xor_values);
 }
 
 Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, void* values, Device device,
@@ -45,6 +43,7 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
   if (!device.is_cuda()) return Status::invalid_argument("apply_delta_on_device: values in host memory");
   DeltaBitmap bits;
   FERRY_RETURN_IF_ERROR(delta_bitmap(field, encoded, encoded_bytes, n, elem, bits));
+  if (bits.changed == 0) return ok_status();  // nothing to write
   // The bitmap, then the values (16-byte aligned), in one upload buffer kept between pieces.
   const size_t map_bytes = (n + 7) / 8;
   const size_t values_at = (map_bytes + 15) / 16 * 16;

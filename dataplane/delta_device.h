@@ -38,9 +38,11 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
 
 namespace detail {
 // The CUDA side (cuda/delta_kernels.cu), or Unavailable (delta_device_unavailable.cc).
-Status scan_changes(const void* before, const void* after, uint64_t n, size_t elem, bool xor_values, void* bitmap,
-                    void* values, uint64_t* changed);
-Status apply_bitmap(void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values, bool xor_values);
+// Each runs with `device` current and puts the caller's back.
+Status scan_changes(int device, const void* before, const void* after, uint64_t n, size_t elem, bool xor_values,
+                    void* bitmap, void* values, uint64_t* changed);
+Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
+                    bool xor_values);
 }  // namespace detail
 
 }  // namespace ferry::dataplane

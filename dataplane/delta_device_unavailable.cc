@@ -6,7 +6,9 @@ namespace {
 Status unavailable() { return Status::unavailable("device deltas: ferry was built without CUDA"); }
 }  // namespace
 
-Status scan_changes(const void*, const void*, uint64_t, size_t, bool, void*, void*, uint64_t*) { return unavailable(); }
-Status apply_bitmap(void*, uint64_t, size_t, const uint8_t*, const void*, bool) { return unavailable(); }
+Status scan_changes(int, const void*, const void*, uint64_t, size_t, bool, void*, void*, uint64_t*) {
+  return unavailable();
+}
+Status apply_bitmap(int, void*, uint64_t, size_t, const uint8_t*, const void*, bool) { return unavailable(); }
 
 }  // namespace ferry::dataplane::detail

@@ -38,13 +38,14 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   // A box that is not one run (a rank's columns of a row-parallel weight) is packed on the device
   // first, the new elements and the old, after the scan's own room.
   const size_t packed_at = values_at + (bytes + 15) / 16 * 16;
-  const size_t need = now == nullptr ? packed_at + 2 * ((bytes + 15) / 16 * 16) : values_at + bytes;
+  const bool pack = now == nullptr || old == nullptr;
+  const size_t need = pack ? packed_at + 2 * ((bytes + 15) / 16 * 16) : values_at + bytes;
   if (scratch.device_scan.size() < need || scratch.device_scan.device() != device) {
     scratch.device_scan.reset();
     FERRY_ASSIGN_OR_RETURN(scratch.device_scan, Buffer::allocate(need, device));
   }
   auto* out = scratch.device_scan.data_as<uint8_t>();
-  if (now == nullptr || old == nullptr) {
+  if (pack) {
     uint8_t* packed_now = out + packed_at;
     uint8_t* packed_old = packed_now + (bytes + 15) / 16 * 16;
     FERRY_RETURN_IF_ERROR(pack_region_on_device(tensor, src, packed_now, bytes));
@@ -54,7 +55,7 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   }
   FERRY_ASSIGN_OR_RETURN(const uint64_t k,
                          scan_changes_on_device(device.index, old, now, n, elem, delta.zstd > 0, out, out + values_at));
-  tally.elements += n;
+  tally.elements += static_cast<uint64_t>(src.numel());
   tally.changed += k;
   // No encoding is smaller than its values: past that the dense bytes go, unless a delta is preferred.
   if (delta.prefer || k * elem + 1 < bytes) {

@@ -348,6 +348,14 @@ class ReloadEngine {
   std::set<int64_t> no_delta_senders_;  // this update's senders that send no deltas
   bool stage_all_ = false;  // this update stages while the rank serves (begin(..., stage))
   bool in_delta_ = false;   // apply() is taking a delta piece's new values
+  // Sets in_delta_ while one lives, whatever leaves the scope.
+  struct DeltaIntake {
+    explicit DeltaIntake(bool& flag) : flag_(flag) { flag_ = true; }
+    ~DeltaIntake() { flag_ = false; }
+    DeltaIntake(const DeltaIntake&) = delete;
+    DeltaIntake& operator=(const DeltaIntake&) = delete;
+    bool& flag_;
+  };
 };
 
 }  // namespace ferry::reload

@@ -1,4 +1,5 @@
-// The delta shadow: a full-precision host copy of every input of the rank, kept in step with the
+// The delta shadow: a full-precision copy of every input of the rank (host memory, or the storage's
+// device: engine_delta_device.cc), kept in step with the
 // version its storage holds, so that a delta piece (only the elements that changed) can be turned
 // back into the piece's complete new values and processed as any other piece. Processing from the
 // complete values is what makes a delta update byte-identical to a dense one, for every scheme:
@@ -13,19 +14,6 @@
 #include "reload/engine.h"
 
 namespace ferry::reload {
-namespace {
-
-// apply() takes a delta's new values while one lives, whatever leaves the scope.
-struct DeltaIntake {
-  explicit DeltaIntake(bool& flag) : flag_(flag) { flag_ = true; }
-  ~DeltaIntake() { flag_ = false; }
-  DeltaIntake(const DeltaIntake&) = delete;
-  DeltaIntake& operator=(const DeltaIntake&) = delete;
-  bool& flag_;
-};
-
-}  // namespace
-
 Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, bool allocate) {
   if (shadow_.size() != params_.size()) shadow_.resize(params_.size());
   auto& per_input = shadow_[param];

@@ -34,9 +34,11 @@ Status ReloadEngine::take_device_delta(uint32_t param, uint32_t input, const Reg
   // (Device storage processes its parameters whole: no changed rows are noted.) The shadow's own
   // bytes stay put until the update ends (every region is written once per update).
   static const std::shared_ptr<const void> kUntilTheUpdateEnds;
-  in_delta_ = true;
-  Status st = apply(param, input, dst, dtype, target, bytes, owner ? &owner : &kUntilTheUpdateEnds, device);
-  in_delta_ = false;
+  Status st;
+  {
+    const DeltaIntake taking(in_delta_);
+    st = apply(param, input, dst, dtype, target, bytes, owner ? &owner : &kUntilTheUpdateEnds, device);
+  }
   if (st.ok()) ++report_.delta_pieces;
   return st;
 }

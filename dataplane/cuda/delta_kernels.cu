@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/cuda_check.h"
 #include "dataplane/delta_device.h"
@@ -170,10 +171,12 @@ Status blocks_for(uint64_t bytes, uint64_t* blocks) {
 
 }  // namespace
 
-Status scan_changes(const void* before, const void* after, uint64_t n, size_t elem, bool xor_values, void* bitmap,
-                    void* values, uint64_t* changed) {
+Status scan_changes(int device, const void* before, const void* after, uint64_t n, size_t elem, bool xor_values,
+                    void* bitmap, void* values, uint64_t* changed) {
   *changed = 0;
   if (n == 0) return ok_status();
+  const ScopedDevice on(device);
+  if (!on.ok()) return Status::internal("device deltas: cuda:" + std::to_string(device) + " could not be made current");
   const cudaStream_t st = nullptr;  // the legacy default stream: after the work of other blocking streams
   const uint64_t bytes = (n + 7) / 8;
   uint64_t blocks = 0;
@@ -200,8 +203,11 @@ Status scan_changes(const void* before, const void* after, uint64_t n, size_t el
   return ok_status();
 }
 
-Status apply_bitmap(void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values, bool xor_values) {
+Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
+                    bool xor_values) {
   if (n == 0) return ok_status();
+  const ScopedDevice on(device);
+  if (!on.ok()) return Status::internal("device deltas: cuda:" + std::to_string(device) + " could not be made current");
   const cudaStream_t st = nullptr;
   const uint64_t bytes = (n + 7) / 8;
   uint64_t blocks = 0;

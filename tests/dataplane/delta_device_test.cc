@@ -23,7 +23,10 @@ using Bytes = std::vector<uint8_t>;
 
 Buffer on_device(const Bytes& b) {
   auto buf = Buffer::allocate(std::max<size_t>(b.size(), 1), Device::cuda(0));
-  EXPECT_TRUE(buf.ok()) << buf.status().to_string();
+  if (!buf.ok()) {
+    ADD_FAILURE() << buf.status().to_string();
+    return Buffer();
+  }
   EXPECT_TRUE(copy_bytes(buf->data(), Device::cuda(0), b.data(), Device::cpu(), b.size()).ok());
   return std::move(*buf);
 }

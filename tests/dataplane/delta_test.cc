@@ -296,8 +296,8 @@ TEST(Delta, RunsFoundOnSeveralThreadsAreTheRunsOfOneScan) {
       }
     }
   }
-  // One run over the slices between 30% and 45% of the piece, and a few lone changes.
-  for (size_t e = n * 3 / 10; e < n * 45 / 100; ++e) change(e);
+  // One run over several whole slices (from 4 threads up), and a few lone changes.
+  for (size_t e = n * 3 / 10; e < n * 85 / 100; ++e) change(e);
   for (size_t e : {size_t{0}, size_t{64}, n - 1}) change(e);
   for (bool prefer : {false, true}) {
     Bytes enc;
@@ -308,6 +308,15 @@ TEST(Delta, RunsFoundOnSeveralThreadsAreTheRunsOfOneScan) {
     ASSERT_TRUE(apply_delta(c.encoding, enc.data(), enc.size(), got.data(), n, elem).ok());
     EXPECT_TRUE(got == after);
   }
+  // Every other element changed: the runs outgrow the bitmap in every slice, and the bitmap goes.
+  for (size_t e = 0; e < n; e += 2) change(e);
+  Bytes enc;
+  const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, /*prefer_delta=*/true, enc);
+  ASSERT_EQ(c.encoding, DeltaEncoding::kBitmap);
+  EXPECT_EQ(c.changed, count_changed(before, after, elem));
+  Bytes got = before;
+  ASSERT_TRUE(apply_delta(c.encoding, enc.data(), enc.size(), got.data(), n, elem).ok());
+  EXPECT_TRUE(got == after);
 }
 
 // Every malformed encoding is refused with DataLoss, and the values stay as they were.
