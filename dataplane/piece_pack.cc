@@ -20,6 +20,25 @@ Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes)
   return copy_now(bucket_device.index, where, from, bytes);
 }
 
+// A compared part into the bucket: as its encoding (`pd`, `encoded`) when it has one that fits, else
+// as its dense bytes `now` (in the memory of `now_device`).
+Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
+                      DType dtype, size_t bytes, const PartDelta& pd, uint64_t base_version,
+                      const std::vector<uint8_t>& encoded, const uint8_t* now, Device now_device, DeltaTally& tally) {
+  tally.elements += static_cast<uint64_t>(src.numel());
+  tally.changed += pd.changed;
+  if (pd.encoding != 0 && encoded.size() <= bucket.payload_room()) {
+    uint8_t* where = bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base_version, encoded.size());
+    tally.delta_bytes += encoded.size();
+    tally.delta_dense_bytes += bytes;
+    return put(bucket_device, where, encoded.data(), encoded.size());
+  }
+  tally.dense_bytes += bytes;
+  uint8_t* where = bucket.add_piece(param, dst, dtype, bytes);
+  if (now_device.is_cpu()) return put(bucket_device, where, now, bytes);
+  return copy_bytes(where, bucket_device, now, now_device, bytes);
+}
+
 // A part compared on the device against a copy kept there (the same shape, so a box is one run of
 // both or of neither): the changed elements' bitmap and values
 // come to the host, where the smallest encoding is chosen (encode_scanned, the host codec's choice),
@@ -55,8 +74,7 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   }
   FERRY_ASSIGN_OR_RETURN(const uint64_t k,
                          scan_changes_on_device(device.index, old, now, n, elem, delta.zstd > 0, out, out + values_at));
-  tally.elements += static_cast<uint64_t>(src.numel());
-  tally.changed += k;
+  PartDelta pd{0, k};
   // No encoding is smaller than its values: past that the dense bytes go, unless a delta is preferred.
   if (delta.prefer || k * elem + 1 < bytes) {
     // The bitmap padded with clear bits to whole 64-bit words, as encode_scanned reads it.
@@ -64,19 +82,12 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
     scratch.values.resize(std::max<size_t>(k * elem, 1));
     FERRY_RETURN_IF_ERROR(copy_bytes(scratch.bitmap.data(), Device::cpu(), out, device, map_bytes));
     FERRY_RETURN_IF_ERROR(copy_bytes(scratch.values.data(), Device::cpu(), out + values_at, device, k * elem));
-    const PartDelta pd = finish_part(
+    pd = finish_part(
         encode_scanned(scratch.bitmap.data(), scratch.values.data(), k, n, elem, delta.prefer, scratch.encoded), delta,
         scratch.encoded);
-    if (pd.encoding != 0 && scratch.encoded.size() <= bucket.payload_room()) {
-      uint8_t* where =
-          bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base.version, scratch.encoded.size());
-      tally.delta_bytes += scratch.encoded.size();
-      tally.delta_dense_bytes += bytes;
-      return put(bucket_device, where, scratch.encoded.data(), scratch.encoded.size());
-    }
   }
-  tally.dense_bytes += bytes;
-  return copy_bytes(bucket.add_piece(param, dst, dtype, bytes), bucket_device, now, device, bytes);
+  return place_compared(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base.version, scratch.encoded, now,
+                        device, tally);
 }
 
 }  // namespace
@@ -120,16 +131,8 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
     }
     FERRY_ASSIGN_OR_RETURN(const PartDelta pd,
                            encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
-    tally.elements += static_cast<uint64_t>(src.numel());
-    tally.changed += pd.changed;
-    if (pd.encoding != 0 && scratch.encoded.size() <= bucket.payload_room()) {
-      uint8_t* where = bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base->version, scratch.encoded.size());
-      tally.delta_bytes += scratch.encoded.size();
-      tally.delta_dense_bytes += bytes;
-      return put(bucket_device, where, scratch.encoded.data(), scratch.encoded.size());
-    }
-    tally.dense_bytes += bytes;
-    return put(bucket_device, bucket.add_piece(param, dst, dtype, bytes), now, bytes);
+    return place_compared(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, scratch.encoded, now,
+                          Device::cpu(), tally);
   }
   tally.dense_bytes += bytes;
   uint8_t* where = bucket.add_piece(param, dst, dtype, bytes);
