@@ -1,7 +1,9 @@
 // Arbitrary bytes as a data-plane bucket: decode_bucket must refuse with DataLoss or accept a header
 // whose payload pieces lie inside the bucket, without reading a byte outside it (ASan watches). A
 // delta piece's encoding is then applied to a piece of its region's size, as a rank would: it
-// must be taken or refused with DataLoss, never written past the values.
+// must be taken or refused with DataLoss, never written past the values; the decoder of a device
+// shadow (delta_bitmap) must take and refuse the same encodings, and mark the same elements with
+// the same values.
 #include <cstdint>
 #include <algorithm>
 #include <cstdlib>
@@ -39,6 +41,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<uint8_t> values(n * 2, 0x5a);
     const ferry::Status applied = apply_delta(p.encoding(), data + p.offset(), in_payload, values.data(), n, 2);
     if (!applied.ok() && applied.code() != ferry::StatusCode::kDataLoss) std::abort();
+    // A device shadow's decoder takes exactly what apply_delta takes, and its bitmap and values
+    // write the same elements.
+    DeltaBitmap bits;
+    const ferry::Status decoded = delta_bitmap(p.encoding(), data + p.offset(), in_payload, n, 2, bits);
+    if (decoded.ok() != applied.ok()) std::abort();
+    if (!decoded.ok()) continue;
+    std::vector<uint8_t> expect(n * 2, 0x5a);
+    const uint8_t* v = bits.values;
+    for (uint64_t e = 0; e < n; ++e) {
+      if ((bits.bitmap[e / 8] >> (e % 8) & 1) == 0) continue;
+      for (int i = 0; i < 2; ++i) expect[e * 2 + i] = bits.xor_values ? expect[e * 2 + i] ^ v[i] : v[i];
+      v += 2;
+    }
+    if (expect != values) std::abort();
   }
   return 0;
 }
