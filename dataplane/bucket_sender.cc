@@ -445,18 +445,17 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
                                        : nullptr;
     if (base != nullptr && base->version != d.delta_base) base = nullptr;
     // A copy kept on the device is compared there (the tensor never crosses to the host whole).
+    if (base != nullptr && base->values.device().is_cuda() && base->values.device() != tensor_in.device())
+      base = nullptr;
     const bool device_delta = base != nullptr && base->values.device().is_cuda();
-    if (device_delta && base->values.device() != tensor_in.device()) base = nullptr;
     // Into a device bucket, rows that are contiguous runs are copied straight from the tensor (no
     // delta goes into a device bucket).
     const auto runs = d.bucket_device.is_cuda() && base == nullptr
                           ? row_runs(tensor_in.shape(), tensor_in.dtype(), piece.src)
                           : std::nullopt;
-    // The trainer's work on the tensor lands before it is read on the device (a copy's stream, a
-    // compare's).
-    if (runs || (device_delta && base != nullptr))
-      FERRY_RETURN_IF_ERROR(sync_source(tensor_in.device()).with_context(name));
-    if (!runs && !(device_delta && base != nullptr) && !tensor.device().is_cpu()) {
+    // The trainer's work on the tensor lands before it is read on the device (a copy's, a compare's).
+    if (runs || device_delta) FERRY_RETURN_IF_ERROR(sync_source(tensor_in.device()).with_context(name));
+    if (!runs && !device_delta && !tensor.device().is_cpu()) {
       FERRY_RETURN_IF_ERROR(host_copy(tensor_in, host, tensor).with_context(name));
     }
     any_bytes = true;

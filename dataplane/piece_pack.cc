@@ -20,6 +20,8 @@ Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes)
   return copy_now(bucket_device.index, where, from, bytes);
 }
 
+size_t round16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
 // A compared part into the bucket: as its encoding (`pd`, `encoded`) when it has one that fits, else
 // as its dense bytes `now` (in the memory of `now_device`).
 Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
@@ -51,14 +53,14 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   const size_t elem = std::max<size_t>(dtype_bits(base.dtype) / 8, 1);
   const size_t n = bytes / elem;
   const size_t map_bytes = (n + 7) / 8;
-  const size_t values_at = (map_bytes + 15) / 16 * 16;
+  const size_t values_at = round16(map_bytes);
   const uint8_t* now = region_span_anywhere(tensor, src);
   const uint8_t* old = region_span_anywhere(base.view(), src);
   // A box that is not one run (a rank's columns of a row-parallel weight) is packed on the device
   // first, the new elements and the old, after the scan's own room.
-  const size_t packed_at = values_at + (bytes + 15) / 16 * 16;
+  const size_t packed_at = values_at + round16(bytes);
   const bool pack = now == nullptr || old == nullptr;
-  const size_t need = pack ? packed_at + 2 * ((bytes + 15) / 16 * 16) : values_at + bytes;
+  const size_t need = pack ? packed_at + 2 * round16(bytes) : values_at + bytes;
   if (scratch.device_scan.size() < need || scratch.device_scan.device() != device) {
     scratch.device_scan.reset();
     FERRY_ASSIGN_OR_RETURN(scratch.device_scan, Buffer::allocate(need, device));
@@ -66,7 +68,7 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   auto* out = scratch.device_scan.data_as<uint8_t>();
   if (pack) {
     uint8_t* packed_now = out + packed_at;
-    uint8_t* packed_old = packed_now + (bytes + 15) / 16 * 16;
+    uint8_t* packed_old = packed_now + round16(bytes);
     FERRY_RETURN_IF_ERROR(pack_region_on_device(tensor, src, packed_now, bytes));
     FERRY_RETURN_IF_ERROR(pack_region_on_device(base.view(), src, packed_old, bytes));
     now = packed_now;

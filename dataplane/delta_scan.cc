@@ -1,0 +1,269 @@
+// The delta codec's scans (delta_scan.h).
+#include "dataplane/delta_scan.h"
+
+#include <algorithm>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace ferry::dataplane::detail {
+namespace {
+
+// The bits of 8 elements of E bytes at `a` and `b` that differ, element j as bit j: one bitmap
+// byte. With SSE2 (every x86-64) a vector compare per 16 bytes; elsewhere element by element.
+template <size_t E>
+inline uint8_t changed8(const uint8_t* a, const uint8_t* b) {
+#if defined(__SSE2__)
+  if constexpr (E == 1) {
+    const __m128i eq = _mm_cmpeq_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+    return static_cast<uint8_t>(~_mm_movemask_epi8(eq));
+  } else if constexpr (E == 2) {
+    const __m128i eq = _mm_cmpeq_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    return static_cast<uint8_t>(~_mm_movemask_epi8(_mm_packs_epi16(eq, eq)));
+  } else if constexpr (E == 4) {
+    const auto lo = _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    const auto hi = _mm_cmpeq_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+    const __m128i eq = _mm_packs_epi32(lo, hi);  // all ones or zero per lane: no saturation
+    return static_cast<uint8_t>(~_mm_movemask_epi8(_mm_packs_epi16(eq, eq)));
+  }
+#endif
+  uint8_t m = 0;
+  for (size_t j = 0; j < 8; ++j) m |= static_cast<uint8_t>((std::memcmp(a + j * E, b + j * E, E) != 0) << j);
+  return m;
+}
+
+// Scans n elements of E bytes (runtime `elem` when E is 0): the changed ones' bits into `bitmap`
+// (element i as bit i % 8 of byte i / 8; bits past n clear) and their new values, in order, to
+// `values`. Returns how many changed. A group of 8 elements that did not change (most of them
+// between two RL steps) costs one compare and one store.
+// With Xor, the values are new XOR old.
+template <size_t E, bool Xor>
+uint64_t scan_changes(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, uint8_t* bitmap,
+                      uint8_t* values) {
+  const size_t width = E != 0 ? E : elem;
+  uint8_t* v = values;
+  size_t e = 0;
+  if constexpr (E != 0) {
+    for (; e + 8 <= n; e += 8) {
+      uint8_t m = changed8<E>(before + e * E, after + e * E);
+      bitmap[e / 8] = m;
+      for (; m != 0; m &= static_cast<uint8_t>(m - 1)) {
+        const size_t at = (e + static_cast<size_t>(__builtin_ctz(m))) * E;
+        std::memcpy(v, after + at, E);
+        if constexpr (Xor) {
+          for (size_t i = 0; i < E; ++i) v[i] ^= before[at + i];
+        }
+        v += E;
+      }
+    }
+  }
+  for (; e < n; e += 8) {
+    uint8_t m = 0;
+    for (size_t j = 0; j < 8 && e + j < n; ++j) {
+      const uint8_t* a = after + (e + j) * width;
+      if (std::memcmp(before + (e + j) * width, a, width) == 0) continue;
+      m |= static_cast<uint8_t>(1u << j);
+      std::memcpy(v, a, width);
+      if constexpr (Xor) {
+        for (size_t i = 0; i < width; ++i) v[i] ^= before[(e + j) * width + i];
+      }
+      v += width;
+    }
+    bitmap[e / 8] = m;
+  }
+  return static_cast<uint64_t>(v - values) / width;
+}
+
+template <bool Xor>
+uint64_t scan_width(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, uint8_t* bitmap,
+                    uint8_t* values) {
+  switch (elem) {
+    case 1: return scan_changes<1, Xor>(before, after, n, elem, bitmap, values);
+    case 2: return scan_changes<2, Xor>(before, after, n, elem, bitmap, values);
+    case 4: return scan_changes<4, Xor>(before, after, n, elem, bitmap, values);
+    default: return scan_changes<0, Xor>(before, after, n, elem, bitmap, values);
+  }
+}
+
+uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values, uint8_t* bitmap,
+                  uint8_t* values) {
+  return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values)
+                    : scan_width<false>(before, after, n, elem, bitmap, values);
+}
+
+// fn(t) for t in [0, count), each on a thread of its own (on the caller's when none is to be had).
+template <typename Fn>
+void on_threads(size_t count, Fn&& fn) {
+  std::vector<std::jthread> threads;
+  threads.reserve(count);
+  for (size_t t = 0; t < count; ++t) {
+    try {
+      threads.emplace_back([&fn, t] { fn(t); });
+    } catch (const std::system_error&) {
+      fn(t);
+    }
+  }
+}
+
+// How many slices of at least 1 Mi elements a large piece is cut into: at most the hardware's
+// threads, 8 at most.
+size_t slices_for(size_t n) {
+  constexpr size_t kSlice = size_t{1} << 20;
+  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
+  return std::min({hw, size_t{8}, n / kSlice});
+}
+
+// The runs of set bits of a bitmap of n bits (padded with clear bits to whole 64-bit words),
+// [first, first + length) in order: `visit(first, length)` for each, until it returns false.
+template <typename Visit>
+void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
+  const size_t words = (n + 63) / 64;
+  const auto word = [bitmap](size_t w) {
+    uint64_t x;
+    std::memcpy(&x, bitmap + w * 8, 8);
+    return x;
+  };
+  size_t e = 0;
+  while (e < n) {
+    // The next set bit at or after e.
+    size_t w = e / 64;
+    uint64_t x = word(w) & (~uint64_t{0} << (e % 64));
+    while (x == 0 && ++w < words) x = word(w);
+    if (x == 0) return;
+    const size_t first = w * 64 + static_cast<size_t>(__builtin_ctzll(x));
+    // The next clear bit after it (bits past n are clear); n when every bit to the end is set.
+    uint64_t y = ~word(w) & (~uint64_t{0} << (first % 64));
+    while (y == 0 && ++w < words) y = ~word(w);
+    const size_t end = y == 0 ? n : std::min(n, w * 64 + static_cast<size_t>(__builtin_ctzll(y)));
+    if (!visit(static_cast<uint64_t>(first), static_cast<uint64_t>(end - first))) return;
+    e = end;
+  }
+}
+
+}  // namespace
+
+// One slice per Mi elements, at most the hardware's threads (8 at most), each a multiple of 8
+// elements so that each writes bitmap bytes of its own; the values of every slice are then closed
+// up in order.
+uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
+                       uint8_t* bitmap, uint8_t* values) {
+  const size_t slices = slices_for(n);
+  if (slices < 2) return scan_any(before, after, n, elem, xor_values, bitmap, values);
+  const size_t step = (n / slices) & ~size_t{7};
+  std::vector<uint64_t> counts(slices, 0);
+  on_threads(slices, [&](size_t t) {
+    const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
+    counts[t] =
+        scan_any(before + lo * elem, after + lo * elem, hi - lo, elem, xor_values, bitmap + lo / 8, values + lo * elem);
+  });
+  uint64_t k = counts[0];
+  for (size_t t = 1; t < slices; ++t) {
+    std::memmove(values + k * elem, values + t * step * elem, counts[t] * elem);
+    k += counts[t];
+  }
+  return k;
+}
+
+std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs) {
+  const size_t slices = slices_for(n);
+  if (slices < 2) {
+    uint8_t* w = runs;
+    uint64_t r = 0, at = 0;
+    bool fits = true;
+    for_each_run(bitmap, n, [&](uint64_t first, uint64_t len) {
+      w = put_varint(put_varint(w, first - at), len);
+      at = first + len;
+      ++r;
+      return fits = static_cast<size_t>(w - runs) <= limit;
+    });
+    if (!fits) return std::nullopt;
+    return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
+  }
+  struct Slice {
+    uint64_t count = 0;
+    uint64_t first_start = 0, first_end = 0, last_start = 0, last_end = 0, before_last_end = 0;
+    size_t last_at = 0;  // where the last run's pair starts in the slice's pairs (those of runs 2, 3, ...)
+    size_t bytes = 0;
+    bool over = false;
+  };
+  // The calling thread's, taken here (a lambda run on another thread would name that thread's own,
+  // and an allocation failing there would end the process), and given back past 64 MiB on any exit.
+  thread_local std::vector<Scratch> memory_of_this_thread(8);
+  std::vector<Scratch>& memory = memory_of_this_thread;
+  struct TrimAll {
+    std::vector<Scratch>& m;
+    ~TrimAll() {
+      for (Scratch& s : m) s.trim();
+    }
+  } const trim{memory};
+  std::vector<uint8_t*> bases(slices);
+  for (size_t t = 0; t < slices; ++t) bases[t] = memory[t].get(limit + kRunsSlack);
+  const size_t step = (n / slices) & ~size_t{63};
+  std::vector<Slice> sl(slices);
+  on_threads(slices, [&](size_t t) {
+    const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
+    Slice& S = sl[t];
+    uint8_t* const base = bases[t];
+    uint8_t* w = base;
+    uint64_t at = 0;
+    for_each_run(bitmap + lo / 8, hi - lo, [&](uint64_t first_in, uint64_t len) {
+      const uint64_t first = lo + first_in, end = first + len;
+      if (S.count == 0) {
+        S.first_start = first;
+        S.first_end = end;
+      } else {
+        S.last_at = static_cast<size_t>(w - base);
+        S.before_last_end = at;
+        w = put_varint(put_varint(w, first - at), len);
+      }
+      S.last_start = first;
+      S.last_end = at = end;
+      ++S.count;
+      S.over = static_cast<size_t>(w - base) > limit;
+      return !S.over;
+    });
+    S.bytes = static_cast<size_t>(w - base);
+  });
+  uint8_t* w = runs;
+  uint64_t r = 0, at = 0, start = 0, end = 0;
+  bool pending = false;
+  const auto put_pending = [&] {
+    w = put_varint(put_varint(w, start - at), end - start);
+    at = end;
+    ++r;
+    return static_cast<size_t>(w - runs) <= limit;
+  };
+  for (size_t t = 0; t < slices; ++t) {
+    const Slice& S = sl[t];
+    if (S.over) return std::nullopt;
+    if (S.count == 0) continue;
+    if (pending && end == S.first_start) {
+      end = S.first_end;  // one run across the border
+    } else {
+      if (pending && !put_pending()) return std::nullopt;
+      start = S.first_start;
+      end = S.first_end;
+      pending = true;
+    }
+    if (S.count < 2) continue;
+    if (!put_pending() || static_cast<size_t>(w - runs) + S.last_at > limit) return std::nullopt;
+    std::memcpy(w, bases[t], S.last_at);
+    w += S.last_at;
+    at = S.before_last_end;
+    r += S.count - 2;
+    start = S.last_start;
+    end = S.last_end;
+  }
+  if (pending && !put_pending()) return std::nullopt;
+  return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
+}
+
+}  // namespace ferry::dataplane::detail
