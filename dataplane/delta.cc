@@ -1,11 +1,10 @@
 #include "dataplane/delta.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <system_error>
-#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -16,9 +15,12 @@
 namespace ferry::dataplane {
 namespace {
 
+using detail::get_varint;
 using detail::kRunsSlack;
+using detail::on_threads;
 using detail::put_varint;
 using detail::runs_of;
+using detail::RunsChunk;
 using detail::scan_bitmap;
 using detail::scan_parallel;
 using detail::Scratch;
@@ -30,20 +32,6 @@ size_t varint_size(uint64_t v) {
     ++n;
   }
   return n;
-}
-
-// Reads one varint of at most 10 bytes from [*p, end); false when it runs off the end or is longer.
-bool get_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
-  uint64_t x = 0;
-  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
-    const uint8_t b = *(*p)++;
-    x |= static_cast<uint64_t>(b & 0x7f) << shift;
-    if ((b & 0x80) == 0) {
-      *v = x;
-      return true;
-    }
-  }
-  return false;
 }
 
 Status bad(std::string_view what) { return Status::data_loss(fmt::format("delta piece: {}", what)); }
@@ -72,17 +60,41 @@ Result<uint64_t> check_bitmap(const uint8_t* enc, size_t bytes, size_t n, size_t
   return k;
 }
 
-// A runs encoding's runs, `visit(first, length, values)` for each in order. With CheckFirst, only
-// after every run and the count of values were checked, in a pass of its own (so a bad encoding
+// A runs encoding's runs, `visit(chunk, first, length, values)` for each in order. With CheckFirst,
+// only after every run and the count of values were checked, in a pass of its own (so a bad encoding
 // visits nothing); without, during the checking pass, for a caller whose writes are its own until
 // the result says the encoding is good. Nothing is allocated for the runs.
-template <bool CheckFirst, typename Visit>
+// With Threads, a large encoding's runs are checked, then visited, in chunks on several threads at
+// once (detail::split_runs), each run with the chunk it is in; any check failing there, the single
+// pass below says which. Otherwise every run comes with one chunk that is alone.
+template <bool CheckFirst, bool Threads, typename Visit>
 Result<uint64_t> walk_runs(const uint8_t* enc, size_t bytes, size_t n, size_t elem, Visit visit) {
   const uint8_t* end = enc + bytes;
   const uint8_t* p = enc;
   uint64_t r = 0;
   if (!get_varint(&p, end, &r)) return bad("runs: no count");
   if (r > bytes / 2) return bad(fmt::format("{} runs in {} bytes", r, bytes));
+  if constexpr (Threads) {
+    if (auto split = detail::split_runs(p, end, r, n, elem)) {
+      on_threads(split->chunks.size(), [&](size_t t) {
+        const RunsChunk& c = split->chunks[t];
+        const uint8_t* q = c.begin;
+        const uint8_t* v = split->values + c.value * elem;
+        uint64_t at = c.at;
+        for (uint64_t i = 0; i < c.pairs; ++i) {
+          uint64_t skip = 0, len = 0;
+          get_varint(&q, c.end, &skip);
+          get_varint(&q, c.end, &len);
+          at += skip;
+          visit(c, at, len, v);
+          v += len * elem;
+          at += len;
+        }
+      });
+      return split->changed;
+    }
+  }
+  const RunsChunk whole{.begin = p, .end = end, .pairs = r, .stop = n};
   const uint8_t* first_run = p;
   uint64_t at = 0, k = 0;
   for (uint64_t i = 0; i < r; ++i) {
@@ -91,7 +103,7 @@ Result<uint64_t> walk_runs(const uint8_t* enc, size_t bytes, size_t n, size_t el
     if (len == 0 || skip > n - at || len > n - at - skip) {
       return bad(fmt::format("run of {} elements after {} at element {} of {}", len, skip, at, n));
     }
-    if constexpr (!CheckFirst) visit(at + skip, len, nullptr);
+    if constexpr (!CheckFirst) visit(whole, at + skip, len, nullptr);
     at += skip + len;
     k += len;
   }
@@ -108,7 +120,7 @@ Result<uint64_t> walk_runs(const uint8_t* enc, size_t bytes, size_t n, size_t el
       get_varint(&p, end, &skip);
       get_varint(&p, end, &len);
       at += skip;
-      visit(at, len, v);
+      visit(whole, at, len, v);
       v += len * elem;
       at += len;
     }
@@ -134,9 +146,10 @@ Result<uint64_t> walk(DeltaEncoding encoding, const uint8_t* enc, size_t bytes, 
     return k;
   }
   if (encoding != DeltaEncoding::kRuns) return bad(fmt::format("unknown encoding {}", static_cast<uint32_t>(encoding)));
-  return walk_runs<true>(enc, bytes, n, elem, [&](uint64_t at, uint64_t len, const uint8_t* v) {
-    for (uint64_t e = 0; e < len; ++e, v += elem) visit(static_cast<size_t>(at + e), v);
-  });
+  return walk_runs<true, false>(enc, bytes, n, elem,
+                                [&](const RunsChunk&, uint64_t at, uint64_t len, const uint8_t* v) {
+                                  for (uint64_t e = 0; e < len; ++e, v += elem) visit(static_cast<size_t>(at + e), v);
+                                });
 }
 
 }  // namespace
@@ -294,18 +307,29 @@ Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes
     out.built.assign((n + 7) / 8, 0);
     uint8_t* map = out.built.data();
     // Bits [at, at + len) of each run: the partial bytes at either end bit by bit, the whole ones
-    // between at once.
-    const auto set = [map](uint64_t at, uint64_t len, const uint8_t*) {
+    // between at once. Runs are set on several threads for a large encoding: a chunk's first and
+    // last bytes may hold bits of its neighbours' runs, and are set atomically.
+    const auto set = [map](const RunsChunk& c, uint64_t at, uint64_t len, const uint8_t*) {
+      const uint64_t shared_first = c.at / 8, shared_last = (c.stop - 1) / 8;
+      const auto mark = [&](uint64_t e) {
+        const uint64_t byte = e / 8;
+        const auto bit = static_cast<uint8_t>(1u << (e % 8));
+        if (!c.alone && (byte == shared_first || byte == shared_last)) {
+          std::atomic_ref<uint8_t>(map[byte]).fetch_or(bit, std::memory_order_relaxed);
+        } else {
+          map[byte] |= bit;
+        }
+      };
       uint64_t e = at;
       const uint64_t stop = at + len;
-      for (; e < stop && e % 8 != 0; ++e) map[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+      for (; e < stop && e % 8 != 0; ++e) mark(e);
       if (stop - e >= 8) {
         std::memset(map + e / 8, 0xff, static_cast<size_t>((stop - e) / 8));
         e += (stop - e) / 8 * 8;
       }
-      for (; e < stop; ++e) map[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+      for (; e < stop; ++e) mark(e);
     };
-    FERRY_ASSIGN_OR_RETURN(out.changed, walk_runs<false>(bytes.first, bytes.second, n, elem, set));
+    FERRY_ASSIGN_OR_RETURN(out.changed, (walk_runs<false, true>(bytes.first, bytes.second, n, elem, set)));
     out.bitmap = map;
   }
   out.values = bytes.first + bytes.second - static_cast<size_t>(out.changed) * elem;
@@ -327,25 +351,49 @@ Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes,
   FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
   const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
   const bool xor_values = (field & kDeltaXor) != 0;
-  // Checked whole first: a bad encoding leaves the values as they were.
-  FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [](size_t, const uint8_t*) {}).status());
   if (changed != nullptr) changed->clear();
-  return walk(encoding, bytes.first, bytes.second, n, elem,
-              [&](size_t e, const uint8_t* v) {
-                uint8_t* at = values + e * elem;
-                if (xor_values) {
-                  for (size_t i = 0; i < elem; ++i) at[i] ^= v[i];
-                } else {
-                  std::memcpy(at, v, elem);
-                }
-                if (changed == nullptr) return;
-                if (!changed->empty() && changed->back().first + changed->back().second == e) {
-                  ++changed->back().second;
-                } else {
-                  changed->emplace_back(e, 1);
-                }
-              })
-      .status();
+  // [at, at + len) written into `out` as a run, one with the run before it when they touch.
+  const auto note = [](std::vector<std::pair<uint64_t, uint64_t>>& out, uint64_t at, uint64_t len) {
+    if (!out.empty() && out.back().first + out.back().second == at) {
+      out.back().second += len;
+    } else {
+      out.emplace_back(at, len);
+    }
+  };
+  if (encoding != DeltaEncoding::kRuns) {
+    // Element by element; walk() checks the whole encoding first, so a bad one writes nothing.
+    return walk(encoding, bytes.first, bytes.second, n, elem,
+                [&](size_t e, const uint8_t* v) {
+                  uint8_t* at = values + e * elem;
+                  if (xor_values) {
+                    for (size_t i = 0; i < elem; ++i) at[i] ^= v[i];
+                  } else {
+                    std::memcpy(at, v, elem);
+                  }
+                  if (changed != nullptr) note(*changed, e, 1);
+                })
+        .status();
+  }
+  // Run by run, after the whole encoding was checked; a large one's chunks on several threads, each
+  // noting its runs apart, joined in order after.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> noted(changed != nullptr ? 8 : 0);
+  FERRY_RETURN_IF_ERROR((walk_runs<true, true>)(bytes.first, bytes.second, n, elem,
+                                                [&](const RunsChunk& c, uint64_t at, uint64_t len, const uint8_t* v) {
+                                                  uint8_t* to = values + at * elem;
+                                                  const size_t b = static_cast<size_t>(len) * elem;
+                                                  if (xor_values) {
+                                                    for (size_t i = 0; i < b; ++i) to[i] ^= v[i];
+                                                  } else {
+                                                    std::memcpy(to, v, b);
+                                                  }
+                                                  if (changed != nullptr)
+                                                    note(c.alone ? *changed : noted[c.index], at, len);
+                                                })
+                            .status());
+  for (const auto& runs : noted) {
+    for (const auto& [at, len] : runs) note(*changed, at, len);
+  }
+  return ok_status();
 }
 
 }  // namespace ferry::dataplane

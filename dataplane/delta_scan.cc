@@ -2,7 +2,6 @@
 #include "dataplane/delta_scan.h"
 
 #include <algorithm>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -97,20 +96,6 @@ uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t 
                   uint8_t* values) {
   return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values)
                     : scan_width<false>(before, after, n, elem, bitmap, values);
-}
-
-// fn(t) for t in [0, count), each on a thread of its own (on the caller's when none is to be had).
-template <typename Fn>
-void on_threads(size_t count, Fn&& fn) {
-  std::vector<std::jthread> threads;
-  threads.reserve(count);
-  for (size_t t = 0; t < count; ++t) {
-    try {
-      threads.emplace_back([&fn, t] { fn(t); });
-    } catch (const std::system_error&) {
-      fn(t);
-    }
-  }
 }
 
 // How many slices of at least 1 Mi elements a large piece is cut into: at most the hardware's
@@ -264,6 +249,77 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
   }
   if (pending && !put_pending()) return std::nullopt;
   return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
+}
+
+namespace {
+
+// Past the first `count` varints from p (a varint ends at its first byte under 0x80), eight bytes at
+// a time while a word cannot hold more ends than remain; nullptr when `end` comes first.
+const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count) {
+  for (; count >= 8 && end - p >= 8; p += 8) {
+    uint64_t x;
+    std::memcpy(&x, p, 8);
+    count -= (((~x & 0x8080808080808080ull) >> 7) * 0x0101010101010101ull) >> 56;
+  }
+  for (; count > 0 && p < end; ++p) count -= *p < 0x80 ? 1 : 0;
+  return count == 0 ? p : nullptr;
+}
+
+}  // namespace
+
+// The chunks' borders in one pass that counts the ends of varints, a word at a time; each chunk's
+// pairs then decoded and checked on a thread of its own, with their elements and values summed;
+// the sums put in order last.
+std::optional<RunsSplit> split_runs(const uint8_t* pairs, const uint8_t* end, uint64_t r, size_t n, size_t elem) {
+  constexpr uint64_t kPairs = uint64_t{1} << 15;  // a chunk's pairs, at least
+  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
+  const auto count = static_cast<size_t>(std::min<uint64_t>({hw, 8, r / kPairs}));
+  if (count < 2 || elem == 0) return std::nullopt;
+  RunsSplit split;
+  split.chunks.resize(count);
+  const uint8_t* p = pairs;
+  for (size_t t = 0; t < count; ++t) {
+    RunsChunk& c = split.chunks[t];
+    c.pairs = r / count + (t < r % count ? 1 : 0);
+    c.begin = p;
+    if ((p = past_varints(p, end, 2 * c.pairs)) == nullptr) return std::nullopt;
+    c.end = p;
+    c.index = t;
+    c.alone = false;
+  }
+  struct Sums {
+    uint64_t elements = 0, values = 0;
+    bool good = false;
+  };
+  std::vector<Sums> sums(count);
+  on_threads(count, [&](size_t t) {
+    const RunsChunk& c = split.chunks[t];
+    const uint8_t* q = c.begin;
+    uint64_t at = 0, k = 0;
+    for (uint64_t i = 0; i < c.pairs; ++i) {
+      uint64_t skip = 0, len = 0;
+      if (!get_varint(&q, c.end, &skip) || !get_varint(&q, c.end, &len)) return;
+      if (len == 0 || skip > n - at || len > n - at - skip) return;
+      at += skip + len;
+      k += len;
+    }
+    sums[t] = Sums{at, k, q == c.end};
+  });
+  uint64_t at = 0, k = 0;
+  for (size_t t = 0; t < count; ++t) {
+    RunsChunk& c = split.chunks[t];
+    if (!sums[t].good || sums[t].elements > n - at) return std::nullopt;
+    c.at = at;
+    c.value = k;
+    at += sums[t].elements;
+    k += sums[t].values;
+    c.stop = at;
+  }
+  const auto value_bytes = static_cast<size_t>(end - p);
+  if (value_bytes % elem != 0 || value_bytes / elem != k) return std::nullopt;
+  split.values = p;
+  split.changed = k;
+  return split;
 }
 
 }  // namespace ferry::dataplane::detail

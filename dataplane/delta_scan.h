@@ -8,7 +8,10 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace ferry::dataplane::detail {
 
@@ -38,6 +41,34 @@ inline uint8_t* put_varint(uint8_t* w, uint64_t v) {
   return w;
 }
 
+// Reads one varint of at most 10 bytes from [*p, end); false when it runs off the end or is longer.
+inline bool get_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
+  uint64_t x = 0;
+  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+    const uint8_t b = *(*p)++;
+    x |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) {
+      *v = x;
+      return true;
+    }
+  }
+  return false;
+}
+
+// fn(t) for t in [0, count), each on a thread of its own (on the caller's when none is to be had).
+template <typename Fn>
+void on_threads(size_t count, Fn&& fn) {
+  std::vector<std::jthread> threads;
+  threads.reserve(count);
+  for (size_t t = 0; t < count; ++t) {
+    try {
+      threads.emplace_back([&fn, t] { fn(t); });
+    } catch (const std::system_error&) {
+      fn(t);
+    }
+  }
+}
+
 // Room for the bitmap of n elements, padded with clear bits to whole 64-bit words (for_each_run).
 inline uint8_t* scan_bitmap(Scratch& memory, size_t n) {
   uint8_t* bitmap = memory.get((n + 63) / 64 * 8 + 16);
@@ -63,5 +94,28 @@ uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, si
 // slice before ended, and a run across the border is one run), as is its last (the next slice's
 // first may continue it); the pairs between go as they are.
 std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs);
+
+// A share of a runs encoding's pairs, decoded on a thread of its own.
+struct RunsChunk {
+  const uint8_t* begin = nullptr;  // its first pair
+  const uint8_t* end = nullptr;    // past its last pair
+  uint64_t pairs = 0;
+  uint64_t at = 0;     // the element its first skip counts from
+  uint64_t value = 0;  // the index of its first run's first value
+  uint64_t stop = 0;   // past its last run's last element
+  size_t index = 0;
+  bool alone = true;  // the only one: no other chunk's elements share a bitmap byte with its own
+};
+struct RunsSplit {
+  std::vector<RunsChunk> chunks;
+  const uint8_t* values = nullptr;  // where the values begin
+  uint64_t changed = 0;             // how many
+};
+// The r pairs of a runs encoding at `pairs` (its count read; values follow up to `end`) cut at pair
+// borders into chunks for up to 8 threads, each checked on one: every pair two varints of at most
+// 10 bytes, every length at least 1, the runs ending within n elements, as many values of `elem`
+// bytes following as they cover. nullopt when the pairs are too few to share out, or when a check
+// fails (a single pass over the encoding then says which, as for a small one).
+std::optional<RunsSplit> split_runs(const uint8_t* pairs, const uint8_t* end, uint64_t r, size_t n, size_t elem);
 
 }  // namespace ferry::dataplane::detail

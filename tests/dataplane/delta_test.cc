@@ -319,6 +319,121 @@ TEST(Delta, RunsFoundOnSeveralThreadsAreTheRunsOfOneScan) {
   EXPECT_TRUE(got == after);
 }
 
+// The runs an element-by-element scan finds, [first, first + length).
+std::vector<std::pair<uint64_t, uint64_t>> reference_changed(const Bytes& before, const Bytes& after, size_t elem) {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  for (size_t e = 0; e < before.size() / elem; ++e) {
+    if (std::memcmp(&before[e * elem], &after[e * elem], elem) == 0) continue;
+    if (!runs.empty() && runs.back().first + runs.back().second == e) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(e, 1);
+    }
+  }
+  return runs;
+}
+
+// A runs encoding of hundreds of thousands of runs is checked and applied in chunks on several
+// threads (as many as the machine has, 8 at most): the values, the runs noted as changed (joined
+// where two chunks' runs touch), and the bitmap the device shadow's decoder builds are those of one
+// scan; an encoding bad in a later chunk is refused with the single pass's words, nothing written.
+TEST(Delta, LargeRunsEncodingsAreAppliedInChunksAsOnePassWould) {
+  const size_t n = (size_t{4} << 20) + 3, elem = 2;
+  auto [before, after] = pair_with_changes(n, elem, n / 7, 31);
+  after[(n - 1) * elem] ^= 1;  // the last run ends at the last element
+  const Bytes enc = reference_runs(before, after, elem);
+  const auto runs = reference_changed(before, after, elem);
+  ASSERT_GT(runs.size(), size_t{8} << 15);  // enough for 8 chunks
+  const auto field = static_cast<uint32_t>(DeltaEncoding::kRuns);
+  {
+    Bytes got = before;
+    std::vector<std::pair<uint64_t, uint64_t>> changed;
+    ASSERT_TRUE(apply_delta(field, enc.data(), enc.size(), got.data(), n, elem, &changed).ok());
+    EXPECT_TRUE(got == after);
+    EXPECT_TRUE(changed == runs) << changed.size() << " runs noted of " << runs.size();
+    DeltaBitmap bits;
+    ASSERT_TRUE(delta_bitmap(field, enc.data(), enc.size(), n, elem, bits).ok());
+    Bytes map((n + 7) / 8, 0);
+    for (const auto& [first, len] : runs) {
+      for (uint64_t e = first; e < first + len; ++e) map[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+    }
+    EXPECT_EQ(std::memcmp(bits.bitmap, map.data(), map.size()), 0);
+    EXPECT_EQ(bits.changed, count_changed(before, after, elem));
+    EXPECT_EQ(bits.values, enc.data() + enc.size() - bits.changed * elem);
+  }
+  {  // XOR values into the old ones.
+    const Bytes xenc = reference_runs(before, after, elem, /*xor_values=*/true);
+    Bytes got = before;
+    ASSERT_TRUE(apply_delta(field | kDeltaXor, xenc.data(), xenc.size(), got.data(), n, elem).ok());
+    EXPECT_TRUE(got == after);
+  }
+  {  // Every run one element right after the last: they touch across every chunk's border (and share
+     // its bitmap byte), and are noted as one run.
+    const size_t r = size_t{1} << 18;
+    Bytes touching;
+    for (uint64_t v = r; v >= 0x80; v >>= 7) touching.push_back(static_cast<uint8_t>(v | 0x80));
+    touching.push_back(static_cast<uint8_t>(r >> (7 * (touching.size()))));
+    for (size_t i = 0; i < r; ++i) touching.insert(touching.end(), {0, 1});
+    for (size_t i = 0; i < r * elem; ++i) touching.push_back(static_cast<uint8_t>(i * 7 + 1));
+    Bytes got = before;
+    std::vector<std::pair<uint64_t, uint64_t>> changed;
+    ASSERT_TRUE(apply_delta(field, touching.data(), touching.size(), got.data(), n, elem, &changed).ok());
+    ASSERT_EQ(changed.size(), 1u);
+    EXPECT_EQ(changed[0], (std::pair<uint64_t, uint64_t>{0, r}));
+    EXPECT_EQ(std::memcmp(got.data(), touching.data() + touching.size() - r * elem, r * elem), 0);
+    EXPECT_EQ(std::memcmp(got.data() + r * elem, before.data() + r * elem, (n - r) * elem), 0);
+    DeltaBitmap bits;
+    ASSERT_TRUE(delta_bitmap(field, touching.data(), touching.size(), n, elem, bits).ok());
+    const Bytes ones(r / 8, 0xff);
+    EXPECT_EQ(std::memcmp(bits.bitmap, ones.data(), ones.size()), 0);
+    EXPECT_EQ(bits.bitmap[r / 8], 0);
+  }
+  // Bad in the last three quarters: each refused as the single pass refuses it.
+  const size_t header = enc.size() - count_changed(before, after, elem) * elem;
+  struct Bad {
+    const char* what;
+    Bytes bytes;
+    size_t n;
+    const char* says;
+  };
+  std::vector<Bad> bad;
+  {
+    Bytes b = enc;
+    // The first length of 1 (a one-byte varint, the second of its pair) in the last quarter, set to 0.
+    size_t at = 0, index = 0;
+    while (enc[at] >= 0x80) ++at;  // the count
+    for (size_t start = ++at; at < header; ++at) {
+      if (enc[at] >= 0x80) continue;
+      if (index++ % 2 == 1 && at == start && enc[at] == 1 && at > header * 3 / 4) break;
+      start = at + 1;
+    }
+    if (at < header) {
+      b[at] = 0;
+      bad.push_back({"a run of 0 elements", b, n, "run of 0 elements"});
+    }
+  }
+  bad.push_back({"a run past the end", enc, n - 1, "run of 1 elements"});
+  bad.push_back({"a value too few", Bytes(enc.begin(), enc.end() - elem), n, "runs cover"});
+  {
+    Bytes b = enc;
+    b.insert(b.begin() + static_cast<std::ptrdiff_t>(header * 5 / 6), 10, 0x80);
+    bad.push_back({"a varint of 11 bytes", b, n, "runs: truncated"});
+  }
+  bad.push_back(
+      {"pairs cut short", Bytes(enc.begin(), enc.begin() + static_cast<std::ptrdiff_t>(header / 2)), n, "runs in"});
+  ASSERT_EQ(bad.size(), 5u) << "no length of 1 found to spoil";
+  for (const Bad& c : bad) {
+    Bytes values = before;
+    Status st = apply_delta(field, c.bytes.data(), c.bytes.size(), values.data(), c.n, elem);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << c.what << ": " << st.to_string();
+    EXPECT_NE(st.message().find(c.says), std::string::npos) << c.what << ": " << st.to_string();
+    EXPECT_TRUE(values == before) << c.what << " wrote values";
+    DeltaBitmap bits;
+    EXPECT_EQ(delta_bitmap(field, c.bytes.data(), c.bytes.size(), c.n, elem, bits).code(), StatusCode::kDataLoss)
+        << c.what;
+  }
+}
+
 // Every malformed encoding is refused with DataLoss, and the values stay as they were.
 TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
   const size_t n = 100, elem = 2;
