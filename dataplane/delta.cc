@@ -25,15 +25,6 @@ using detail::scan_bitmap;
 using detail::scan_parallel;
 using detail::Scratch;
 
-size_t varint_size(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
 Status bad(std::string_view what) { return Status::data_loss(fmt::format("delta piece: {}", what)); }
 
 // A bitmap encoding's header checked: the bitmap of n elements is there, marks none past n, and as
@@ -180,6 +171,25 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
   return choice;
 }
 
+size_t varint_bytes(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+DeltaEncoding choose_delta(uint64_t k, size_t n, size_t elem, bool prefer_delta,
+                           std::optional<std::pair<uint64_t, size_t>> runs) {
+  const size_t value_bytes = static_cast<size_t>(k) * elem;
+  const size_t map_bytes = (n + 7) / 8;
+  const size_t by_bitmap = map_bytes + value_bytes;
+  const size_t by_runs = runs ? varint_bytes(runs->first) + runs->second + value_bytes : SIZE_MAX;
+  if (!prefer_delta && std::min(by_bitmap, by_runs) >= n * elem) return DeltaEncoding::kDense;
+  return by_runs <= by_bitmap ? DeltaEncoding::kRuns : DeltaEncoding::kBitmap;
+}
+
 DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_t k, size_t n, size_t elem,
                            bool prefer_delta, std::vector<uint8_t>& out) {
   out.clear();
@@ -188,26 +198,17 @@ DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_
   // The runs' varints, for as long as they stay smaller than the bitmap (past it, the bitmap wins).
   uint8_t* runs = runs_memory.get(map_bytes + kRunsSlack);
   const auto found = runs_of(bitmap, n, map_bytes, runs);
-  const uint64_t r = found ? found->first : 0;
-  uint8_t* w = runs + (found ? found->second : 0);
+  const DeltaChoice choice{choose_delta(k, n, elem, prefer_delta, found), k};
   const size_t value_bytes = static_cast<size_t>(k) * elem;
-  const size_t by_bitmap = map_bytes + value_bytes;
-  const size_t by_runs = found ? varint_size(r) + found->second + value_bytes : SIZE_MAX;
-  DeltaChoice choice{DeltaEncoding::kDense, k};
-  if (prefer_delta || std::min(by_bitmap, by_runs) < n * elem) {
-    out.resize(std::min(by_runs, by_bitmap));
-    uint8_t* o = out.data();
-    if (by_runs <= by_bitmap) {
-      choice.encoding = DeltaEncoding::kRuns;
-      o = put_varint(o, r);
-      std::memcpy(o, runs, static_cast<size_t>(w - runs));
-      o += w - runs;
-    } else {
-      choice.encoding = DeltaEncoding::kBitmap;
-      std::memcpy(o, bitmap, map_bytes);
-      o += map_bytes;
-    }
-    if (value_bytes != 0) std::memcpy(o, values, value_bytes);
+  if (choice.encoding == DeltaEncoding::kRuns) {
+    out.resize(varint_bytes(found->first) + found->second + value_bytes);
+    uint8_t* o = put_varint(out.data(), found->first);
+    std::memcpy(o, runs, found->second);
+    if (value_bytes != 0) std::memcpy(o + found->second, values, value_bytes);
+  } else if (choice.encoding == DeltaEncoding::kBitmap) {
+    out.resize(map_bytes + value_bytes);
+    std::memcpy(out.data(), bitmap, map_bytes);
+    if (value_bytes != 0) std::memcpy(out.data() + map_bytes, values, value_bytes);
   }
   runs_memory.trim();
   return choice;
@@ -333,6 +334,38 @@ Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes
     out.bitmap = map;
   }
   out.values = bytes.first + bytes.second - static_cast<size_t>(out.changed) * elem;
+  return ok_status();
+}
+
+Status delta_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem, DeltaRuns& out) {
+  out.inflated.clear();
+  out.pairs = out.values = nullptr;
+  out.pair_bytes = 0;
+  out.runs = out.changed = 0;
+  out.xor_values = (field & kDeltaXor) != 0;
+  if (elem == 0) return bad("elements of 0 bytes");
+  if ((field & 0xff) != static_cast<uint32_t>(DeltaEncoding::kRuns)) return bad("not a runs encoding");
+  thread_local Scratch inflated;
+  const TrimOnExit trim{inflated};
+  FERRY_ASSIGN_OR_RETURN(auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
+  if ((field & kDeltaZstd) != 0) {  // the thread's scratch is given back: the caller keeps a copy
+    out.inflated.assign(bytes.first, bytes.first + bytes.second);
+    bytes.first = out.inflated.data();
+  }
+  const uint8_t* end = bytes.first + bytes.second;
+  const uint8_t* p = bytes.first;
+  uint64_t r = 0;
+  if (!get_varint(&p, end, &r)) return bad("runs: no count");
+  if (r > bytes.second / 2) return bad(fmt::format("{} runs in {} bytes", r, bytes.second));
+  const uint8_t* values = detail::past_varints(p, end, 2 * r);
+  if (values == nullptr) return bad("runs: truncated");
+  const auto value_bytes = static_cast<size_t>(end - values);
+  if (value_bytes % elem != 0) return bad(fmt::format("{} bytes of values of {} bytes each", value_bytes, elem));
+  out.pairs = p;
+  out.pair_bytes = static_cast<size_t>(values - p);
+  out.runs = r;
+  out.values = values;
+  out.changed = value_bytes / elem;
   return ok_status();
 }
 

@@ -21,6 +21,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -47,6 +49,15 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
 // elements (padded with clear bits to whole 64-bit words) and the k changed `values` in order.
 DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_t k, size_t n, size_t elem,
                            bool prefer_delta, std::vector<uint8_t>& out);
+
+// The choice encode_delta (and encode_scanned) makes for k changed of n elements of `elem` bytes,
+// given their runs (count, and their pairs' bytes; nullopt once those passed the bitmap's size):
+// runs when the count's varint and the pairs take no more bytes than the bitmap, else the bitmap;
+// kDense when that is no smaller than the dense bytes, unless `prefer_delta`.
+DeltaEncoding choose_delta(uint64_t k, size_t n, size_t elem, bool prefer_delta,
+                           std::optional<std::pair<uint64_t, size_t>> runs);
+// The bytes of `v` as a varint.
+size_t varint_bytes(uint64_t v);
 
 // Replaces `encoded` by one zstd frame of it at `level` when that saves at least an eighth of its
 // bytes; returns whether it did (the piece then carries kDeltaZstd).
@@ -80,6 +91,20 @@ struct DeltaBitmap {
 // same checks as apply_delta.
 Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
                     DeltaBitmap& out);
+
+// A runs encoding's pairs and values for a decoder that checks the pairs itself (a device's,
+// delta_device.h): the count read, the pairs' end found by counting the bytes that end varints.
+struct DeltaRuns {
+  const uint8_t* pairs = nullptr;  // r pairs of varints (unchecked)
+  size_t pair_bytes = 0;
+  uint64_t runs = 0;
+  const uint8_t* values = nullptr;  // `changed` values (the bytes after the pairs, whole elements)
+  uint64_t changed = 0;
+  bool xor_values = false;
+  std::vector<uint8_t> inflated;  // a zstd frame's contents
+};
+// DataLoss for an encoding that is not runs, or whose count, pairs' ends or values do not add up.
+Status delta_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem, DeltaRuns& out);
 
 // How many elements `encoded` says changed; the same checks as apply_delta, nothing written.
 Result<uint64_t> delta_changed(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem);

@@ -22,6 +22,15 @@ Status check_elements(size_t elem, std::initializer_list<const void*> pointers) 
   return ok_status();
 }
 
+// `upload` (device memory of `device`, kept between pieces) with room for `bytes`.
+Result<uint8_t*> upload_room(Buffer& upload, size_t bytes, Device device) {
+  if (upload.size() < bytes || upload.device() != device) {
+    upload.reset();
+    FERRY_ASSIGN_OR_RETURN(upload, Buffer::allocate(std::max<size_t>(bytes, size_t{1} << 20), device));
+  }
+  return upload.data_as<uint8_t>();
+}
+
 }  // namespace
 
 Result<uint64_t> scan_changes_on_device(int device, const void* before, const void* after, size_t n, size_t elem,
@@ -30,6 +39,17 @@ Result<uint64_t> scan_changes_on_device(int device, const void* before, const vo
   uint64_t changed = 0;
   FERRY_RETURN_IF_ERROR(detail::scan_changes(device, before, after, n, elem, xor_values, bitmap, values, &changed));
   return changed;
+}
+
+Result<DeviceRuns> runs_on_device(int device, const uint8_t* bitmap, size_t n, size_t limit, Buffer& pairs) {
+  const Device on = Device::cuda(device);
+  if (pairs.size() < limit + 1 || pairs.device() != on) {
+    pairs.reset();
+    FERRY_ASSIGN_OR_RETURN(pairs, Buffer::allocate(std::max<size_t>(limit + 1, size_t{1} << 20), on));
+  }
+  DeviceRuns found;
+  FERRY_RETURN_IF_ERROR(detail::find_runs(device, bitmap, n, limit, pairs.data_as<uint8_t>(), &found));
+  return found;
 }
 
 Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, const uint8_t* bitmap, const void* values,
@@ -41,19 +61,31 @@ Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, cons
 Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, void* values, Device device,
                              size_t n, size_t elem, Buffer& upload) {
   if (!device.is_cuda()) return Status::invalid_argument("apply_delta_on_device: values in host memory");
+  // A runs encoding goes up as it is, its pairs decoded and checked on the device. Refused there, it
+  // is walked on the host below, which says why (and writes nothing).
+  if ((field & 0xff) == static_cast<uint32_t>(DeltaEncoding::kRuns)) {
+    DeltaRuns runs;
+    if (delta_runs(field, encoded, encoded_bytes, n, elem, runs).ok()) {
+      if (runs.runs == 0 && runs.changed == 0) return ok_status();  // nothing to write
+      const size_t values_at = round16(runs.pair_bytes);
+      const size_t value_bytes = static_cast<size_t>(runs.changed) * elem;
+      FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, values_at + value_bytes, device));
+      FERRY_RETURN_IF_ERROR(copy_bytes(up, device, runs.pairs, Device::cpu(), runs.pair_bytes));
+      FERRY_RETURN_IF_ERROR(copy_bytes(up + values_at, device, runs.values, Device::cpu(), value_bytes));
+      FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
+      const Status st = detail::apply_runs(device.index, values, n, elem, up, runs.pair_bytes, runs.runs,
+                                           up + values_at, runs.changed, runs.xor_values);
+      if (st.code() != StatusCode::kDataLoss) return st;
+    }
+  }
   DeltaBitmap bits;
   FERRY_RETURN_IF_ERROR(delta_bitmap(field, encoded, encoded_bytes, n, elem, bits));
   if (bits.changed == 0) return ok_status();  // nothing to write
   // The bitmap, then the values (16-byte aligned), in one upload buffer kept between pieces.
   const size_t map_bytes = (n + 7) / 8;
-  const size_t values_at = (map_bytes + 15) / 16 * 16;
+  const size_t values_at = round16(map_bytes);
   const size_t value_bytes = static_cast<size_t>(bits.changed) * elem;
-  if (upload.size() < values_at + value_bytes || upload.device() != device) {
-    upload.reset();
-    FERRY_ASSIGN_OR_RETURN(upload,
-                           Buffer::allocate(std::max<size_t>(values_at + value_bytes, size_t{1} << 20), device));
-  }
-  auto* up = upload.data_as<uint8_t>();
+  FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, values_at + value_bytes, device));
   FERRY_RETURN_IF_ERROR(copy_bytes(up, device, bits.bitmap, Device::cpu(), map_bytes));
   FERRY_RETURN_IF_ERROR(copy_bytes(up + values_at, device, bits.values, Device::cpu(), value_bytes));
   return apply_bitmap_on_device(device.index, values, n, elem, up, up + values_at, bits.xor_values);

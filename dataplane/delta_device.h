@@ -13,6 +13,9 @@
 
 namespace ferry::dataplane {
 
+// Device buffers of the codec place their parts at 16-byte boundaries.
+inline size_t round16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
 // Compares `n` elements of `elem` bytes of `before` and `after` (device memory of `device`) and
 // writes the bitmap of those that differ to `bitmap` (device memory, ceil(n / 8) bytes: element i
 // as bit i % 8 of byte i / 8, bits past n clear) and their new values, in element order, to
@@ -20,6 +23,18 @@ namespace ferry::dataplane {
 // changed, once written. `elem` must be 1, 2, 4 or 8.
 Result<uint64_t> scan_changes_on_device(int device, const void* before, const void* after, size_t n, size_t elem,
                                         bool xor_values, void* bitmap, void* values);
+
+// The runs of the bitmap scan_changes_on_device() wrote (`bitmap`, device memory of `device`, n
+// elements), found on the device, as the host's runs encoding has them (delta.h): their count, and
+// the bytes of their pairs of varints (skip, length). Those are written into `pairs` (device
+// memory, grown as needed) only when `written`: when the count's varint and the pairs take no more
+// than `limit` bytes (the choice of choose_delta() with the bitmap's size as the limit).
+struct DeviceRuns {
+  uint64_t runs = 0;
+  size_t pair_bytes = 0;
+  bool written = false;
+};
+Result<DeviceRuns> runs_on_device(int device, const uint8_t* bitmap, size_t n, size_t limit, Buffer& pairs);
 
 // Writes a delta into `dst` (device memory of `device`, n elements of `elem` bytes): element i takes
 // the next of `values` (or XORs it in, with `xor_values`) when bit i of `bitmap` is set. `bitmap`
@@ -41,8 +56,18 @@ namespace detail {
 // Each runs with `device` current and puts the caller's back.
 Status scan_changes(int device, const void* before, const void* after, uint64_t n, size_t elem, bool xor_values,
                     void* bitmap, void* values, uint64_t* changed);
+// runs_on_device() once `pairs` has room for the limit.
+Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, uint8_t* pairs, DeviceRuns* found);
+// With `expect`, DataLoss and nothing written unless the bitmap marks exactly that many.
+inline constexpr uint64_t kAnyCount = UINT64_MAX;
 Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
-                    bool xor_values);
+                    bool xor_values, uint64_t expect = kAnyCount);
+// apply_bitmap() for a runs encoding's r pairs of varints (`pairs`, pair_bytes, device memory: the
+// host found their ends, the device decodes and checks them) and its k `values` (device memory):
+// DataLoss, and nothing written, unless every varint is at most 10 bytes, every length at least 1,
+// the runs end within n elements and cover k.
+Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t* pairs, uint64_t pair_bytes, uint64_t r,
+                  const void* values, uint64_t k, bool xor_values);
 }  // namespace detail
 
 }  // namespace ferry::dataplane

@@ -9,6 +9,10 @@ Status unavailable() { return Status::unavailable("device deltas: ferry was buil
 Status scan_changes(int, const void*, const void*, uint64_t, size_t, bool, void*, void*, uint64_t*) {
   return unavailable();
 }
-Status apply_bitmap(int, void*, uint64_t, size_t, const uint8_t*, const void*, bool) { return unavailable(); }
+Status apply_bitmap(int, void*, uint64_t, size_t, const uint8_t*, const void*, bool, uint64_t) { return unavailable(); }
+Status find_runs(int, const uint8_t*, uint64_t, uint64_t, uint8_t*, DeviceRuns*) { return unavailable(); }
+Status apply_runs(int, void*, uint64_t, size_t, const uint8_t*, uint64_t, uint64_t, const void*, uint64_t, bool) {
+  return unavailable();
+}
 
 }  // namespace ferry::dataplane::detail

@@ -251,10 +251,7 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
   return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
 }
 
-namespace {
-
-// Past the first `count` varints from p (a varint ends at its first byte under 0x80), eight bytes at
-// a time while a word cannot hold more ends than remain; nullptr when `end` comes first.
+// Eight bytes at a time while a word cannot hold more ends than remain.
 const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count) {
   for (; count >= 8 && end - p >= 8; p += 8) {
     uint64_t x;
@@ -264,8 +261,6 @@ const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count
   for (; count > 0 && p < end; ++p) count -= *p < 0x80 ? 1 : 0;
   return count == 0 ? p : nullptr;
 }
-
-}  // namespace
 
 // The chunks' borders in one pass that counts the ends of varints, a word at a time; each chunk's
 // pairs then decoded and checked on a thread of its own, with their elements and values summed;

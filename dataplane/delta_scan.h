@@ -95,6 +95,10 @@ uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, si
 // first may continue it); the pairs between go as they are.
 std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs);
 
+// Past the first `count` varints from p (a varint ends at its first byte under 0x80); nullptr when
+// `end` comes first.
+const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count);
+
 // A share of a runs encoding's pairs, decoded on a thread of its own.
 struct RunsChunk {
   const uint8_t* begin = nullptr;  // its first pair

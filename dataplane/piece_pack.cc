@@ -6,7 +6,9 @@
 #include "core/device_copy.h"
 #include "core/region_copy.h"
 #include "dataplane/bucket.h"
+#include "dataplane/delta.h"
 #include "dataplane/delta_device.h"
+#include "dataplane/delta_scan.h"
 
 namespace ferry::dataplane {
 namespace {
@@ -19,8 +21,6 @@ Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes)
   }
   return copy_now(bucket_device.index, where, from, bytes);
 }
-
-size_t round16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
 // A compared part into the bucket: as its encoding (`pd`, `encoded`) when it has one that fits, else
 // as its dense bytes `now` (in the memory of `now_device`).
@@ -42,9 +42,9 @@ Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t para
 }
 
 // A part compared on the device against a copy kept there (the same shape, so a box is one run of
-// both or of neither): the changed elements' bitmap and values
-// come to the host, where the smallest encoding is chosen (encode_scanned, the host codec's choice),
-// or the part's dense bytes when no encoding is smaller.
+// both or of neither): the changed elements' bitmap, values and runs are found there, and only the
+// encoding chosen (the host codec's choice) comes to the host; or the part's dense bytes when no
+// encoding is smaller.
 Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src,
                          const Region& dst, DType dtype, const TensorView& tensor, size_t bytes,
                          const DeltaBases::Base& base, const DeltaOptions& delta, PackScratch& scratch,
@@ -79,14 +79,31 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   PartDelta pd{0, k};
   // No encoding is smaller than its values: past that the dense bytes go, unless a delta is preferred.
   if (delta.prefer || k * elem + 1 < bytes) {
-    // The bitmap padded with clear bits to whole 64-bit words, as encode_scanned reads it.
-    scratch.bitmap.assign((n + 63) / 64 * 8, 0);
-    scratch.values.resize(std::max<size_t>(k * elem, 1));
-    FERRY_RETURN_IF_ERROR(copy_bytes(scratch.bitmap.data(), Device::cpu(), out, device, map_bytes));
-    FERRY_RETURN_IF_ERROR(copy_bytes(scratch.values.data(), Device::cpu(), out + values_at, device, k * elem));
-    pd = finish_part(
-        encode_scanned(scratch.bitmap.data(), scratch.values.data(), k, n, elem, delta.prefer, scratch.encoded), delta,
-        scratch.encoded);
+    // The runs are found on the device too; the encoding chosen (choose_delta, as the host codec
+    // chooses) crosses to the host as it goes on the wire: the runs' count, then their pairs or the
+    // bitmap, then the values.
+    FERRY_ASSIGN_OR_RETURN(const DeviceRuns runs,
+                           runs_on_device(device.index, out, n, map_bytes, scratch.device_pairs));
+    const std::optional<std::pair<uint64_t, size_t>> found =
+        runs.written ? std::optional{std::pair<uint64_t, size_t>{runs.runs, runs.pair_bytes}} : std::nullopt;
+    const DeltaChoice choice{choose_delta(k, n, elem, delta.prefer, found), k};
+    const size_t value_bytes = static_cast<size_t>(k) * elem;
+    scratch.encoded.clear();
+    if (choice.encoding == DeltaEncoding::kRuns) {
+      const size_t head = varint_bytes(runs.runs);
+      scratch.encoded.resize(head + runs.pair_bytes + value_bytes);
+      uint8_t* o = scratch.encoded.data();
+      detail::put_varint(o, runs.runs);
+      FERRY_RETURN_IF_ERROR(copy_bytes(o + head, Device::cpu(), scratch.device_pairs.data(), device, runs.pair_bytes));
+      FERRY_RETURN_IF_ERROR(
+          copy_bytes(o + head + runs.pair_bytes, Device::cpu(), out + values_at, device, value_bytes));
+    } else if (choice.encoding == DeltaEncoding::kBitmap) {
+      scratch.encoded.resize(map_bytes + value_bytes);
+      uint8_t* o = scratch.encoded.data();
+      FERRY_RETURN_IF_ERROR(copy_bytes(o, Device::cpu(), out, device, map_bytes));
+      FERRY_RETURN_IF_ERROR(copy_bytes(o + map_bytes, Device::cpu(), out + values_at, device, value_bytes));
+    }
+    pd = finish_part(choice, delta, scratch.encoded);
   }
   return place_compared(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base.version, scratch.encoded, now,
                         device, tally);

@@ -37,9 +37,8 @@ struct DeltaTally {
 // Scratch a sender reuses across parts.
 struct PackScratch {
   std::vector<uint8_t> packed, old, encoded;
-  // A device compare's output (bitmap, then values) on the device, and its bitmap on the host.
-  Buffer device_scan;
-  std::vector<uint8_t> bitmap, values;
+  // A device compare's output (bitmap, then values) and its runs' pairs, on the device.
+  Buffer device_scan, device_pairs;
 };
 
 // One part of a piece (rows [row, row + rows) of it, box `src` of the local tensor) into `bucket`

@@ -1,7 +1,8 @@
 // The delta codec on a CUDA device (dataplane/delta_device.h), against plain loops written here: the
 // compare's bitmap and changed values (or XORs) at every change rate and element width, with
 // counts that end inside a bitmap byte and inside a block; the apply of a bitmap's marked
-// elements in runs of every length, plain and XOR. Skips without a device.
+// elements in runs of every length, plain and XOR; the decode of runs encodings against the host's
+// walk of them. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -143,6 +144,179 @@ TEST(DeltaOnDevice, EncodingsApplyInDeviceMemoryAsOnTheHost) {
                 .code(),
             StatusCode::kDataLoss);
   EXPECT_EQ(to_host(d, 200), Bytes(200, 7)) << "a refused delta wrote";
+}
+
+// The trainer's runs from its compare's bitmap, found on the device, against the pairs of varints a
+// plain loop writes here: byte for byte, at every change rate, with runs that cross 64-element words
+// and blocks of words, end at the last element or cover the piece; written only when they would be
+// chosen (the count's varint and the pairs within the limit).
+TEST(DeltaOnDevice, TheRunsOfACompareAreFoundOnTheDeviceAsTheFormatHasThem) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(41);
+  Buffer pairs;
+  for (size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, size_t{300'003}, size_t{2'000'001}}) {
+    for (int pattern = 0; pattern < 7; ++pattern) {
+      Bytes before(n), after(n);
+      for (auto& b : before) b = static_cast<uint8_t>(rng());
+      after = before;
+      const double rates[] = {0.0, 0.001, 0.03, 0.5, 1.0};
+      for (size_t e = 0; e < n; ++e) {
+        bool change = false;
+        if (pattern < 5) change = static_cast<double>(rng() % 1'000'000) < rates[pattern] * 1e6;
+        if (pattern == 5) change = (e / 100) % 3 == 1 || e + 1 == n;  // runs of 100 across words, and the last
+        if (pattern == 6) change = e % 64 == 63 || e % 64 == 0;       // runs of 2 across every word border
+        if (change) after[e] ^= 0x5a;
+      }
+      // The reference: runs by a plain loop, then their pairs.
+      Bytes want;
+      uint64_t r = 0, at = 0;
+      for (size_t e = 0; e < n;) {
+        if (before[e] == after[e]) {
+          ++e;
+          continue;
+        }
+        size_t end = e;
+        while (end < n && before[end] != after[end]) ++end;
+        for (uint64_t v : {uint64_t{e - at}, uint64_t{end - e}}) {
+          for (; v >= 0x80; v >>= 7) want.push_back(static_cast<uint8_t>(v | 0x80));
+          want.push_back(static_cast<uint8_t>(v));
+        }
+        ++r;
+        at = e = end;
+      }
+      Buffer b = on_device(before), a = on_device(after);
+      auto scan = Buffer::allocate(round16((n + 7) / 8) + n + 64, Device::cuda(0));
+      ASSERT_TRUE(scan.ok());
+      auto* out = scan->data_as<uint8_t>();
+      ASSERT_TRUE(scan_changes_on_device(0, b.data(), a.data(), n, 1, false, out, out + round16((n + 7) / 8)).ok());
+      for (size_t limit : {want.size() + varint_bytes(r), want.size() + varint_bytes(r) - 1, (n + 7) / 8}) {
+        auto found = runs_on_device(0, out, n, limit, pairs);
+        ASSERT_TRUE(found.ok()) << found.status().to_string();
+        EXPECT_EQ(found->runs, r) << "n " << n << " pattern " << pattern;
+        EXPECT_EQ(found->pair_bytes, want.size()) << "n " << n << " pattern " << pattern;
+        EXPECT_EQ(found->written, varint_bytes(r) + want.size() <= limit) << "n " << n << " limit " << limit;
+        if (found->written) {
+          EXPECT_EQ(to_host(pairs, want.size()), want) << "n " << n << " pattern " << pattern;
+        }
+      }
+    }
+  }
+}
+
+// A runs encoding of `pairs` (skip, length) and `k` values of `elem` bytes from `rng`, each varint
+// written in `pad` bytes at least (0x80 continuations past the value: as get_varint reads them).
+Bytes runs_encoding(const std::vector<std::pair<uint64_t, uint64_t>>& pairs, size_t values, size_t elem,
+                    std::mt19937_64& rng, size_t pad = 1) {
+  Bytes out;
+  const auto varint = [&](uint64_t v) {
+    size_t written = 0;
+    for (; v >= 0x80 || written + 1 < pad; v >>= 7, ++written) out.push_back(static_cast<uint8_t>((v & 0x7f) | 0x80));
+    out.push_back(static_cast<uint8_t>(v));
+  };
+  varint(pairs.size());
+  for (const auto& [skip, len] : pairs) varint(skip), varint(len);
+  for (size_t i = 0; i < values * elem; ++i) out.push_back(static_cast<uint8_t>(rng()));
+  return out;
+}
+
+// detail::apply_runs on an encoding's parts (as apply_delta_on_device uploads them), over `old`;
+// the result, or the status when refused.
+Status runs_on_device(const Bytes& enc, uint32_t flags, const Bytes& old, size_t n, size_t elem, Bytes* result) {
+  DeltaRuns runs;
+  FERRY_RETURN_IF_ERROR(
+      delta_runs(static_cast<uint32_t>(DeltaEncoding::kRuns) | flags, enc.data(), enc.size(), n, elem, runs));
+  Buffer d = on_device(old);
+  Buffer pairs = on_device(Bytes(runs.pairs, runs.pairs + runs.pair_bytes));
+  Buffer values = on_device(Bytes(runs.values, runs.values + runs.changed * elem));
+  const Status st = detail::apply_runs(0, d.data(), n, elem, pairs.data_as<uint8_t>(), runs.pair_bytes, runs.runs,
+                                       values.data(), runs.changed, runs.xor_values);
+  *result = to_host(d, old.size());
+  return st;
+}
+
+// The device's decoder of runs against the host's walk (apply_delta) of the same bytes: varints of
+// 1 to 10 bytes (padded ones too), runs that touch, cross 64-element words and blocks, or cover the
+// piece, plain and XOR; and every encoding the host refuses refused here, with nothing written.
+TEST(DeltaOnDevice, RunsAreDecodedOnTheDeviceAsTheHostWalksThem) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(29);
+  const size_t n = 3'000'017;
+  for (size_t elem : {1, 2, 4, 8}) {
+    Bytes old(n * elem);
+    for (auto& b : old) b = static_cast<uint8_t>(rng());
+    struct Case {
+      const char* what;
+      std::vector<std::pair<uint64_t, uint64_t>> pairs;
+      size_t pad = 1;
+    };
+    std::vector<Case> cases;
+    {
+      Case c{"scattered, skips and lengths of 1 to 3 bytes", {}};
+      uint64_t at = 0;
+      while (true) {
+        const uint64_t skip = rng() % 4 == 0 ? rng() % 40'000 : rng() % 9;
+        const uint64_t len = rng() % 8 == 0 ? 1 + rng() % 300 : 1 + rng() % 3;
+        if (at + skip + len > n) break;
+        c.pairs.emplace_back(skip, len);
+        at += skip + len;
+      }
+      cases.push_back(c);
+    }
+    cases.push_back({"runs that touch (skip 0)", {{0, 1}, {0, 63}, {0, 1}, {0, 64}, {1, 1}, {0, 130}}});
+    cases.push_back({"one run over the piece", {{0, n}}});
+    cases.push_back({"varints padded to 10 bytes", {{5, 7}, {64, 1}, {1, 200}}, 10});
+    cases.push_back({"the last element", {{n - 1, 1}}});
+    for (const Case& c : cases) {
+      uint64_t k = 0;
+      for (const auto& pair : c.pairs) k += pair.second;
+      const Bytes enc = runs_encoding(c.pairs, k, elem, rng, c.pad);
+      for (uint32_t flags : {0u, kDeltaXor}) {
+        Bytes want = old;
+        ASSERT_TRUE(apply_delta(static_cast<uint32_t>(DeltaEncoding::kRuns) | flags, enc.data(), enc.size(),
+                                want.data(), n, elem)
+                        .ok())
+            << c.what;
+        Bytes got;
+        const Status st = runs_on_device(enc, flags, old, n, elem, &got);
+        ASSERT_TRUE(st.ok()) << c.what << " elem " << elem << ": " << st.to_string();
+        EXPECT_TRUE(got == want) << c.what << " elem " << elem << " flags " << flags;
+      }
+    }
+    // Refused by the host's walk: refused by the device, nothing written.
+    struct Bad {
+      const char* what;
+      Bytes enc;
+    };
+    std::vector<Bad> bad;
+    bad.push_back({"a run of 0 elements", runs_encoding({{3, 2}, {4, 0}, {1, 1}}, 3, elem, rng)});
+    bad.push_back({"a run longer than the piece", runs_encoding({{0, n + 1}}, n + 1, elem, rng)});
+    bad.push_back({"runs that end past the piece", runs_encoding({{n - 2, 1}, {n - 2, 1}}, 2, elem, rng)});
+    bad.push_back({"a value too many", runs_encoding({{3, 2}, {4, 1}}, 4, elem, rng)});
+    bad.push_back({"a value too few", runs_encoding({{3, 2}, {4, 1}}, 2, elem, rng)});
+    {
+      Bytes b = {2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 1, 4, 1};
+      for (size_t i = 0; i < 2 * elem; ++i) b.push_back(1);
+      bad.push_back({"a varint of 11 bytes", b});
+    }
+    for (const Bad& b : bad) {
+      Bytes host = old;
+      ASSERT_EQ(apply_delta(DeltaEncoding::kRuns, b.enc.data(), b.enc.size(), host.data(), n, elem).code(),
+                StatusCode::kDataLoss)
+          << b.what;
+      Bytes got;
+      const Status st = runs_on_device(b.enc, 0, old, n, elem, &got);
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss) << b.what << " elem " << elem << ": " << st.to_string();
+      EXPECT_TRUE(got == old) << b.what << " wrote";
+      // The whole path says why, as the host does.
+      Buffer d = on_device(old);
+      Buffer upload;
+      const Status whole = apply_delta_on_device(static_cast<uint32_t>(DeltaEncoding::kRuns), b.enc.data(),
+                                                 b.enc.size(), d.data(), Device::cuda(0), n, elem, upload);
+      EXPECT_EQ(whole.code(), StatusCode::kDataLoss) << b.what;
+      EXPECT_EQ(whole.message().find("on the device"), std::string::npos) << whole.to_string();
+      EXPECT_TRUE(to_host(d, old.size()) == old) << b.what << " wrote";
+    }
+  }
 }
 
 TEST(DeltaOnDevice, RefusesWidthsAndAlignmentsItCannotCompare) {
