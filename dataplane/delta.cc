@@ -277,6 +277,20 @@ Result<std::pair<const uint8_t*, size_t>> unpack_field(uint32_t field, const uin
   return std::pair<const uint8_t*, size_t>{out, static_cast<size_t>(size)};
 }
 
+// unpack_field() for a caller that keeps what it points into: a zstd frame's contents are copied into
+// `kept` (the thread's scratch is given back).
+Result<std::pair<const uint8_t*, size_t>> unpack_kept(uint32_t field, const uint8_t* encoded, size_t bytes, size_t n,
+                                                      size_t elem, std::vector<uint8_t>& kept) {
+  thread_local Scratch inflated;
+  const TrimOnExit trim{inflated};
+  FERRY_ASSIGN_OR_RETURN(auto got, unpack_field(field, encoded, bytes, n, elem, inflated));
+  if ((field & kDeltaZstd) != 0) {
+    kept.assign(got.first, got.first + got.second);
+    got.first = kept.data();
+  }
+  return got;
+}
+
 }  // namespace
 
 Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, size_t n, size_t elem,
@@ -287,13 +301,7 @@ Status delta_bitmap(uint32_t field, const uint8_t* encoded, size_t encoded_bytes
   out.changed = 0;
   out.xor_values = (field & kDeltaXor) != 0;
   if (elem == 0) return bad("elements of 0 bytes");
-  thread_local Scratch inflated;
-  const TrimOnExit trim{inflated};
-  FERRY_ASSIGN_OR_RETURN(auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
-  if ((field & kDeltaZstd) != 0) {  // the thread's scratch is given back: the caller keeps a copy
-    out.inflated.assign(bytes.first, bytes.first + bytes.second);
-    bytes.first = out.inflated.data();
-  }
+  FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_kept(field, encoded, encoded_bytes, n, elem, out.inflated));
   const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
   // A bitmap encoding goes as it is, its header checked; a runs encoding is checked as apply_delta
   // checks it, in one pass that also sets its runs in a bitmap of its own (used only once the whole
@@ -345,13 +353,7 @@ Status delta_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, 
   out.xor_values = (field & kDeltaXor) != 0;
   if (elem == 0) return bad("elements of 0 bytes");
   if ((field & 0xff) != static_cast<uint32_t>(DeltaEncoding::kRuns)) return bad("not a runs encoding");
-  thread_local Scratch inflated;
-  const TrimOnExit trim{inflated};
-  FERRY_ASSIGN_OR_RETURN(auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
-  if ((field & kDeltaZstd) != 0) {  // the thread's scratch is given back: the caller keeps a copy
-    out.inflated.assign(bytes.first, bytes.first + bytes.second);
-    bytes.first = out.inflated.data();
-  }
+  FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_kept(field, encoded, encoded_bytes, n, elem, out.inflated));
   const uint8_t* end = bytes.first + bytes.second;
   const uint8_t* p = bytes.first;
   uint64_t r = 0;
