@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 #include <utility>
 
@@ -60,6 +61,7 @@ Result<uint64_t> check_bitmap(const uint8_t* enc, size_t bytes, size_t n, size_t
 // pass below says which. Otherwise every run comes with one chunk that is alone.
 template <bool CheckFirst, bool Threads, typename Visit>
 Result<uint64_t> walk_runs(const uint8_t* enc, size_t bytes, size_t n, size_t elem, Visit visit) {
+  if (elem == 0) return bad("elements of 0 bytes");
   const uint8_t* end = enc + bytes;
   const uint8_t* p = enc;
   uint64_t r = 0;
@@ -67,21 +69,27 @@ Result<uint64_t> walk_runs(const uint8_t* enc, size_t bytes, size_t n, size_t el
   if (r > bytes / 2) return bad(fmt::format("{} runs in {} bytes", r, bytes));
   if constexpr (Threads) {
     if (auto split = detail::split_runs(p, end, r, n, elem)) {
+      std::atomic<bool> no_memory = false;  // a visit's allocation failed on a worker thread
       on_threads(split->chunks.size(), [&](size_t t) {
         const RunsChunk& c = split->chunks[t];
         const uint8_t* q = c.begin;
         const uint8_t* v = split->values + c.value * elem;
         uint64_t at = c.at;
-        for (uint64_t i = 0; i < c.pairs; ++i) {
-          uint64_t skip = 0, len = 0;
-          get_varint(&q, c.end, &skip);
-          get_varint(&q, c.end, &len);
-          at += skip;
-          visit(c, at, len, v);
-          v += len * elem;
-          at += len;
+        try {
+          for (uint64_t i = 0; i < c.pairs; ++i) {
+            uint64_t skip = 0, len = 0;
+            get_varint(&q, c.end, &skip);
+            get_varint(&q, c.end, &len);
+            at += skip;
+            visit(c, at, len, v);
+            v += len * elem;
+            at += len;
+          }
+        } catch (const std::bad_alloc&) {
+          no_memory = true;
         }
       });
+      if (no_memory) return Status::resource_exhausted("delta piece: no memory to note its runs");
       return split->changed;
     }
   }
@@ -386,7 +394,8 @@ Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes,
   FERRY_ASSIGN_OR_RETURN(const auto bytes, unpack_field(field, encoded, encoded_bytes, n, elem, inflated));
   const auto encoding = static_cast<DeltaEncoding>(field & 0xff);
   const bool xor_values = (field & kDeltaXor) != 0;
-  if (changed != nullptr) changed->clear();
+  // The runs written, handed to the caller only once the whole encoding was applied.
+  std::vector<std::pair<uint64_t, uint64_t>> written;
   // [at, at + len) written into `out` as a run, one with the run before it when they touch.
   const auto note = [](std::vector<std::pair<uint64_t, uint64_t>>& out, uint64_t at, uint64_t len) {
     if (!out.empty() && out.back().first + out.back().second == at) {
@@ -397,21 +406,21 @@ Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes,
   };
   if (encoding != DeltaEncoding::kRuns) {
     // Element by element; walk() checks the whole encoding first, so a bad one writes nothing.
-    return walk(encoding, bytes.first, bytes.second, n, elem,
-                [&](size_t e, const uint8_t* v) {
-                  uint8_t* at = values + e * elem;
-                  if (xor_values) {
-                    for (size_t i = 0; i < elem; ++i) at[i] ^= v[i];
-                  } else {
-                    std::memcpy(at, v, elem);
-                  }
-                  if (changed != nullptr) note(*changed, e, 1);
-                })
-        .status();
+    FERRY_RETURN_IF_ERROR(walk(encoding, bytes.first, bytes.second, n, elem, [&](size_t e, const uint8_t* v) {
+                            uint8_t* at = values + e * elem;
+                            if (xor_values) {
+                              for (size_t i = 0; i < elem; ++i) at[i] ^= v[i];
+                            } else {
+                              std::memcpy(at, v, elem);
+                            }
+                            if (changed != nullptr) note(written, e, 1);
+                          }).status());
+    if (changed != nullptr) *changed = std::move(written);
+    return ok_status();
   }
   // Run by run, after the whole encoding was checked; a large one's chunks on several threads, each
   // noting its runs apart, joined in order after.
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> noted(changed != nullptr ? 8 : 0);
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> noted(changed != nullptr ? detail::kMaxRunsChunks : 0);
   FERRY_RETURN_IF_ERROR((walk_runs<true, true>)(bytes.first, bytes.second, n, elem,
                                                 [&](const RunsChunk& c, uint64_t at, uint64_t len, const uint8_t* v) {
                                                   uint8_t* to = values + at * elem;
@@ -422,12 +431,13 @@ Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes,
                                                     std::memcpy(to, v, b);
                                                   }
                                                   if (changed != nullptr)
-                                                    note(c.alone ? *changed : noted[c.index], at, len);
+                                                    note(c.alone ? written : noted[c.index], at, len);
                                                 })
                             .status());
   for (const auto& runs : noted) {
-    for (const auto& [at, len] : runs) note(*changed, at, len);
+    for (const auto& [at, len] : runs) note(written, at, len);
   }
+  if (changed != nullptr) *changed = std::move(written);
   return ok_status();
 }
 

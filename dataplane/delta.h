@@ -66,7 +66,8 @@ bool compress_delta(std::vector<uint8_t>& encoded, int level);
 // Applies `encoded` (`encoding`, as encode_delta wrote it) onto `values`, n elements of `elem` bytes
 // holding the old ones. DataLoss, and nothing written, when the encoding does not describe exactly
 // n elements (a count, a run past the end, values too few or too many).
-// `changed`, when given, receives the runs [first, first + count) of the elements it wrote.
+// `changed`, when given, receives the runs [first, first + count) of the elements it wrote (left as
+// it was when the encoding is refused).
 // `field`: a piece's encoding field, the encoding with its flags (a zstd frame must inflate to
 // no more than any encoding of n elements can take).
 Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n, size_t elem,

@@ -25,10 +25,12 @@ Result<uint64_t> scan_changes_on_device(int device, const void* before, const vo
                                         bool xor_values, void* bitmap, void* values);
 
 // The runs of the bitmap scan_changes_on_device() wrote (`bitmap`, device memory of `device`, n
-// elements), found on the device, as the host's runs encoding has them (delta.h): their count, and
+// elements, 8-byte aligned, read in whole 64-bit words: room for (n + 63) / 64 * 8 bytes, bits past
+// n ignored), found on the device, as the host's runs encoding has them (delta.h): their count, and
 // the bytes of their pairs of varints (skip, length). Those are written into `pairs` (device
 // memory, grown as needed) only when `written`: when the count's varint and the pairs take no more
-// than `limit` bytes (the choice of choose_delta() with the bitmap's size as the limit).
+// than `limit` bytes (the choice of choose_delta() with the bitmap's size as the limit). Runs too
+// many for that even at two bytes a pair are not listed: `pair_bytes` is then 0.
 struct DeviceRuns {
   uint64_t runs = 0;
   size_t pair_bytes = 0;

@@ -268,7 +268,7 @@ const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count
 std::optional<RunsSplit> split_runs(const uint8_t* pairs, const uint8_t* end, uint64_t r, size_t n, size_t elem) {
   constexpr uint64_t kPairs = uint64_t{1} << 15;  // a chunk's pairs, at least
   const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
-  const auto count = static_cast<size_t>(std::min<uint64_t>({hw, 8, r / kPairs}));
+  const auto count = static_cast<size_t>(std::min<uint64_t>({hw, kMaxRunsChunks, r / kPairs}));
   if (count < 2 || elem == 0) return std::nullopt;
   RunsSplit split;
   split.chunks.resize(count);

@@ -99,6 +99,9 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
 // `end` comes first.
 const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count);
 
+// The most chunks split_runs() cuts an encoding into.
+inline constexpr size_t kMaxRunsChunks = 8;
+
 // A share of a runs encoding's pairs, decoded on a thread of its own.
 struct RunsChunk {
   const uint8_t* begin = nullptr;  // its first pair
@@ -116,7 +119,7 @@ struct RunsSplit {
   uint64_t changed = 0;             // how many
 };
 // The r pairs of a runs encoding at `pairs` (its count read; values follow up to `end`) cut at pair
-// borders into chunks for up to 8 threads, each checked on one: every pair two varints of at most
+// borders into chunks for up to kMaxRunsChunks threads, each checked on one: every pair two varints of at most
 // 10 bytes, every length at least 1, the runs ending within n elements, as many values of `elem`
 // bytes following as they cover. nullopt when the pairs are too few to share out, or when a check
 // fails (a single pass over the encoding then says which, as for a small one).

@@ -106,15 +106,17 @@ struct Offsets {
 };
 
 // Each block's total of value(i) over i < count and each block's first offset (offsets[blocks]:
-// the sum of all), saturating at `cap`.
+// the sum of all). 32-bit totals are a block's small counts: the offsets are summed in 64 bits
+// without a cap. 64-bit totals and offsets saturate at `cap`.
 template <typename T, typename Value>
 Status block_offsets_of(Value value, uint64_t count, uint64_t blocks, T cap, cudaStream_t st, Offsets<T>& o) {
+  const uint64_t offsets_cap = sizeof(T) < sizeof(uint64_t) ? UINT64_MAX : static_cast<uint64_t>(cap);
   const size_t count_bytes = (blocks * sizeof(T) + 7) / 8 * 8;
   FERRY_RETURN_IF_ERROR(o.scratch.allocate(count_bytes + (blocks + 1) * sizeof(uint64_t), st));
   o.counts = static_cast<T*>(o.scratch.p);
   o.offsets = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(o.scratch.p) + count_bytes);
   block_totals<T><<<static_cast<unsigned>(blocks), kScanThreads, 0, st>>>(value, count, cap, o.counts);
-  block_offsets<T><<<1, kScanThreads, 0, st>>>(o.counts, blocks, cap, o.offsets);
+  block_offsets<T><<<1, kScanThreads, 0, st>>>(o.counts, blocks, offsets_cap, o.offsets);
   FERRY_CUDA_LAUNCH_CHECK();
   return ok_status();
 }

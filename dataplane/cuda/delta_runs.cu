@@ -200,13 +200,16 @@ Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t*
   run_ends<<<static_cast<unsigned>(run_blocks), kScanThreads, 0, st>>>(spans, r, at_run.offsets, ends);
   FERRY_CUDA_LAUNCH_CHECK();
   uint32_t flags = 0;
-  uint64_t last = 0;
+  uint64_t last = 0, varints = 0;
   FERRY_CUDA_CHECK(cudaMemcpyAsync(&flags, bad, sizeof(flags), cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(&last, ends + r - 1, sizeof(last), cudaMemcpyDeviceToHost, st));
+  FERRY_CUDA_CHECK(
+      cudaMemcpyAsync(&varints, at_varint.offsets + byte_blocks, sizeof(varints), cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (flags != 0 || last > n) {
-    return Status::data_loss("delta piece: runs refused on the device (flags " + std::to_string(flags) +
-                             ", last run ends at " + std::to_string(last) + " of " + std::to_string(n) + ")");
+  if (flags != 0 || last > n || varints != 2 * r) {
+    return Status::data_loss("delta piece: runs refused on the device (flags " + std::to_string(flags) + ", " +
+                             std::to_string(varints) + " varints for " + std::to_string(r) +
+                             " runs, the last ending at " + std::to_string(last) + " of " + std::to_string(n) + ")");
   }
   runs_to_bitmap<<<static_cast<unsigned>(word_blocks), kScanThreads, 0, st>>>(ends, decoded, r, words, bitmap);
   FERRY_CUDA_LAUNCH_CHECK();
@@ -238,6 +241,9 @@ Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, 
     found->written = limit >= 1;  // the count's one byte
     return ok_status();
   }
+  uint32_t count_bytes = 1;
+  for (uint64_t v = r; v >= 0x80; v >>= 7) ++count_bytes;
+  if (count_bytes + 2 * r > limit) return ok_status();  // each pair takes two bytes at least: not written
   uint64_t run_blocks = 0;
   FERRY_RETURN_IF_ERROR(blocks_for(r, &run_blocks));
   DeviceScratch runs;
@@ -251,8 +257,6 @@ Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, 
   FERRY_CUDA_CHECK(cudaMemcpyAsync(&bytes, at_byte.offsets + run_blocks, sizeof(bytes), cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
   found->pair_bytes = bytes;
-  uint32_t count_bytes = 1;
-  for (uint64_t v = r; v >= 0x80; v >>= 7) ++count_bytes;
   if (count_bytes + bytes > limit) return ok_status();
   write_pairs<<<static_cast<unsigned>(run_blocks), kScanThreads, 0, st>>>(pair, r, at_byte.offsets, pairs);
   FERRY_CUDA_LAUNCH_CHECK();

@@ -5,11 +5,13 @@
 #include <cstring>
 #include <random>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <zstd.h>
 
 #include "dataplane/delta.h"
+#include "dataplane/delta_scan.h"
 
 namespace ferry::dataplane {
 namespace {
@@ -340,11 +342,24 @@ std::vector<std::pair<uint64_t, uint64_t>> reference_changed(const Bytes& before
 TEST(Delta, LargeRunsEncodingsAreAppliedInChunksAsOnePassWould) {
   const size_t n = (size_t{4} << 20) + 3, elem = 2;
   auto [before, after] = pair_with_changes(n, elem, n / 7, 31);
-  after[(n - 1) * elem] ^= 1;  // the last run ends at the last element
+  // The last run is the last element alone.
+  after[(n - 1) * elem] ^= 1;
+  std::memcpy(&after[(n - 2) * elem], &before[(n - 2) * elem], elem);
   const Bytes enc = reference_runs(before, after, elem);
   const auto runs = reference_changed(before, after, elem);
   ASSERT_GT(runs.size(), size_t{8} << 15);  // enough for 8 chunks
   const auto field = static_cast<uint32_t>(DeltaEncoding::kRuns);
+  {  // It is shared out, on a machine of more than one thread.
+    const uint8_t* pairs = enc.data();
+    uint64_t r = 0;
+    ASSERT_TRUE(detail::get_varint(&pairs, enc.data() + enc.size(), &r));
+    const auto split = detail::split_runs(pairs, enc.data() + enc.size(), r, n, elem);
+    if (std::thread::hardware_concurrency() >= 2) {
+      ASSERT_TRUE(split.has_value());
+      EXPECT_GE(split->chunks.size(), 2u);
+      EXPECT_EQ(split->changed, count_changed(before, after, elem));
+    }
+  }
   {
     Bytes got = before;
     std::vector<std::pair<uint64_t, uint64_t>> changed;
@@ -369,7 +384,7 @@ TEST(Delta, LargeRunsEncodingsAreAppliedInChunksAsOnePassWould) {
   }
   {  // Every run one element right after the last: they touch across every chunk's border (and share
      // its bitmap byte), and are noted as one run.
-    const size_t r = size_t{1} << 18;
+    const size_t r = (size_t{1} << 18) + 5;  // chunk borders inside bitmap bytes
     Bytes touching;
     for (uint64_t v = r; v >= 0x80; v >>= 7) touching.push_back(static_cast<uint8_t>(v | 0x80));
     touching.push_back(static_cast<uint8_t>(r >> (7 * (touching.size()))));
@@ -386,7 +401,8 @@ TEST(Delta, LargeRunsEncodingsAreAppliedInChunksAsOnePassWould) {
     ASSERT_TRUE(delta_bitmap(field, touching.data(), touching.size(), n, elem, bits).ok());
     const Bytes ones(r / 8, 0xff);
     EXPECT_EQ(std::memcmp(bits.bitmap, ones.data(), ones.size()), 0);
-    EXPECT_EQ(bits.bitmap[r / 8], 0);
+    EXPECT_EQ(bits.bitmap[r / 8], (1u << (r % 8)) - 1);
+    EXPECT_EQ(bits.bitmap[r / 8 + 1], 0);
   }
   // Bad in the last three quarters: each refused as the single pass refuses it.
   const size_t header = enc.size() - count_changed(before, after, elem) * elem;
@@ -424,10 +440,12 @@ TEST(Delta, LargeRunsEncodingsAreAppliedInChunksAsOnePassWould) {
   ASSERT_EQ(bad.size(), 5u) << "no length of 1 found to spoil";
   for (const Bad& c : bad) {
     Bytes values = before;
-    Status st = apply_delta(field, c.bytes.data(), c.bytes.size(), values.data(), c.n, elem);
+    std::vector<std::pair<uint64_t, uint64_t>> changed = {{7, 7}};
+    Status st = apply_delta(field, c.bytes.data(), c.bytes.size(), values.data(), c.n, elem, &changed);
     EXPECT_EQ(st.code(), StatusCode::kDataLoss) << c.what << ": " << st.to_string();
     EXPECT_NE(st.message().find(c.says), std::string::npos) << c.what << ": " << st.to_string();
     EXPECT_TRUE(values == before) << c.what << " wrote values";
+    EXPECT_EQ(changed.size(), 1u) << c.what << ": the caller's runs were touched";
     DeltaBitmap bits;
     EXPECT_EQ(delta_bitmap(field, c.bytes.data(), c.bytes.size(), c.n, elem, bits).code(), StatusCode::kDataLoss)
         << c.what;
@@ -517,6 +535,11 @@ TEST(Delta, RefusesEncodingsThatDoNotDescribeThePiece) {
           .code(),
       StatusCode::kDataLoss)
       << "unknown flag";
+  for (DeltaEncoding e : {DeltaEncoding::kRuns, DeltaEncoding::kBitmap}) {
+    const Bytes none = {0};
+    EXPECT_EQ(apply_delta(e, none.data(), none.size(), values.data(), n, 0).code(), StatusCode::kDataLoss)
+        << "elements of 0 bytes, " << encoding_name(e);
+  }
   for (const Bad& c : cases) {
     Bytes values = before;
     Status st = apply_delta(c.e, c.enc.data(), c.enc.size(), values.data(), n, elem);
