@@ -22,23 +22,35 @@ Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes)
   return copy_now(bucket_device.index, where, from, bytes);
 }
 
-// A compared part into the bucket: as its encoding (`pd`, `encoded`) when it has one that fits, else
-// as its dense bytes `now` (in the memory of `now_device`).
+// A compared part into the bucket: as its encoding (`pd`; `fill(where)` writes its `encoded_bytes`
+// into the bucket) when it has one that fits, else as its dense bytes `now` (in the memory of
+// `now_device`).
+template <typename Fill>
 Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
-                      DType dtype, size_t bytes, const PartDelta& pd, uint64_t base_version,
-                      const std::vector<uint8_t>& encoded, const uint8_t* now, Device now_device, DeltaTally& tally) {
+                      DType dtype, size_t bytes, const PartDelta& pd, uint64_t base_version, size_t encoded_bytes,
+                      Fill fill, const uint8_t* now, Device now_device, DeltaTally& tally) {
   tally.elements += static_cast<uint64_t>(src.numel());
   tally.changed += pd.changed;
-  if (pd.encoding != 0 && encoded.size() <= bucket.payload_room()) {
-    uint8_t* where = bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base_version, encoded.size());
-    tally.delta_bytes += encoded.size();
+  if (pd.encoding != 0 && encoded_bytes <= bucket.payload_room()) {
+    uint8_t* where = bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base_version, encoded_bytes);
+    tally.delta_bytes += encoded_bytes;
     tally.delta_dense_bytes += bytes;
-    return put(bucket_device, where, encoded.data(), encoded.size());
+    return fill(where);
   }
   tally.dense_bytes += bytes;
   uint8_t* where = bucket.add_piece(param, dst, dtype, bytes);
   if (now_device.is_cpu()) return put(bucket_device, where, now, bytes);
   return copy_bytes(where, bucket_device, now, now_device, bytes);
+}
+
+// place_compared() of an encoding held in host memory.
+Status place_encoded(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
+                     DType dtype, size_t bytes, const PartDelta& pd, uint64_t base_version,
+                     const std::vector<uint8_t>& encoded, const uint8_t* now, Device now_device, DeltaTally& tally) {
+  return place_compared(
+      bucket, bucket_device, param, src, dst, dtype, bytes, pd, base_version, encoded.size(),
+      [&](uint8_t* where) { return put(bucket_device, where, encoded.data(), encoded.size()); }, now, now_device,
+      tally);
 }
 
 // A part compared on the device against a copy kept there (the same shape, so a box is one run of
@@ -80,33 +92,45 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   // No encoding is smaller than its values: past that the dense bytes go, unless a delta is preferred.
   if (delta.prefer || k * elem + 1 < bytes) {
     // The runs are found on the device too; the encoding chosen (choose_delta, as the host codec
-    // chooses) crosses to the host as it goes on the wire: the runs' count, then their pairs or the
-    // bitmap, then the values.
+    // chooses) is copied from the device straight into the bucket, as it goes on the wire (through
+    // a host vector only to be compressed, FERRY_DELTA_ZSTD).
     FERRY_ASSIGN_OR_RETURN(const DeviceRuns runs,
                            runs_on_device(device.index, out, n, map_bytes, scratch.device_pairs));
     const std::optional<std::pair<uint64_t, size_t>> found =
         runs.written ? std::optional{std::pair<uint64_t, size_t>{runs.runs, runs.pair_bytes}} : std::nullopt;
     const DeltaChoice choice{choose_delta(k, n, elem, delta.prefer, found), k};
-    const size_t value_bytes = static_cast<size_t>(k) * elem;
-    scratch.encoded.clear();
-    if (choice.encoding == DeltaEncoding::kRuns) {
-      const size_t head = varint_bytes(runs.runs);
-      scratch.encoded.resize(head + runs.pair_bytes + value_bytes);
-      uint8_t* o = scratch.encoded.data();
-      detail::put_varint(o, runs.runs);
-      FERRY_RETURN_IF_ERROR(copy_bytes(o + head, Device::cpu(), scratch.device_pairs.data(), device, runs.pair_bytes));
-      FERRY_RETURN_IF_ERROR(
-          copy_bytes(o + head + runs.pair_bytes, Device::cpu(), out + values_at, device, value_bytes));
-    } else if (choice.encoding == DeltaEncoding::kBitmap) {
-      scratch.encoded.resize(map_bytes + value_bytes);
-      uint8_t* o = scratch.encoded.data();
-      FERRY_RETURN_IF_ERROR(copy_bytes(o, Device::cpu(), out, device, map_bytes));
-      FERRY_RETURN_IF_ERROR(copy_bytes(o + map_bytes, Device::cpu(), out + values_at, device, value_bytes));
+    if (choice.encoding != DeltaEncoding::kDense) {
+      // The encoding's parts: the runs' count (from here), then the pairs or the bitmap, and the
+      // values (on the device).
+      uint8_t head[10];
+      const bool by_runs = choice.encoding == DeltaEncoding::kRuns;
+      const size_t head_bytes = by_runs ? static_cast<size_t>(detail::put_varint(head, runs.runs) - head) : 0;
+      const uint8_t* map = by_runs ? scratch.device_pairs.data_as<uint8_t>() : out;
+      const size_t map_size = by_runs ? runs.pair_bytes : map_bytes;
+      const size_t value_bytes = static_cast<size_t>(k) * elem;
+      const size_t size = head_bytes + map_size + value_bytes;
+      const auto fill = [&](uint8_t* to, Device to_device) -> Status {
+        FERRY_RETURN_IF_ERROR(copy_bytes(to, to_device, head, Device::cpu(), head_bytes));
+        FERRY_RETURN_IF_ERROR(copy_bytes(to + head_bytes, to_device, map, device, map_size));
+        return copy_bytes(to + head_bytes + map_size, to_device, out + values_at, device, value_bytes);
+      };
+      if (delta.zstd > 0) {  // compressed on the host first
+        scratch.encoded.resize(size);
+        FERRY_RETURN_IF_ERROR(fill(scratch.encoded.data(), Device::cpu()));
+        pd = finish_part(choice, delta, scratch.encoded);
+        return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base.version, scratch.encoded,
+                             now, device, tally);
+      }
+      // Else straight from the device into the bucket.
+      pd = PartDelta{static_cast<uint32_t>(choice.encoding), k};
+      return place_compared(
+          bucket, bucket_device, param, src, dst, dtype, bytes, pd, base.version, size,
+          [&](uint8_t* where) { return fill(where, bucket_device); }, now, device, tally);
     }
-    pd = finish_part(choice, delta, scratch.encoded);
   }
-  return place_compared(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base.version, scratch.encoded, now,
-                        device, tally);
+  return place_compared(
+      bucket, bucket_device, param, src, dst, dtype, bytes, pd, base.version, 0, [](uint8_t*) { return ok_status(); },
+      now, device, tally);
 }
 
 }  // namespace
@@ -150,8 +174,8 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
     }
     FERRY_ASSIGN_OR_RETURN(const PartDelta pd,
                            encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
-    return place_compared(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, scratch.encoded, now,
-                          Device::cpu(), tally);
+    return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, scratch.encoded, now,
+                         Device::cpu(), tally);
   }
   tally.dense_bytes += bytes;
   uint8_t* where = bucket.add_piece(param, dst, dtype, bytes);

@@ -46,9 +46,8 @@ struct PackScratch {
 // the rank holds), as a delta when its encoding is smaller than the dense bytes, or whenever it
 // fits when `delta` prefers it; else dense: from `host` on the host, or on a device straight from
 // `tensor` when its rows are `runs`. Device copies land when the bucket is sealed. A copy kept on
-// the device (FERRY_DELTA_COPY=device) is compared there: the bitmap of changes and the changed
-// values cross to the host, and the piece goes as the encoding chosen there, or as its dense bytes
-// (copied from the device into the bucket).
+// the device (FERRY_DELTA_COPY=device) is compared there, its runs found there too, and the piece
+// goes as the encoding chosen (copied from the device into the bucket), or as its dense bytes.
 Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
                  DType dtype, const std::optional<std::pair<uint64_t, uint64_t>>& runs, const TensorView& tensor,
                  const TensorView& host, int64_t row, int64_t rows, size_t row_bytes, const DeltaBases::Base* base,
