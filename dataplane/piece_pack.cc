@@ -55,8 +55,8 @@ Status place_encoded(BucketBuilder& bucket, Device bucket_device, uint32_t param
 
 // A part compared on the device against a copy kept there (the same shape, so a box is one run of
 // both or of neither): the changed elements' bitmap, values and runs are found there, and only the
-// encoding chosen (the host codec's choice) comes to the host; or the part's dense bytes when no
-// encoding is smaller.
+// encoding chosen (the host codec's choice) is copied into the bucket; or the part's dense bytes
+// when no encoding is smaller.
 Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src,
                          const Region& dst, DType dtype, const TensorView& tensor, size_t bytes,
                          const DeltaBases::Base& base, const DeltaOptions& delta, PackScratch& scratch,
@@ -102,7 +102,7 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
     if (choice.encoding != DeltaEncoding::kDense) {
       // The encoding's parts: the runs' count (from here), then the pairs or the bitmap, and the
       // values (on the device).
-      uint8_t head[10];
+      uint8_t head[10] = {};
       const bool by_runs = choice.encoding == DeltaEncoding::kRuns;
       const size_t head_bytes = by_runs ? static_cast<size_t>(detail::put_varint(head, runs.runs) - head) : 0;
       const uint8_t* map = by_runs ? scratch.device_pairs.data_as<uint8_t>() : out;
@@ -122,7 +122,7 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
                              now, device, tally);
       }
       // Else straight from the device into the bucket.
-      pd = PartDelta{static_cast<uint32_t>(choice.encoding), k};
+      pd = finish_part(choice, delta, scratch.encoded);  // no flags without zstd: the vector is not read
       return place_compared(
           bucket, bucket_device, param, src, dst, dtype, bytes, pd, base.version, size,
           [&](uint8_t* where) { return fill(where, bucket_device); }, now, device, tally);

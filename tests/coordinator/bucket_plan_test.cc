@@ -286,7 +286,8 @@ INSTANTIATE_TEST_SUITE_P(DeviceTransports, BucketPlanOnDevice,
 // 3% with amaxes that move, and every element changed each land exactly what a dense update of the
 // same version leaves on a second replica (FERRY_DELTA=off), in every online scheme; the changes
 // travel as deltas, the ranks' columns of row-parallel weights among them (packed on the device
-// before the compare), and each end reports its device copies. Two schemes send XORs in zstd frames.
+// before the compare), and each end reports its device copies. Two schemes run with FERRY_DELTA_ZSTD
+// (XOR values, in zstd frames where a frame saves an eighth).
 TEST(DeltaOnDevice, ComparedAndAppliedOnTheGpuTheyLandWhatDenseUpdatesDo) {
   ScopedEnv transport("FERRY_TRANSPORT", "tcp");
   ScopedEnv direct("FERRY_DIRECT", "off");
@@ -306,7 +307,7 @@ TEST(DeltaOnDevice, ComparedAndAppliedOnTheGpuTheyLandWhatDenseUpdatesDo) {
       ScopedEnv on("FERRY_DELTA", "on");  // this test's ranks share the trainer's host
       ScopedEnv copy("FERRY_DELTA_COPY", "device");
       ScopedEnv shadow("FERRY_DELTA_SHADOW", "device");
-      // XOR values in zstd frames (compressed on the host) for two of the schemes.
+      // XOR values, compressed on the host where that pays, for two of the schemes.
       ScopedEnv zstd("FERRY_DELTA_ZSTD", scheme == Scheme::kFp8Block || scheme == Scheme::kNone ? "1" : "0");
       const Status st = delta.start();
       ASSERT_TRUE(st.ok()) << st.to_string();
