@@ -1,10 +1,12 @@
 #include "core/region_copy.h"
 
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "core/device_copy.h"
+#include "core/parallel.h"
 
 namespace ferry {
 namespace {
@@ -110,20 +112,57 @@ Status unpack_region_on_device(const TensorView& tensor, const Region& region, c
   return copy_region_on_device(tensor, region, const_cast<void*>(in), in_bytes, /*to_packed=*/false);
 }
 
-Status pack_region(const TensorView& tensor, const Region& region, void* out, size_t out_bytes) {
+namespace {
+
+// A host region's runs copied to (`to_packed`) or from a packed buffer. A large region is shared
+// out across threads: a single run (whole rows) by copy_parallel, many runs in slices of runs.
+Status copy_region_on_host(const TensorView& tensor, const Region& region, uint8_t* packed, size_t bytes,
+                           bool to_packed) {
   FERRY_RETURN_IF_ERROR(host_only(tensor));
-  const auto* base = static_cast<const uint8_t*>(tensor.data());
-  auto* o = static_cast<uint8_t*>(out);
-  return for_each_run(tensor, region, out_bytes,
-                      [&](size_t t_off, size_t p_off, size_t n) { std::memcpy(o + p_off, base + t_off, n); });
+  auto* base = static_cast<uint8_t*>(const_cast<void*>(tensor.data()));
+  const auto copy = [&](size_t t_off, size_t p_off, size_t n) {
+    if (to_packed) {
+      std::memcpy(packed + p_off, base + t_off, n);
+    } else {
+      std::memcpy(base + t_off, packed + p_off, n);
+    }
+  };
+  constexpr size_t kLarge = size_t{16} << 20;
+  if (bytes < 2 * kLarge) return for_each_run(tensor, region, bytes, copy);
+  struct Run {
+    size_t t_off, p_off, n;
+  };
+  std::vector<Run> runs;
+  FERRY_RETURN_IF_ERROR(for_each_run(tensor, region, bytes, [&](size_t t, size_t p, size_t n) {
+    runs.push_back(Run{t, p, n});
+  }));
+  if (runs.size() == 1) {
+    const Run& r = runs.front();
+    if (to_packed) {
+      copy_parallel(packed + r.p_off, base + r.t_off, r.n);
+    } else {
+      copy_parallel(base + r.t_off, packed + r.p_off, r.n);
+    }
+    return ok_status();
+  }
+  const size_t slices = std::min(slices_for(bytes, kLarge), runs.size());
+  on_threads(slices, [&](size_t t) {
+    for (size_t i = runs.size() * t / slices; i < runs.size() * (t + 1) / slices; ++i) {
+      copy(runs[i].t_off, runs[i].p_off, runs[i].n);
+    }
+  });
+  return ok_status();
+}
+
+}  // namespace
+
+Status pack_region(const TensorView& tensor, const Region& region, void* out, size_t out_bytes) {
+  return copy_region_on_host(tensor, region, static_cast<uint8_t*>(out), out_bytes, /*to_packed=*/true);
 }
 
 Status unpack_region(const TensorView& tensor, const Region& region, const void* in, size_t in_bytes) {
-  FERRY_RETURN_IF_ERROR(host_only(tensor));
-  auto* base = static_cast<uint8_t*>(tensor.data());
-  const auto* i = static_cast<const uint8_t*>(in);
-  return for_each_run(tensor, region, in_bytes,
-                      [&](size_t t_off, size_t p_off, size_t n) { std::memcpy(base + t_off, i + p_off, n); });
+  return copy_region_on_host(tensor, region, static_cast<uint8_t*>(const_cast<void*>(in)), in_bytes,
+                             /*to_packed=*/false);
 }
 
 const uint8_t* region_span(const TensorView& tensor, const Region& region) {

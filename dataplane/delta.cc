@@ -18,7 +18,6 @@ namespace {
 
 using detail::get_varint;
 using detail::kRunsSlack;
-using detail::on_threads;
 using detail::put_varint;
 using detail::runs_of;
 using detail::RunsChunk;

@@ -7,6 +7,7 @@
 
 #include "core/device_copy.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "core/region_copy.h"
 #include "dataplane/delta.h"
 
@@ -57,7 +58,7 @@ void DeltaBases::record(const std::string& name, const Region& held, const Tenso
   base.shape = tensor.shape();
   base.version = 0;
   if (where.is_cpu() && tensor.device().is_cpu()) {
-    std::memcpy(base.values.data(), tensor.data(), want);
+    copy_parallel(base.values.data(), tensor.data(), want);
   } else if (const Status st = copy_bytes(base.values.data(), where, tensor.data(), tensor.device(), want); !st.ok()) {
     // Kept without a version: no delta is computed against it.
     FERRY_LOG_WARN("{}: its delta copy was not taken ({}); the next update sends it whole", name, st.message());

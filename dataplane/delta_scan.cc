@@ -98,13 +98,7 @@ uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t 
                     : scan_width<false>(before, after, n, elem, bitmap, values);
 }
 
-// How many slices of at least 1 Mi elements a large piece is cut into: at most the hardware's
-// threads, 8 at most.
-size_t slices_for(size_t n) {
-  constexpr size_t kSlice = size_t{1} << 20;
-  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
-  return std::min({hw, size_t{8}, n / kSlice});
-}
+constexpr size_t kSliceElements = size_t{1} << 20;  // a slice of a compare or of a bitmap's runs, at least
 
 // The runs of set bits of a bitmap of n bits (padded with clear bits to whole 64-bit words),
 // [first, first + length) in order: `visit(first, length)` for each, until it returns false.
@@ -140,7 +134,7 @@ void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
 // up in order.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values) {
-  const size_t slices = slices_for(n);
+  const size_t slices = slices_for(n, kSliceElements);
   if (slices < 2) return scan_any(before, after, n, elem, xor_values, bitmap, values);
   const size_t step = (n / slices) & ~size_t{7};
   std::vector<uint64_t> counts(slices, 0);
@@ -158,7 +152,7 @@ uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, si
 }
 
 std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs) {
-  const size_t slices = slices_for(n);
+  const size_t slices = slices_for(n, kSliceElements);
   if (slices < 2) {
     uint8_t* w = runs;
     uint64_t r = 0, at = 0;
@@ -267,8 +261,7 @@ const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count
 // the sums put in order last.
 std::optional<RunsSplit> split_runs(const uint8_t* pairs, const uint8_t* end, uint64_t r, size_t n, size_t elem) {
   constexpr uint64_t kPairs = uint64_t{1} << 15;  // a chunk's pairs, at least
-  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
-  const auto count = static_cast<size_t>(std::min<uint64_t>({hw, kMaxRunsChunks, r / kPairs}));
+  const size_t count = std::min(slices_for(static_cast<size_t>(r), kPairs), kMaxRunsChunks);
   if (count < 2 || elem == 0) return std::nullopt;
   RunsSplit split;
   split.chunks.resize(count);

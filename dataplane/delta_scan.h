@@ -8,10 +8,10 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
+
+#include "core/parallel.h"
 
 namespace ferry::dataplane::detail {
 
@@ -53,20 +53,6 @@ inline bool get_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
     }
   }
   return false;
-}
-
-// fn(t) for t in [0, count), each on a thread of its own (on the caller's when none is to be had).
-template <typename Fn>
-void on_threads(size_t count, Fn&& fn) {
-  std::vector<std::jthread> threads;
-  threads.reserve(count);
-  for (size_t t = 0; t < count; ++t) {
-    try {
-      threads.emplace_back([&fn, t] { fn(t); });
-    } catch (const std::system_error&) {
-      fn(t);
-    }
-  }
 }
 
 // Room for the bitmap of n elements, padded with clear bits to whole 64-bit words (for_each_run).

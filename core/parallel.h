@@ -1,0 +1,50 @@
+// Host work shared across threads: a large piece's copy, compare or decode is cut into slices, each
+// on a thread of its own (at most the hardware's threads, 8 at most).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace ferry {
+
+// fn(t) for t in [0, count), each on a thread of its own (on the caller's when none is to be had).
+template <typename Fn>
+void on_threads(size_t count, Fn&& fn) {
+  std::vector<std::jthread> threads;
+  threads.reserve(count);
+  for (size_t t = 0; t < count; ++t) {
+    try {
+      threads.emplace_back([&fn, t] { fn(t); });
+    } catch (const std::system_error&) {
+      fn(t);
+    }
+  }
+}
+
+// How many slices of at least `least` units `n` units are cut into: at most the hardware's
+// threads, 8 at most (1 when n is under two slices).
+inline size_t slices_for(size_t n, size_t least) {
+  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
+  return std::max<size_t>(std::min({hw, size_t{8}, n / least}), 1);
+}
+
+// memcpy of host memory, in slices of at least 16 MiB on threads of their own.
+inline void copy_parallel(void* dst, const void* src, size_t bytes) {
+  const size_t slices = slices_for(bytes, size_t{16} << 20);
+  if (slices < 2) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const size_t step = bytes / slices / 64 * 64;
+  on_threads(slices, [&](size_t t) {
+    const size_t lo = t * step, hi = t + 1 == slices ? bytes : lo + step;
+    std::memcpy(static_cast<uint8_t*>(dst) + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
+  });
+}
+
+}  // namespace ferry
