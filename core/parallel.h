@@ -35,6 +35,7 @@ inline size_t slices_for(size_t n, size_t least) {
 
 // memcpy of host memory, in slices of at least 16 MiB on threads of their own.
 inline void copy_parallel(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;  // (either pointer may then be null)
   const size_t slices = slices_for(bytes, size_t{16} << 20);
   if (slices < 2) {
     std::memcpy(dst, src, bytes);
