@@ -22,7 +22,7 @@ Status check_elements(size_t elem, std::initializer_list<const void*> pointers) 
   return ok_status();
 }
 
-// `upload` (device memory of `device`, kept between pieces) with room for `bytes`.
+// `upload` (device memory of `device`, kept between calls) with room for `bytes`.
 Result<uint8_t*> upload_room(Buffer& upload, size_t bytes, Device device) {
   if (upload.size() < bytes || upload.device() != device) {
     upload.reset();
@@ -42,13 +42,9 @@ Result<uint64_t> scan_changes_on_device(int device, const void* before, const vo
 }
 
 Result<DeviceRuns> runs_on_device(int device, const uint8_t* bitmap, size_t n, size_t limit, Buffer& pairs) {
-  const Device on = Device::cuda(device);
-  if (pairs.size() < limit + 1 || pairs.device() != on) {
-    pairs.reset();
-    FERRY_ASSIGN_OR_RETURN(pairs, Buffer::allocate(std::max<size_t>(limit + 1, size_t{1} << 20), on));
-  }
+  FERRY_ASSIGN_OR_RETURN(uint8_t * room, upload_room(pairs, limit + 1, Device::cuda(device)));
   DeviceRuns found;
-  FERRY_RETURN_IF_ERROR(detail::find_runs(device, bitmap, n, limit, pairs.data_as<uint8_t>(), &found));
+  FERRY_RETURN_IF_ERROR(detail::find_runs(device, bitmap, n, limit, room, &found));
   return found;
 }
 
@@ -67,12 +63,12 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
     DeltaRuns runs;
     if (delta_runs(field, encoded, encoded_bytes, n, elem, runs).ok()) {
       if (runs.runs == 0 && runs.changed == 0) return ok_status();  // nothing to write
+      FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
       const size_t values_at = round16(runs.pair_bytes);
       const size_t value_bytes = static_cast<size_t>(runs.changed) * elem;
       FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, values_at + value_bytes, device));
       FERRY_RETURN_IF_ERROR(copy_bytes(up, device, runs.pairs, Device::cpu(), runs.pair_bytes));
       FERRY_RETURN_IF_ERROR(copy_bytes(up + values_at, device, runs.values, Device::cpu(), value_bytes));
-      FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
       const Status st = detail::apply_runs(device.index, values, n, elem, up, runs.pair_bytes, runs.runs,
                                            up + values_at, runs.changed, runs.xor_values);
       if (st.code() != StatusCode::kDataLoss) return st;

@@ -25,6 +25,7 @@
 
 #include "core/cuda_check.h"
 #include "dataplane/cuda/delta_blocks.cuh"
+#include "dataplane/delta.h"
 #include "dataplane/delta_device.h"
 
 namespace ferry::dataplane::detail {
@@ -241,8 +242,7 @@ Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, 
     found->written = limit >= 1;  // the count's one byte
     return ok_status();
   }
-  uint32_t count_bytes = 1;
-  for (uint64_t v = r; v >= 0x80; v >>= 7) ++count_bytes;
+  const size_t count_bytes = varint_bytes(r);
   if (count_bytes + 2 * r > limit) return ok_status();  // each pair takes two bytes at least: not written
   uint64_t run_blocks = 0;
   FERRY_RETURN_IF_ERROR(blocks_for(r, &run_blocks));
