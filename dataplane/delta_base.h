@@ -39,6 +39,8 @@ class DeltaBases {
   void record(const std::string& name, const Region& held, const TensorView& tensor, uint64_t version);
   // Whether a tensor on `device` keeps its copy there (and is compared there).
   bool keeps_on(Device device) const { return device_copies_ && device.is_cuda(); }
+  // Whether GPU tensors keep their copies on their GPUs (FERRY_DELTA_COPY=device).
+  bool device_copies() const { return device_copies_; }
   // Drops every copy.
   void clear() {
     bases_.clear();

@@ -280,7 +280,8 @@ INSTANTIATE_TEST_SUITE_P(DeviceTransports, BucketPlanOnDevice,
                          ::testing::Values(DeviceCase{"cuda_ipc", 2, 0, 0}, DeviceCase{"nccl", 1, 0, 1}),
                          [](const ::testing::TestParamInfo<DeviceCase>& i) { return i.param.transport; });
 
-// Deltas compared and applied on the GPU, over tcp: the trainer keeps its copies on its device and
+// Deltas compared and applied on the GPU, over tcp and the device transports (whose device buckets
+// carry the encodings): the trainer keeps its copies on its device and
 // compares there (FERRY_DELTA_COPY=device), the ranks keep their shadows on theirs and a kernel
 // writes each delta's changes there (FERRY_DELTA_SHADOW=device). Versions with no change, 0.1%,
 // 3% with amaxes that move, and every element changed each land exactly what a dense update of the
@@ -288,13 +289,16 @@ INSTANTIATE_TEST_SUITE_P(DeviceTransports, BucketPlanOnDevice,
 // travel as deltas, the ranks' columns of row-parallel weights among them (packed on the device
 // before the compare), and each end reports its device copies. Two schemes run with FERRY_DELTA_ZSTD
 // (XOR values, in zstd frames where a frame saves an eighth).
-TEST(DeltaOnDevice, ComparedAndAppliedOnTheGpuTheyLandWhatDenseUpdatesDo) {
-  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+class DeltaOnDevice : public ::testing::TestWithParam<DeviceCase> {};
+
+TEST_P(DeltaOnDevice, ComparedAndAppliedOnTheGpuTheyLandWhatDenseUpdatesDo) {
+  ScopedEnv transport("FERRY_TRANSPORT", GetParam().transport);
   ScopedEnv direct("FERRY_DIRECT", "off");
   // (int4_group groups 128 input columns: the tiny model's row-parallel shards at TP 2 have 64.)
   for (const Scheme scheme :
        {Scheme::kFp8PerChannel, Scheme::kFp8PerTensor, Scheme::kFp8Block, Scheme::kInt8PerChannel, Scheme::kNone}) {
-    const DeviceCase c{"tcp", 2, 0, 0, scheme};
+    DeviceCase c = GetParam();
+    c.scheme = scheme;
     if (const std::string why = device_case_skip(c); !why.empty()) GTEST_SKIP() << why;
     SCOPED_TRACE(scheme_name(scheme));
     DeviceReplica dense(c), delta(c);
@@ -353,6 +357,35 @@ TEST(DeltaOnDevice, ComparedAndAppliedOnTheGpuTheyLandWhatDenseUpdatesDo) {
     }
   }
 }
+
+// Under auto, ranks on the trainer's host get dense bytes over a device transport too, even with
+// the compare on the GPU: the trainer keeps no copy and the ranks no shadow.
+TEST_P(DeltaOnDevice, AutoSendsDenseBytesToRanksOnThisHost) {
+  DeviceCase c = GetParam();
+  if (c.transport == "tcp") GTEST_SKIP() << "tcp: DeltaAuto (delta_update_test.cc) covers it";
+  if (const std::string why = device_case_skip(c); !why.empty()) GTEST_SKIP() << why;
+  ScopedEnv transport("FERRY_TRANSPORT", c.transport);
+  ScopedEnv direct("FERRY_DIRECT", "off");
+  ScopedEnv copy("FERRY_DELTA_COPY", "device");
+  ScopedEnv shadow("FERRY_DELTA_SHADOW", "device");
+  DeviceReplica replica(c);
+  ASSERT_TRUE(replica.start().ok());
+  Checkpoint ck(sharding::llama_manifest(tiny_llama()), 51);
+  std::mt19937_64 rng(53);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) nudge(ck, 0.03, rng);
+    auto r = replica.update(v, ck);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (const coordinator::RankDelta& d : r->delta) EXPECT_EQ(d.delta_bytes, 0u) << "update v" << v;
+    EXPECT_EQ(r->delta_copy_bytes, 0u);
+    EXPECT_EQ(r->shadow_bytes, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, DeltaOnDevice,
+                         ::testing::Values(DeviceCase{"tcp", 2, 0, 0}, DeviceCase{"cuda_ipc", 2, 0, 0},
+                                           DeviceCase{"nccl", 1, 0, 1}),
+                         [](const ::testing::TestParamInfo<DeviceCase>& i) { return i.param.transport; });
 
 // The rank's transports are made with FERRY_BUCKET_BYTES=4K, which alone would let them take
 // buckets of 64 MiB and a little; the trainer cuts 96 MiB ones from a model whose embedding alone

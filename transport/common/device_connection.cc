@@ -17,7 +17,8 @@ constexpr int kSpins = 2000;
 
 DeviceConnection::DeviceConnection(std::string_view transport, ControlTypes types, Socket sock, int device,
                                    int receiver_pid)
-    : sock_(std::move(sock)), device_(device), receiver_pid_(receiver_pid), transport_(transport), types_(types) {}
+    : sock_(std::move(sock)), device_(device), receiver_pid_(receiver_pid), transport_(transport),
+      same_host_(sock_.peer_on_this_host()), types_(types) {}
 
 DeviceConnection::~DeviceConnection() { close_and_join(); }
 

@@ -44,6 +44,8 @@ class DeviceConnection : public Connection {
 
   Result<std::unique_ptr<TransferHandle>> post(const MemoryRegion& region, size_t offset, size_t size) final;
   void abort() final;
+  // The receiver is on this host (cuda_ipc always; nccl when its control socket is local).
+  bool same_host() const final { return same_host_; }
 
  protected:
   // `transport` names the transport in messages and logs.
@@ -80,6 +82,7 @@ class DeviceConnection : public Connection {
   const int device_;
   const int receiver_pid_;
   const std::string transport_;
+  const bool same_host_;
   bool peer_ended_ = false;  // the worker's: the receiver ended the link (no abort is sent back)
 
  private:

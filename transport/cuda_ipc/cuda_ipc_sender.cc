@@ -36,7 +36,6 @@ class IpcConnection final : public net::DeviceConnection {
     for (uint32_t i = 0; i < slots_; ++i) freed_[i] = freed[i];
     start();
   }
-  bool same_host() const override { return true; }
 
   ~IpcConnection() override {
     close_and_join();
