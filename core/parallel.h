@@ -12,18 +12,21 @@
 
 namespace ferry {
 
-// fn(t) for t in [0, count), each on a thread of its own (on the caller's when none is to be had).
+// fn(t) for t in [0, count), each on a thread of its own: the last on the caller's, the others on
+// threads started for them (or on the caller's too when none is to be had).
 template <typename Fn>
 void on_threads(size_t count, Fn&& fn) {
+  if (count == 0) return;
   std::vector<std::jthread> threads;
-  threads.reserve(count);
-  for (size_t t = 0; t < count; ++t) {
+  threads.reserve(count - 1);
+  for (size_t t = 0; t + 1 < count; ++t) {
     try {
       threads.emplace_back([&fn, t] { fn(t); });
     } catch (const std::system_error&) {
       fn(t);
     }
   }
+  fn(count - 1);
 }
 
 // How many slices of at least `least` units `n` units are cut into: at most the hardware's
@@ -33,10 +36,10 @@ inline size_t slices_for(size_t n, size_t least) {
   return std::max<size_t>(std::min({hw, size_t{8}, n / least}), 1);
 }
 
-// memcpy of host memory, in slices of at least 16 MiB on threads of their own.
+// memcpy of host memory, in slices of at least 2 MiB on threads of their own.
 inline void copy_parallel(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;  // (either pointer may then be null)
-  const size_t slices = slices_for(bytes, size_t{16} << 20);
+  const size_t slices = slices_for(bytes, size_t{2} << 20);
   if (slices < 2) {
     std::memcpy(dst, src, bytes);
     return;

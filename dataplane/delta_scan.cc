@@ -2,15 +2,62 @@
 #include "dataplane/delta_scan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 #include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FERRY_WIDE_SCAN 1
+#endif
 
 namespace ferry::dataplane::detail {
 namespace {
+
+#if FERRY_WIDE_SCAN
+const bool kWideScanHere = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+constexpr bool kWideScanHere = false;
+#endif
+std::atomic<bool> wide_scan_on{kWideScanHere};
+
+#if FERRY_WIDE_SCAN
+// 64 bytes of each side per compare (AVX-512BW): the mask of the elements that differ is their
+// bitmap bits as they are (element j of the vector as bit j, little-endian), so a vector with no
+// change costs a compare and a store. Returns the elements scanned, a multiple of 64 / E (the
+// caller scans the rest); `v` moves past the values written.
+template <size_t E, bool Xor>
+__attribute__((target("avx512f,avx512bw"))) size_t scan_wide(const uint8_t* before, const uint8_t* after, size_t n,
+                                                             uint8_t* bitmap, uint8_t*& v) {
+  constexpr size_t kWidth = 64 / E;
+  size_t e = 0;
+  for (; e + kWidth <= n; e += kWidth) {
+    const __m512i a = _mm512_loadu_si512(before + e * E);
+    const __m512i b = _mm512_loadu_si512(after + e * E);
+    uint64_t m;
+    if constexpr (E == 1) {
+      m = _mm512_cmpneq_epi8_mask(a, b);
+    } else if constexpr (E == 2) {
+      m = _mm512_cmpneq_epi16_mask(a, b);
+    } else {
+      m = _mm512_cmpneq_epi32_mask(a, b);
+    }
+    std::memcpy(bitmap + e / 8, &m, kWidth / 8);
+    for (; m != 0; m &= m - 1) {
+      const size_t at = (e + static_cast<size_t>(__builtin_ctzll(m))) * E;
+      std::memcpy(v, after + at, E);
+      if constexpr (Xor) {
+        for (size_t i = 0; i < E; ++i) v[i] ^= before[at + i];
+      }
+      v += E;
+    }
+  }
+  return e;
+}
+#endif
 
 // The bits of 8 elements of E bytes at `a` and `b` that differ, element j as bit j: one bitmap
 // byte. With SSE2 (every x86-64) a vector compare per 16 bytes; elsewhere element by element.
@@ -51,6 +98,9 @@ uint64_t scan_changes(const uint8_t* before, const uint8_t* after, size_t n, siz
   uint8_t* v = values;
   size_t e = 0;
   if constexpr (E != 0) {
+#if FERRY_WIDE_SCAN
+    if (wide_scan_on.load(std::memory_order_relaxed)) e = scan_wide<E, Xor>(before, after, n, bitmap, v);
+#endif
     for (; e + 8 <= n; e += 8) {
       uint8_t m = changed8<E>(before + e * E, after + e * E);
       bitmap[e / 8] = m;
@@ -98,10 +148,13 @@ uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t 
                     : scan_width<false>(before, after, n, elem, bitmap, values);
 }
 
-constexpr size_t kSliceElements = size_t{1} << 20;  // a slice of a compare or of a bitmap's runs, at least
+constexpr size_t kSliceElements = size_t{1} << 19;  // a slice of a compare or of a bitmap's runs, at least
 
 // The runs of set bits of a bitmap of n bits (padded with clear bits to whole 64-bit words),
 // [first, first + length) in order: `visit(first, length)` for each, until it returns false.
+// A word at a time: its runs' first bits (set, the bit before clear) and last bits (set, the bit
+// after clear; the next word's first bit decides for bit 63) are paired in order, a run that is
+// still open at the end of a word closing at the first last bit of a later one.
 template <typename Visit>
 void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
   const size_t words = (n + 63) / 64;
@@ -110,26 +163,45 @@ void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
     std::memcpy(&x, bitmap + w * 8, 8);
     return x;
   };
-  size_t e = 0;
-  while (e < n) {
-    // The next set bit at or after e.
-    size_t w = e / 64;
-    uint64_t x = word(w) & (~uint64_t{0} << (e % 64));
-    while (x == 0 && ++w < words) x = word(w);
-    if (x == 0) return;
-    const size_t first = w * 64 + static_cast<size_t>(__builtin_ctzll(x));
-    // The next clear bit after it (bits past n are clear); n when every bit to the end is set.
-    uint64_t y = ~word(w) & (~uint64_t{0} << (first % 64));
-    while (y == 0 && ++w < words) y = ~word(w);
-    const size_t end = y == 0 ? n : std::min(n, w * 64 + static_cast<size_t>(__builtin_ctzll(y)));
-    if (!visit(static_cast<uint64_t>(first), static_cast<uint64_t>(end - first))) return;
-    e = end;
+  uint64_t first = 0, carry = 0;  // carry: the previous word's bit 63
+  bool open = false;
+  uint64_t x = words > 0 ? word(0) : 0;
+  for (size_t w = 0; w < words; ++w) {
+    const uint64_t next = w + 1 < words ? word(w + 1) : 0;
+    if (x != 0) {
+      uint64_t starts = x & ~((x << 1) | carry);
+      uint64_t lasts = x & ~((x >> 1) | (next << 63));
+      const uint64_t at = static_cast<uint64_t>(w) * 64;
+      for (; lasts != 0; lasts &= lasts - 1) {
+        if (!open) {
+          first = at + static_cast<uint64_t>(__builtin_ctzll(starts));
+          starts &= starts - 1;
+        }
+        open = false;
+        const uint64_t end = at + static_cast<uint64_t>(__builtin_ctzll(lasts)) + 1;
+        if (!visit(first, std::min<uint64_t>(end, n) - first)) return;
+      }
+      if (starts != 0) {  // a run going on into the next word
+        first = at + static_cast<uint64_t>(__builtin_ctzll(starts));
+        open = true;
+      }
+    }
+    carry = x >> 63;
+    x = next;
   }
 }
 
 }  // namespace
 
-// One slice per Mi elements, at most the hardware's threads (8 at most), each a multiple of 8
+bool wide_scan_available() { return kWideScanHere; }
+
+bool use_wide_scan(bool on) {
+  const bool was = wide_scan_on.load();
+  wide_scan_on = on && kWideScanHere;
+  return was;
+}
+
+// One slice per half Mi elements, at most the hardware's threads (8 at most), each a multiple of 8
 // elements so that each writes bitmap bytes of its own; the values of every slice are then closed
 // up in order.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
@@ -189,7 +261,8 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
   std::vector<Slice> sl(slices);
   on_threads(slices, [&](size_t t) {
     const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
-    Slice& S = sl[t];
+    // Kept in locals while the pairs are written (a byte store may alias any field of sl[t]).
+    Slice S;
     uint8_t* const base = bases[t];
     uint8_t* w = base;
     uint64_t at = 0;
@@ -210,6 +283,7 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
       return !S.over;
     });
     S.bytes = static_cast<size_t>(w - base);
+    sl[t] = S;
   });
   uint8_t* w = runs;
   uint64_t r = 0, at = 0, start = 0, end = 0;

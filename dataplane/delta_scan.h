@@ -66,10 +66,16 @@ inline uint8_t* scan_bitmap(Scratch& memory, size_t n) {
 // checked.
 inline constexpr size_t kRunsSlack = 64;
 
+// The compare the scans use: 64 bytes at a time where the CPU has AVX-512BW (wide_scan_available),
+// else 16 (SSE2, every x86-64) or an element at a time. The results are the same; use_wide_scan(false)
+// makes this process use the narrow one (tests of both), and returns whether the wide one was in use.
+bool wide_scan_available();
+bool use_wide_scan(bool on);
+
 // Scans n elements of `elem` bytes of `before` and `after`: the changed ones' bits into `bitmap`
 // (element i as bit i % 8 of byte i / 8; bits past n clear; scan_bitmap() gives room) and their new
 // values (with `xor_values`, new XOR old), in order, to `values`. Returns how many changed. A piece
-// of several Mi elements is scanned on up to 8 threads.
+// of a Mi elements or more is scanned on up to 8 threads.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values);
 

@@ -11,6 +11,7 @@
 #include <zstd.h>
 
 #include "dataplane/delta.h"
+#include "dataplane/delta_scan.h"
 #include "tests/dataplane/delta_reference.h"
 
 namespace ferry::dataplane {
@@ -18,29 +19,45 @@ namespace {
 
 using namespace delta_ref;  // NOLINT: the references
 
+// The compares a CPU may use (delta_scan.h): 64 bytes at a time where it has AVX-512BW, and the
+// narrow one every x86-64 has; each test below that scans runs under both.
+std::vector<bool> compares_here() {
+  if (detail::wide_scan_available()) return {true, false};
+  return {false};
+}
+struct UseCompare {
+  explicit UseCompare(bool wide) : was(detail::use_wide_scan(wide)) {}
+  ~UseCompare() { detail::use_wide_scan(was); }
+  bool was;
+};
+
 TEST(Delta, RoundTripsAtEveryChangeRate) {
-  for (size_t elem : {1, 2, 4}) {
-    for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
-      const size_t n = 40'003;  // not a multiple of 8: the bitmap's last byte is partial
-      auto [before, after] = pair_with_changes(n, elem, static_cast<size_t>(rate * n), 7 + elem);
-      for (bool prefer : {false, true}) {
-        Bytes enc;
-        const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, prefer, enc);
-        EXPECT_EQ(c.changed, count_changed(before, after, elem)) << elem << " " << rate;
-        if (c.encoding == DeltaEncoding::kDense) {
-          EXPECT_FALSE(prefer);
-          EXPECT_TRUE(enc.empty());
-          EXPECT_GE(rate, 0.3) << "a sparse change went dense";
-          continue;
+  for (const bool wide : compares_here()) {
+    SCOPED_TRACE(wide ? "64 bytes per compare" : "16 bytes per compare");
+    const UseCompare compare(wide);
+    for (size_t elem : {1, 2, 4, 8, 3}) {
+      for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
+        const size_t n = 40'003;  // not a multiple of 8: the bitmap's last byte is partial
+        auto [before, after] = pair_with_changes(n, elem, static_cast<size_t>(rate * n), 7 + elem);
+        for (bool prefer : {false, true}) {
+          Bytes enc;
+          const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, prefer, enc);
+          EXPECT_EQ(c.changed, count_changed(before, after, elem)) << elem << " " << rate;
+          if (c.encoding == DeltaEncoding::kDense) {
+            EXPECT_FALSE(prefer);
+            EXPECT_TRUE(enc.empty());
+            EXPECT_GE(rate, 0.3) << "a sparse change went dense";
+            continue;
+          }
+          EXPECT_LT(enc.size(), prefer ? n * elem + n / 8 + 16 : n * elem);
+          Bytes got = before;
+          Status st = apply_delta(c.encoding, enc.data(), enc.size(), got.data(), n, elem);
+          ASSERT_TRUE(st.ok()) << st.to_string();
+          EXPECT_EQ(got, after) << "elem " << elem << " rate " << rate << " " << encoding_name(c.encoding);
+          auto k = delta_changed(c.encoding, enc.data(), enc.size(), n, elem);
+          ASSERT_TRUE(k.ok());
+          EXPECT_EQ(*k, c.changed);
         }
-        EXPECT_LT(enc.size(), prefer ? n * elem + n / 8 + 16 : n * elem);
-        Bytes got = before;
-        Status st = apply_delta(c.encoding, enc.data(), enc.size(), got.data(), n, elem);
-        ASSERT_TRUE(st.ok()) << st.to_string();
-        EXPECT_EQ(got, after) << "elem " << elem << " rate " << rate << " " << encoding_name(c.encoding);
-        auto k = delta_changed(c.encoding, enc.data(), enc.size(), n, elem);
-        ASSERT_TRUE(k.ok());
-        EXPECT_EQ(*k, c.changed);
       }
     }
   }
@@ -49,27 +66,31 @@ TEST(Delta, RoundTripsAtEveryChangeRate) {
 // FERRY_DELTA_ZSTD: the values as XORs with the old ones, the encoding in a zstd frame when that
 // saves an eighth; applied, the piece is exactly the new values at every rate and width.
 TEST(Delta, XorValuesInAZstdFrameRoundTrip) {
-  for (size_t elem : {1, 2, 4, 8}) {
-    for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
-      const size_t n = 40'003;
-      auto [before, after] = pair_with_changes(n, elem, static_cast<size_t>(rate * n), 11 + elem);
-      Bytes enc;
-      const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, /*prefer_delta=*/true, enc,
-                                         /*xor_values=*/true);
-      ASSERT_NE(c.encoding, DeltaEncoding::kDense);
-      const size_t raw = enc.size();
-      uint32_t field = static_cast<uint32_t>(c.encoding) | kDeltaXor;
-      if (compress_delta(enc, 1)) {
-        field |= kDeltaZstd;
-        EXPECT_LE(enc.size(), raw - raw / 8);
+  for (const bool wide : compares_here()) {
+    SCOPED_TRACE(wide ? "64 bytes per compare" : "16 bytes per compare");
+    const UseCompare compare(wide);
+    for (size_t elem : {1, 2, 4, 8}) {
+      for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
+        const size_t n = 40'003;
+        auto [before, after] = pair_with_changes(n, elem, static_cast<size_t>(rate * n), 11 + elem);
+        Bytes enc;
+        const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, /*prefer_delta=*/true, enc,
+                                           /*xor_values=*/true);
+        ASSERT_NE(c.encoding, DeltaEncoding::kDense);
+        const size_t raw = enc.size();
+        uint32_t field = static_cast<uint32_t>(c.encoding) | kDeltaXor;
+        if (compress_delta(enc, 1)) {
+          field |= kDeltaZstd;
+          EXPECT_LE(enc.size(), raw - raw / 8);
+        }
+        Bytes got = before;
+        Status st = apply_delta(field, enc.data(), enc.size(), got.data(), n, elem);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_EQ(got, after) << "elem " << elem << " rate " << rate << " field " << field;
+        auto k = delta_changed(field, enc.data(), enc.size(), n, elem);
+        ASSERT_TRUE(k.ok()) << k.status().to_string();
+        EXPECT_EQ(*k, c.changed);
       }
-      Bytes got = before;
-      Status st = apply_delta(field, enc.data(), enc.size(), got.data(), n, elem);
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      EXPECT_EQ(got, after) << "elem " << elem << " rate " << rate << " field " << field;
-      auto k = delta_changed(field, enc.data(), enc.size(), n, elem);
-      ASSERT_TRUE(k.ok()) << k.status().to_string();
-      EXPECT_EQ(*k, c.changed);
     }
   }
   // Steps of one ulp on 3% of bf16 values (as Adam at a small learning rate makes): the frame is

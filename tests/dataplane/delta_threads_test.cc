@@ -48,15 +48,23 @@ TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
       for (size_t e = t * step - 8; e < t * step + 8; ++e) after[e * elem + 1] ^= 0x01;
     }
   }
-  Bytes enc;
-  const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, false, enc, /*xor_values=*/true);
-  ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);
-  EXPECT_EQ(c.changed, count_changed(before, after, elem));
-  EXPECT_TRUE(enc == reference_runs(before, after, elem, true)) << "encoded " << enc.size() << " bytes";
-  Bytes got = before;
-  ASSERT_TRUE(
-      apply_delta(static_cast<uint32_t>(c.encoding) | kDeltaXor, enc.data(), enc.size(), got.data(), n, elem).ok());
-  EXPECT_TRUE(got == after);
+  const Bytes want = reference_runs(before, after, elem, true);
+  // Under each compare this CPU has (64 bytes at a time with AVX-512BW, and the narrow one).
+  for (const bool wide : {true, false}) {
+    if (wide && !detail::wide_scan_available()) continue;
+    SCOPED_TRACE(wide ? "64 bytes per compare" : "16 bytes per compare");
+    const bool was = detail::use_wide_scan(wide);
+    Bytes enc;
+    const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, false, enc, /*xor_values=*/true);
+    detail::use_wide_scan(was);
+    ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);
+    EXPECT_EQ(c.changed, count_changed(before, after, elem));
+    EXPECT_TRUE(enc == want) << "encoded " << enc.size() << " bytes";
+    Bytes got = before;
+    ASSERT_TRUE(
+        apply_delta(static_cast<uint32_t>(c.encoding) | kDeltaXor, enc.data(), enc.size(), got.data(), n, elem).ok());
+    EXPECT_TRUE(got == after);
+  }
 }
 
 // The runs of a large piece are found on several threads, each a slice of whole 64-element words
