@@ -45,6 +45,11 @@ BucketBuilder::BucketBuilder(size_t capacity, Device device) : device_(device) {
   if (b.ok()) buffer_ = std::move(*b);
 }
 
+BucketBuilder::BucketBuilder(size_t capacity, Allocator& allocator) : device_(allocator.device()) {
+  auto b = Buffer::allocate(capacity, allocator);
+  if (b.ok()) buffer_ = std::move(*b);
+}
+
 void BucketBuilder::reset(uint64_t version, int sender, uint64_t seq) {
   header_.Clear();
   header_.set_version(version);
@@ -77,14 +82,15 @@ uint8_t* BucketBuilder::add_piece(uint32_t param, const Region& dst, DType dtype
   return where;
 }
 
-uint8_t* BucketBuilder::add_delta_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes,
-                                        uint32_t encoding, uint64_t base_version, size_t encoded_bytes) {
+uint8_t* BucketBuilder::add_delta_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes, uint32_t encoding,
+                                        uint64_t base_version, size_t encoded_bytes, uint64_t values_at) {
   uint8_t* where = add_piece(param, dst, dtype, encoded_bytes);
   wire::PieceHeader* p = header_.mutable_pieces(header_.pieces_size() - 1);
   p->set_bytes(bytes);
   p->set_encoding(encoding);
   p->set_base_version(base_version);
   p->set_encoded_bytes(encoded_bytes);
+  if (values_at != 0) p->set_values_at(values_at);
   return where;
 }
 

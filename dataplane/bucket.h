@@ -26,6 +26,8 @@ class BucketBuilder {
   // caller queues the payload's copies on this thread's copy stream (core/device_copy.h) and
   // seal() lands them along with the header and trailer.
   explicit BucketBuilder(size_t capacity, Device device = Device::cpu());
+  // The same in memory from `allocator` (page-locked host memory: pinned_allocator()).
+  BucketBuilder(size_t capacity, Allocator& allocator);
 
   void reset(uint64_t version, int sender, uint64_t seq);
   // Bytes of payload that still fit along with one more piece header.
@@ -36,9 +38,10 @@ class BucketBuilder {
   // write the piece's packed elements.
   uint8_t* add_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes);
   // A delta piece (delta.h): `encoded_bytes` of payload holding what changed since `base_version` in
-  // the `bytes` a dense piece would carry; returns where to write the encoding.
+  // the `bytes` a dense piece would carry (a runs encoding's values from `values_at`, when not 0);
+  // returns where to write the encoding.
   uint8_t* add_delta_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes, uint32_t encoding,
-                           uint64_t base_version, size_t encoded_bytes);
+                           uint64_t base_version, size_t encoded_bytes, uint64_t values_at = 0);
   // A direct piece: `bytes` in `rows` rows, `row_stride` bytes apart from `offset` in the sender's
   // shared allocation `alloc` (wire::PieceHeader), with no payload.
   void add_ref_piece(uint32_t param, const Region& dst, DType dtype, size_t bytes, uint64_t alloc, uint64_t offset,

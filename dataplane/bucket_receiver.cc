@@ -157,27 +157,40 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
   return true;
 }
 
-// A delta piece: its encoding (copied to the host first from a device payload) applied on top of the
-// values of the version the rank's shadow holds (the engine refuses any other base).
+// A delta piece: its encoding applied on top of the values of the version the rank's shadow holds
+// (the engine refuses any other base). From a device payload into a shadow on that device, a runs
+// encoding whose values' place the sender gave goes to the device as it lies (apply_device_runs);
+// otherwise, or when the device refuses it, the encoding is copied to the host first.
 Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst, DType dtype, const uint8_t* payload,
                                   Device payload_device) {
   if (p.ref_alloc() != 0) return Status::data_loss(fmt::format("direct piece for parameter #{} carries a delta", p.param()));
   const uint32_t encoding = p.encoding();  // with its flags
   const uint8_t* encoded = payload + p.offset();
   std::vector<uint8_t> host;
-  if (!payload_device.is_cpu()) {
-    host.resize(p.encoded_bytes());
-    FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), encoded, payload_device, host.size()));
-    encoded = host.data();
-  }
+  bool copied = payload_device.is_cpu();
+  const auto host_bytes = [&]() -> Result<const uint8_t*> {
+    if (!copied) {
+      host.resize(p.encoded_bytes());
+      FERRY_RETURN_IF_ERROR(copy_bytes(host.data(), Device::cpu(), encoded, payload_device, host.size()));
+      copied = true;
+    }
+    return payload_device.is_cpu() ? encoded : host.data();
+  };
   const size_t elem = std::max<size_t>(dtype_bits(dtype) / 8, 1);
   const size_t n = p.bytes() / elem;
   reload::ReloadEngine::DeltaSource source;
-  source.apply = [&](uint8_t* values, size_t, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
-    return apply_delta(encoding, encoded, p.encoded_bytes(), values, n, elem, changed);
+  source.apply = [&](uint8_t* values, size_t, std::vector<std::pair<uint64_t, uint64_t>>* changed) -> Status {
+    FERRY_ASSIGN_OR_RETURN(const uint8_t* e, host_bytes());
+    return apply_delta(encoding, e, p.encoded_bytes(), values, n, elem, changed);
   };
-  source.apply_on_device = [&](void* values, size_t, Device device) {
-    return apply_delta_on_device(encoding, encoded, p.encoded_bytes(), values, device, n, elem, delta_upload_);
+  source.apply_on_device = [&](void* values, size_t, Device device) -> Status {
+    if (payload_device == device && p.values_at() != 0 && encoding == static_cast<uint32_t>(DeltaEncoding::kRuns)) {
+      const Status st = apply_device_runs(encoding, encoded, p.encoded_bytes(), p.values_at(), values, device, n, elem,
+                                          delta_upload_);
+      if (st.code() != StatusCode::kDataLoss) return st;
+    }
+    FERRY_ASSIGN_OR_RETURN(const uint8_t* e, host_bytes());
+    return apply_delta_on_device(encoding, e, p.encoded_bytes(), values, device, n, elem, delta_upload_);
   };
   return engine_.take_delta_piece(p.param(), 0, dst, dtype, p.bytes(), p.base_version(), source);
 }

@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <fmt/format.h>
+
 #include "core/device_copy.h"
 #include "dataplane/delta.h"
+#include "dataplane/delta_scan.h"
 
 namespace ferry::dataplane {
 namespace {
@@ -85,6 +88,39 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
   FERRY_RETURN_IF_ERROR(copy_bytes(up, device, bits.bitmap, Device::cpu(), map_bytes));
   FERRY_RETURN_IF_ERROR(copy_bytes(up + values_at, device, bits.values, Device::cpu(), value_bytes));
   return apply_bitmap_on_device(device.index, values, n, elem, up, up + values_at, bits.xor_values);
+}
+
+Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint64_t values_at, void* values,
+                         Device device, size_t n, size_t elem, Buffer& upload) {
+  if (!device.is_cuda()) return Status::invalid_argument("apply_device_runs: values in host memory");
+  if (field != static_cast<uint32_t>(DeltaEncoding::kRuns)) {
+    return Status::invalid_argument("apply_device_runs: a runs encoding without flags only");
+  }
+  FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
+  if (values_at == 0 || values_at > encoded_bytes || (encoded_bytes - values_at) % elem != 0) {
+    return Status::data_loss(fmt::format("delta piece: values at {} of {} bytes", values_at, encoded_bytes));
+  }
+  // The count: at most 10 bytes before the pairs.
+  uint8_t head[10] = {};
+  const size_t head_room = std::min<size_t>(sizeof head, values_at);
+  FERRY_RETURN_IF_ERROR(copy_bytes(head, Device::cpu(), encoded, device, head_room));
+  const uint8_t* p = head;
+  uint64_t r = 0;
+  if (!detail::get_varint(&p, head + head_room, &r)) return Status::data_loss("delta piece: runs: no count");
+  const size_t head_bytes = static_cast<size_t>(p - head);
+  const uint64_t pair_bytes = values_at - head_bytes;
+  const uint64_t k = (encoded_bytes - values_at) / elem;
+  if (r > pair_bytes / 2 || k > n) {
+    return Status::data_loss(fmt::format("delta piece: {} runs in {} bytes of pairs, {} values", r, pair_bytes, k));
+  }
+  if (r == 0 && k == 0) return ok_status();  // nothing to write
+  // Pairs, then values 16-byte aligned, copied on the device from wherever the payload put them.
+  const size_t at = round16(static_cast<size_t>(pair_bytes));
+  const size_t value_bytes = static_cast<size_t>(k) * elem;
+  FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, at + value_bytes, device));
+  FERRY_RETURN_IF_ERROR(copy_bytes(up, device, encoded + head_bytes, device, static_cast<size_t>(pair_bytes)));
+  FERRY_RETURN_IF_ERROR(copy_bytes(up + at, device, encoded + values_at, device, value_bytes));
+  return detail::apply_runs(device.index, values, n, elem, up, pair_bytes, r, up + at, k, /*xor_values=*/false);
 }
 
 }  // namespace ferry::dataplane

@@ -53,6 +53,14 @@ Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, cons
 Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, void* values, Device device,
                              size_t n, size_t elem, Buffer& upload);
 
+// apply_delta_on_device() for a runs encoding without flags that lies in device memory of `device`
+// (a device bucket's payload), its values from `values_at` (the sender's word, untrusted): only its
+// count crosses to the host; its pairs and values are copied on the device and decoded and checked
+// there. DataLoss, and nothing written, when the device refuses it or `values_at` does not fit;
+// the caller then walks it on the host, which says why. InvalidArgument for another encoding.
+Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint64_t values_at, void* values,
+                         Device device, size_t n, size_t elem, Buffer& upload);
+
 namespace detail {
 // The CUDA side (cuda/delta_kernels.cu), or Unavailable (delta_device_unavailable.cc).
 // Each runs with `device` current and puts the caller's back.

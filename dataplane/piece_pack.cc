@@ -32,7 +32,13 @@ Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t para
   tally.elements += static_cast<uint64_t>(src.numel());
   tally.changed += pd.changed;
   if (pd.encoding != 0 && encoded_bytes <= bucket.payload_room()) {
-    uint8_t* where = bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base_version, encoded_bytes);
+    // A runs encoding as it is (no flags) ends in its values: where they begin goes with it.
+    const uint64_t value_bytes = pd.changed * std::max<uint64_t>(dtype_bits(dtype) / 8, 1);
+    const uint64_t values_at = pd.encoding == static_cast<uint32_t>(DeltaEncoding::kRuns) && value_bytes < encoded_bytes
+                                   ? encoded_bytes - value_bytes
+                                   : 0;
+    uint8_t* where =
+        bucket.add_delta_piece(param, dst, dtype, bytes, pd.encoding, base_version, encoded_bytes, values_at);
     tally.delta_bytes += encoded_bytes;
     tally.delta_dense_bytes += bytes;
     return fill(where);

@@ -7,12 +7,16 @@
 
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "dataplane/bucket.h"
+#include "dataplane/bucket_sender.h"
+#include "dataplane/delta.h"
 #include "tests/common/scoped_env.h"
 #include "tests/coordinator/scheme_bytes.h"
 #include "tests/coordinator/version_changes.h"
@@ -197,6 +201,55 @@ TEST_P(DeltaTransport, DeltasAndStagingMatchTheReference) {
     }
     expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerTensor, ck), fmt::format("{} v{}", GetParam(), v));
   }
+}
+
+// A runs piece says where its values begin (PieceHeader.values_at), so that a rank can hand a
+// device payload's encoding to its GPU without reading the pairs on the host: in every bucket sent,
+// every runs piece without flags gives the place the codec's own parse finds, and no other piece
+// gives one.
+TEST(DeltaWire, RunsPiecesSayWhereTheirValuesBegin) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 13);
+  std::mt19937_64 rng(17);
+  std::mutex mu;
+  size_t runs_pieces = 0;
+  std::vector<std::string> wrong;
+  dataplane::set_sealed_bucket_hook_for_testing([&](int, int, uint8_t* data, size_t size) {
+    wire::BucketHeader h;
+    if (!dataplane::decode_bucket(data, size, &h).ok()) return;
+    const uint8_t* payload = data;  // pieces lie from the bucket's start
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& p : h.pieces()) {
+      if (p.encoding() != static_cast<uint32_t>(dataplane::DeltaEncoding::kRuns)) {
+        if (p.values_at() != 0)
+          wrong.push_back(
+              fmt::format("piece of param {} encoding {} says values at {}", p.param(), p.encoding(), p.values_at()));
+        continue;
+      }
+      auto dt = parse_dtype(p.dtype());
+      if (!dt.ok()) continue;
+      const size_t elem = std::max<size_t>(dtype_bits(*dt) / 8, 1);
+      dataplane::DeltaRuns runs;
+      const uint8_t* enc = payload + p.offset();
+      if (!dataplane::delta_runs(p.encoding(), enc, p.encoded_bytes(), p.bytes() / elem, elem, runs).ok()) continue;
+      ++runs_pieces;
+      if (p.values_at() != static_cast<uint64_t>(runs.values - enc)) {
+        wrong.push_back(fmt::format("param {}: values at {}, said {}", p.param(), runs.values - enc, p.values_at()));
+      }
+    }
+  });
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) nudge(ck, v == 2 ? 0.001 : 0.03, rng);
+    auto r = c.update(v, ck);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+  }
+  dataplane::set_sealed_bucket_hook_for_testing({});
+  EXPECT_GT(runs_pieces, 0u) << "no runs piece was sent: the test proves nothing";
+  EXPECT_TRUE(wrong.empty()) << wrong.front();
 }
 
 // Rolling updates with deltas: two replicas take versions at different times, so each rank's base

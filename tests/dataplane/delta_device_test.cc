@@ -347,6 +347,60 @@ TEST(DeltaOnDevice, RunsAreDecodedOnTheDeviceAsTheHostWalksThem) {
   }
 }
 
+// A runs encoding that lies in device memory (a device bucket's payload, at any offset) is applied
+// there from its values' place as the sender gives it (apply_device_runs): the result is the
+// host's walk of the same bytes. A place that is wrong by a byte, past the end or unsaid, and an
+// encoding the host refuses, are refused with DataLoss and nothing written; a flagged encoding is
+// not taken.
+TEST(DeltaOnDevice, EncodingsInDeviceMemoryApplyThereFromTheirValuesPlace) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(31);
+  const size_t n = 100'003;
+  for (size_t elem : {1, 2, 4, 8}) {
+    Bytes old(n * elem);
+    for (auto& b : old) b = static_cast<uint8_t>(rng());
+    for (double rate : {0.0, 0.001, 0.03}) {
+      Bytes now = old;
+      for (size_t e = 0; e < n; ++e) {
+        if (static_cast<double>(rng() % 1'000'000) < rate * 1e6) now[e * elem + rng() % elem] ^= 0x21;
+      }
+      Bytes enc;
+      const DeltaChoice c = encode_delta(old.data(), now.data(), n, elem, /*prefer_delta=*/true, enc);
+      ASSERT_EQ(c.encoding, DeltaEncoding::kRuns) << "elem " << elem << " rate " << rate;
+      const uint64_t values_at = enc.size() - c.changed * elem;
+      Bytes placed = {0xee, 0xee, 0xee};  // the encoding 3 bytes into the payload
+      placed.insert(placed.end(), enc.begin(), enc.end());
+      Buffer payload = on_device(placed);
+      const uint8_t* at = payload.data_as<uint8_t>() + 3;
+      Buffer d = on_device(old), upload;
+      const auto runs = static_cast<uint32_t>(DeltaEncoding::kRuns);
+      const Status st = apply_device_runs(runs, at, enc.size(), values_at, d.data(), Device::cuda(0), n, elem, upload);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      EXPECT_TRUE(to_host(d, old.size()) == now) << "elem " << elem << " rate " << rate;
+      if (c.changed == 0) continue;
+      for (const uint64_t wrong : {values_at - 1, values_at + 1, uint64_t{enc.size()} + 1, uint64_t{0}}) {
+        Buffer fresh = on_device(old);
+        const Status refused =
+            apply_device_runs(runs, at, enc.size(), wrong, fresh.data(), Device::cuda(0), n, elem, upload);
+        EXPECT_EQ(refused.code(), StatusCode::kDataLoss) << "values at " << wrong << " of " << values_at;
+        EXPECT_TRUE(to_host(fresh, old.size()) == old) << "values at " << wrong << " wrote";
+      }
+      Buffer fresh = on_device(old);
+      EXPECT_EQ(
+          apply_device_runs(runs | kDeltaXor, at, enc.size(), values_at, fresh.data(), Device::cuda(0), n, elem, upload)
+              .code(),
+          StatusCode::kInvalidArgument);
+    }
+    // Refused by the host's walk (a run of 0 elements): refused here, nothing written.
+    const Bytes bad = runs_encoding({{3, 2}, {4, 0}, {1, 1}}, 3, elem, rng);
+    Buffer payload = on_device(bad), d = on_device(old), upload;
+    const Status st = apply_device_runs(static_cast<uint32_t>(DeltaEncoding::kRuns), payload.data_as<uint8_t>(),
+                                        bad.size(), bad.size() - 3 * elem, d.data(), Device::cuda(0), n, elem, upload);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
+    EXPECT_TRUE(to_host(d, old.size()) == old) << "a refused encoding wrote";
+  }
+}
+
 TEST(DeltaOnDevice, RefusesWidthsAndAlignmentsItCannotCompare) {
   SKIP_WITHOUT_GPU();
   auto b = Buffer::allocate(64, Device::cuda(0));
