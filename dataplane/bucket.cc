@@ -45,11 +45,6 @@ BucketBuilder::BucketBuilder(size_t capacity, Device device) : device_(device) {
   if (b.ok()) buffer_ = std::move(*b);
 }
 
-BucketBuilder::BucketBuilder(size_t capacity, Allocator& allocator) : device_(allocator.device()) {
-  auto b = Buffer::allocate(capacity, allocator);
-  if (b.ok()) buffer_ = std::move(*b);
-}
-
 void BucketBuilder::reset(uint64_t version, int sender, uint64_t seq) {
   header_.Clear();
   header_.set_version(version);

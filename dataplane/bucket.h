@@ -26,8 +26,6 @@ class BucketBuilder {
   // caller queues the payload's copies on this thread's copy stream (core/device_copy.h) and
   // seal() lands them along with the header and trailer.
   explicit BucketBuilder(size_t capacity, Device device = Device::cpu());
-  // The same in memory from `allocator` (page-locked host memory: pinned_allocator()).
-  BucketBuilder(size_t capacity, Allocator& allocator);
 
   void reset(uint64_t version, int sender, uint64_t seq);
   // Bytes of payload that still fit along with one more piece header.

@@ -263,15 +263,8 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
       d.pool.clear();
       d.regions.clear();
       d.free.clear();
-      // Host buckets that take encodings from GPUs (copies compared there) are page-locked, so
-      // that those copies run at the bus's speed.
-      Allocator* pinned = nullptr;
-      if (where.is_cpu() && bases_ && bases_->device_copies()) {
-        if (auto a = pinned_allocator(); a.ok()) pinned = *a;
-      }
       for (size_t k = 0; k < in_flight; ++k) {
-        auto b = pinned != nullptr ? std::make_unique<BucketBuilder>(want, *pinned)
-                                   : std::make_unique<BucketBuilder>(want, where);
+        auto b = std::make_unique<BucketBuilder>(want, where);
         if (b->capacity() < want) {
           return Status::resource_exhausted(fmt::format("bucket buffer of {} bytes on {}", want, where.to_string()));
         }
