@@ -13,7 +13,8 @@
 namespace ferry {
 
 // fn(t) for t in [0, count), each on a thread of its own: the last on the caller's, the others on
-// threads started for them (or on the caller's too when none is to be had).
+// threads started for them (or on the caller's too when none is to be had). fn must not throw (on
+// a started thread that ends the process); callers catch what they expect inside it.
 template <typename Fn>
 void on_threads(size_t count, Fn&& fn) {
   if (count == 0) return;
@@ -36,7 +37,7 @@ inline size_t slices_for(size_t n, size_t least) {
   return std::max<size_t>(std::min({hw, size_t{8}, n / least}), 1);
 }
 
-// memcpy of host memory, in slices of at least 2 MiB on threads of their own.
+// memcpy of host memory, in slices of at least 2 MiB on threads of their own (on_threads).
 inline void copy_parallel(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;  // (either pointer may then be null)
   const size_t slices = slices_for(bytes, size_t{2} << 20);

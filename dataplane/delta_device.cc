@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -32,6 +34,34 @@ Result<uint8_t*> upload_room(Buffer& upload, size_t bytes, Device device) {
     FERRY_ASSIGN_OR_RETURN(upload, Buffer::allocate(std::max<size_t>(bytes, size_t{1} << 20), device));
   }
   return upload.data_as<uint8_t>();
+}
+
+// The parts of an encoding (`parts`: destination, source, bytes) queued for the device with
+// detail::copy_in_order, then `then()`, the kernels that read them; on any failure the copies are
+// waited for before the caller may reuse their sources (a kernel's success waited for them).
+template <typename Then>
+Status queued_then(Device device, std::initializer_list<std::tuple<void*, const void*, size_t>> parts, Then then) {
+  Status st;
+  for (const auto& [to, from, bytes] : parts) {
+    st = detail::copy_in_order(device.index, to, from, bytes);
+    if (!st.ok()) break;
+  }
+  if (st.ok()) st = then();
+  if (!st.ok()) detail::wait_in_order(device.index).ignore_error();
+  return st;
+}
+
+// A runs encoding's r pairs (`pairs`, pair_bytes) and k values (`from`), in host or device memory,
+// copied into `upload` (pairs first, values 16-byte aligned) and decoded, checked and written into
+// `values` on the device (detail::apply_runs).
+Status runs_through_upload(Device device, void* values, size_t n, size_t elem, const uint8_t* pairs, size_t pair_bytes,
+                           uint64_t r, const uint8_t* from, uint64_t k, bool xor_values, Buffer& upload) {
+  const size_t at = round16(pair_bytes);
+  const size_t value_bytes = static_cast<size_t>(k) * elem;
+  FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, at + value_bytes, device));
+  return queued_then(device, {{up, pairs, pair_bytes}, {up + at, from, value_bytes}}, [&] {
+    return detail::apply_runs(device.index, values, n, elem, up, pair_bytes, r, up + at, k, xor_values);
+  });
 }
 
 }  // namespace
@@ -67,13 +97,8 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
     if (delta_runs(field, encoded, encoded_bytes, n, elem, runs).ok()) {
       if (runs.runs == 0 && runs.changed == 0) return ok_status();  // nothing to write
       FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
-      const size_t values_at = round16(runs.pair_bytes);
-      const size_t value_bytes = static_cast<size_t>(runs.changed) * elem;
-      FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, values_at + value_bytes, device));
-      FERRY_RETURN_IF_ERROR(copy_bytes(up, device, runs.pairs, Device::cpu(), runs.pair_bytes));
-      FERRY_RETURN_IF_ERROR(copy_bytes(up + values_at, device, runs.values, Device::cpu(), value_bytes));
-      const Status st = detail::apply_runs(device.index, values, n, elem, up, runs.pair_bytes, runs.runs,
-                                           up + values_at, runs.changed, runs.xor_values);
+      const Status st = runs_through_upload(device, values, n, elem, runs.pairs, runs.pair_bytes, runs.runs,
+                                            runs.values, runs.changed, runs.xor_values, upload);
       if (st.code() != StatusCode::kDataLoss) return st;
     }
   }
@@ -85,9 +110,9 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
   const size_t values_at = round16(map_bytes);
   const size_t value_bytes = static_cast<size_t>(bits.changed) * elem;
   FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, values_at + value_bytes, device));
-  FERRY_RETURN_IF_ERROR(copy_bytes(up, device, bits.bitmap, Device::cpu(), map_bytes));
-  FERRY_RETURN_IF_ERROR(copy_bytes(up + values_at, device, bits.values, Device::cpu(), value_bytes));
-  return apply_bitmap_on_device(device.index, values, n, elem, up, up + values_at, bits.xor_values);
+  return queued_then(device, {{up, bits.bitmap, map_bytes}, {up + values_at, bits.values, value_bytes}}, [&] {
+    return apply_bitmap_on_device(device.index, values, n, elem, up, up + values_at, bits.xor_values);
+  });
 }
 
 Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint64_t values_at, void* values,
@@ -96,8 +121,7 @@ Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_
   if (field != static_cast<uint32_t>(DeltaEncoding::kRuns)) {
     return Status::invalid_argument("apply_device_runs: a runs encoding without flags only");
   }
-  FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
-  if (values_at == 0 || values_at > encoded_bytes || (encoded_bytes - values_at) % elem != 0) {
+  if (elem == 0 || values_at == 0 || values_at > encoded_bytes || (encoded_bytes - values_at) % elem != 0) {
     return Status::data_loss(fmt::format("delta piece: values at {} of {} bytes", values_at, encoded_bytes));
   }
   // The count: at most 10 bytes before the pairs.
@@ -110,17 +134,19 @@ Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_
   const size_t head_bytes = static_cast<size_t>(p - head);
   const uint64_t pair_bytes = values_at - head_bytes;
   const uint64_t k = (encoded_bytes - values_at) / elem;
+  if (r == 0) {  // nothing to write; nothing else may follow the count
+    if (pair_bytes != 0 || k != 0) {
+      return Status::data_loss(fmt::format("delta piece: no runs, then {} bytes", encoded_bytes - head_bytes));
+    }
+    return ok_status();
+  }
   if (r > pair_bytes / 2 || k > n) {
     return Status::data_loss(fmt::format("delta piece: {} runs in {} bytes of pairs, {} values", r, pair_bytes, k));
   }
-  if (r == 0 && k == 0) return ok_status();  // nothing to write
-  // Pairs, then values 16-byte aligned, copied on the device from wherever the payload put them.
-  const size_t at = round16(static_cast<size_t>(pair_bytes));
-  const size_t value_bytes = static_cast<size_t>(k) * elem;
-  FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, at + value_bytes, device));
-  FERRY_RETURN_IF_ERROR(copy_bytes(up, device, encoded + head_bytes, device, static_cast<size_t>(pair_bytes)));
-  FERRY_RETURN_IF_ERROR(copy_bytes(up + at, device, encoded + values_at, device, value_bytes));
-  return detail::apply_runs(device.index, values, n, elem, up, pair_bytes, r, up + at, k, /*xor_values=*/false);
+  FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
+  // Pairs and values copied on the device from wherever the payload put them.
+  return runs_through_upload(device, values, n, elem, encoded + head_bytes, static_cast<size_t>(pair_bytes), r,
+                             encoded + values_at, k, /*xor_values=*/false, upload);
 }
 
 }  // namespace ferry::dataplane

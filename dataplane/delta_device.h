@@ -66,8 +66,15 @@ namespace detail {
 // Each runs with `device` current and puts the caller's back.
 Status scan_changes(int device, const void* before, const void* after, uint64_t n, size_t elem, bool xor_values,
                     void* bitmap, void* values, uint64_t* changed);
-// runs_on_device() once `pairs` has room for the limit.
+// runs_on_device() once `pairs` has room for the limit. The pairs are written in order on the
+// legacy default stream: read them there (copy_bytes does).
 Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, uint8_t* pairs, DeviceRuns* found);
+// `bytes` from `src` (host or device memory) into device memory of `device`, queued on the legacy
+// default stream, so that the kernels above see them, without waiting for them to land. A pageable
+// host source may be reused once this returns (CUDA has staged it by then).
+Status copy_in_order(int device, void* dst, const void* src, size_t bytes);
+// Waits for everything queued on `device`'s legacy default stream.
+Status wait_in_order(int device);
 // With `expect`, DataLoss and nothing written unless the bitmap marks exactly that many.
 inline constexpr uint64_t kAnyCount = UINT64_MAX;
 Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,

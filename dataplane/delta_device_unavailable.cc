@@ -11,6 +11,8 @@ Status scan_changes(int, const void*, const void*, uint64_t, size_t, bool, void*
 }
 Status apply_bitmap(int, void*, uint64_t, size_t, const uint8_t*, const void*, bool, uint64_t) { return unavailable(); }
 Status find_runs(int, const uint8_t*, uint64_t, uint64_t, uint8_t*, DeviceRuns*) { return unavailable(); }
+Status copy_in_order(int, void*, const void*, size_t) { return unavailable(); }
+Status wait_in_order(int) { return unavailable(); }
 Status apply_runs(int, void*, uint64_t, size_t, const uint8_t*, uint64_t, uint64_t, const void*, uint64_t, bool) {
   return unavailable();
 }

@@ -18,7 +18,9 @@ namespace ferry::dataplane::detail {
 namespace {
 
 #if FERRY_WIDE_SCAN
-const bool kWideScanHere = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+// (__builtin_cpu_init first: this runs as a static initializer, perhaps before the compiler's own.)
+const bool kWideScanHere =
+    (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"));
 #else
 constexpr bool kWideScanHere = false;
 #endif
@@ -195,11 +197,7 @@ void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
 
 bool wide_scan_available() { return kWideScanHere; }
 
-bool use_wide_scan(bool on) {
-  const bool was = wide_scan_on.load();
-  wide_scan_on = on && kWideScanHere;
-  return was;
-}
+bool use_wide_scan(bool on) { return wide_scan_on.exchange(on && kWideScanHere); }
 
 // One slice per half Mi elements, at most the hardware's threads (8 at most), each a multiple of 8
 // elements so that each writes bitmap bytes of its own; the values of every slice are then closed

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cstring>
 
@@ -35,6 +36,28 @@ Result<std::string> interface_of(const std::string& host) {
   freeifaddrs(list);
   if (found.empty()) return Status::not_found(fmt::format("no network interface of this machine holds {}", host));
   return found;
+}
+
+bool peer_on_this_host(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof local, peer_len = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+    return false;
+  }
+  if (peer.ss_family == AF_UNIX) return true;
+  if (peer.ss_family == AF_INET && local.ss_family == AF_INET) {
+    const in_addr p = reinterpret_cast<const sockaddr_in*>(&peer)->sin_addr;
+    const in_addr l = reinterpret_cast<const sockaddr_in*>(&local)->sin_addr;
+    return (ntohl(p.s_addr) >> 24) == 127 || p.s_addr == l.s_addr;
+  }
+  if (peer.ss_family == AF_INET6 && local.ss_family == AF_INET6) {
+    const in6_addr& p = reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr;
+    const in6_addr& l = reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr;
+    const bool mapped_loopback = IN6_IS_ADDR_V4MAPPED(&p) && p.s6_addr[12] == 127;
+    return IN6_IS_ADDR_LOOPBACK(&p) || mapped_loopback || std::memcmp(&p, &l, sizeof p) == 0;
+  }
+  return false;
 }
 
 }  // namespace ferry::transport

@@ -107,6 +107,21 @@ Status scan_changes(int device, const void* before, const void* after, uint64_t 
   return ok_status();
 }
 
+Status copy_in_order(int device, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  const ScopedDevice on(device);
+  if (!on.ok()) return Status::internal("device deltas: cuda:" + std::to_string(device) + " could not be made current");
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, nullptr));
+  return ok_status();
+}
+
+Status wait_in_order(int device) {
+  const ScopedDevice on(device);
+  if (!on.ok()) return Status::internal("device deltas: cuda:" + std::to_string(device) + " could not be made current");
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  return ok_status();
+}
+
 Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
                     bool xor_values, uint64_t expect) {
   if (n == 0) return ok_status();

@@ -173,6 +173,9 @@ Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t*
     return ok_status();
   }
   if (n >= (uint64_t{1} << 62)) return Status::invalid_argument("device deltas: piece too large");
+  if (pair_bytes / 2 < r) {
+    return Status::data_loss("delta piece: " + std::to_string(r) + " runs in " + std::to_string(pair_bytes) + " bytes");
+  }
   const ScopedDevice on(device);
   if (!on.ok()) return Status::internal("device deltas: cuda:" + std::to_string(device) + " could not be made current");
   const cudaStream_t st = nullptr;  // the legacy default stream, as apply_bitmap's
@@ -202,15 +205,18 @@ Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t*
   FERRY_CUDA_LAUNCH_CHECK();
   uint32_t flags = 0;
   uint64_t last = 0, varints = 0;
+  uint8_t final_byte = 0;  // the pairs end with a varint's last byte (none left unfinished)
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(&final_byte, pairs + pair_bytes - 1, 1, cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(&flags, bad, sizeof(flags), cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(&last, ends + r - 1, sizeof(last), cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(
       cudaMemcpyAsync(&varints, at_varint.offsets + byte_blocks, sizeof(varints), cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (flags != 0 || last > n || varints != 2 * r) {
+  if (flags != 0 || last > n || varints != 2 * r || final_byte >= 0x80) {
     return Status::data_loss("delta piece: runs refused on the device (flags " + std::to_string(flags) + ", " +
                              std::to_string(varints) + " varints for " + std::to_string(r) +
-                             " runs, the last ending at " + std::to_string(last) + " of " + std::to_string(n) + ")");
+                             " runs, the last ending at " + std::to_string(last) + " of " + std::to_string(n) +
+                             (final_byte >= 0x80 ? ", pairs ending inside a varint)" : ")"));
   }
   runs_to_bitmap<<<static_cast<unsigned>(word_blocks), kScanThreads, 0, st>>>(ends, decoded, r, words, bitmap);
   FERRY_CUDA_LAUNCH_CHECK();
@@ -260,8 +266,7 @@ Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, 
   if (count_bytes + bytes > limit) return ok_status();
   write_pairs<<<static_cast<unsigned>(run_blocks), kScanThreads, 0, st>>>(pair, r, at_byte.offsets, pairs);
   FERRY_CUDA_LAUNCH_CHECK();
-  FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
-  found->written = true;
+  found->written = true;  // in order on the legacy stream, before whatever reads them there
   return ok_status();
 }
 

@@ -390,6 +390,35 @@ TEST(DeltaOnDevice, EncodingsInDeviceMemoryApplyThereFromTheirValuesPlace) {
           apply_device_runs(runs | kDeltaXor, at, enc.size(), values_at, fresh.data(), Device::cuda(0), n, elem, upload)
               .code(),
           StatusCode::kInvalidArgument);
+      // A byte that finishes no varint between the pairs and the values (0x80), its place past it:
+      // the pairs' varints still number 2r, but the host refuses it, and so does the device.
+      Bytes padded(enc.begin(), enc.begin() + static_cast<std::ptrdiff_t>(values_at));
+      padded.push_back(0x80);
+      padded.insert(padded.end(), enc.begin() + static_cast<std::ptrdiff_t>(values_at), enc.end());
+      Bytes host_try = old;
+      ASSERT_EQ(apply_delta(runs, padded.data(), padded.size(), host_try.data(), n, elem).code(),
+                StatusCode::kDataLoss);
+      Buffer padded_payload = on_device(padded);
+      const Status unfinished = apply_device_runs(runs, padded_payload.data_as<uint8_t>(), padded.size(), values_at + 1,
+                                                  fresh.data(), Device::cuda(0), n, elem, upload);
+      EXPECT_EQ(unfinished.code(), StatusCode::kDataLoss) << unfinished.to_string();
+      EXPECT_TRUE(to_host(fresh, old.size()) == old) << "pairs ending inside a varint wrote";
+    }
+    // No runs, then bytes (as pairs, or as a value): refused (as by the host), nothing written.
+    {
+      const Bytes extra = {0, 1, 1, 1, 1, 1, 1, 1, 1};
+      Bytes host_try = old;
+      ASSERT_EQ(
+          apply_delta(static_cast<uint32_t>(DeltaEncoding::kRuns), extra.data(), extra.size(), host_try.data(), n, elem)
+              .code(),
+          StatusCode::kDataLoss);
+      Buffer payload = on_device(extra), d = on_device(old), upload;
+      for (const uint64_t place : {uint64_t{1}, uint64_t{extra.size() - elem}}) {
+        const Status st = apply_device_runs(static_cast<uint32_t>(DeltaEncoding::kRuns), payload.data_as<uint8_t>(),
+                                            extra.size(), place, d.data(), Device::cuda(0), n, elem, upload);
+        EXPECT_EQ(st.code(), StatusCode::kDataLoss) << "values at " << place << ": " << st.to_string();
+      }
+      EXPECT_TRUE(to_host(d, old.size()) == old) << "no runs and bytes after them wrote";
     }
     // Refused by the host's walk (a run of 0 elements): refused here, nothing written.
     const Bytes bad = runs_encoding({{3, 2}, {4, 0}, {1, 1}}, 3, elem, rng);

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "transport/listen_host.h"
 
 namespace ferry::transport::net {
 namespace {
@@ -73,27 +74,7 @@ Socket& Socket::operator=(Socket&& o) noexcept {
   return *this;
 }
 
-bool Socket::peer_on_this_host() const {
-  sockaddr_storage local{}, peer{};
-  socklen_t local_len = sizeof local, peer_len = sizeof peer;
-  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-      getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
-    return false;
-  }
-  if (peer.ss_family == AF_UNIX) return true;
-  if (peer.ss_family == AF_INET && local.ss_family == AF_INET) {
-    const in_addr p = reinterpret_cast<const sockaddr_in*>(&peer)->sin_addr;
-    const in_addr l = reinterpret_cast<const sockaddr_in*>(&local)->sin_addr;
-    return (ntohl(p.s_addr) >> 24) == 127 || p.s_addr == l.s_addr;
-  }
-  if (peer.ss_family == AF_INET6 && local.ss_family == AF_INET6) {
-    const in6_addr& p = reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr;
-    const in6_addr& l = reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr;
-    const bool mapped_loopback = IN6_IS_ADDR_V4MAPPED(&p) && p.s6_addr[12] == 127;
-    return IN6_IS_ADDR_LOOPBACK(&p) || mapped_loopback || std::memcmp(&p, &l, sizeof p) == 0;
-  }
-  return false;
-}
+bool Socket::peer_on_this_host() const { return transport::peer_on_this_host(fd_); }
 
 void Socket::close() {
   if (fd_ >= 0) ::close(fd_);

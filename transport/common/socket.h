@@ -34,8 +34,7 @@ class Socket {
   // Appends whatever is readable now, without blocking; false once the peer has closed.
   Result<bool> read_available(std::string& buf);
   void close();
-  // Whether the peer is on this host: a Unix socket, or TCP to a loopback address or to this end's
-  // own (the kernel routes a connection to one of its own addresses over loopback).
+  // Whether the peer is on this host (transport::peer_on_this_host).
   bool peer_on_this_host() const;
 
  private:

@@ -16,6 +16,7 @@
 #include "core/shared_buffers.h"
 #include "transport/admission.h"
 #include "transport/handle.h"
+#include "transport/listen_host.h"
 
 namespace ferry::transport {
 namespace {
@@ -155,11 +156,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(asio::io_context& io, tcp::socket socket) : io_(io), socket_(std::move(socket)) {
-    // Connected to this host: the peer's address is a loopback one, or the one this end was given
-    // (the kernel routes a connection to one of its own addresses over loopback).
-    boost::system::error_code e1, e2;
-    const auto local = socket_.local_endpoint(e1).address(), peer = socket_.remote_endpoint(e2).address();
-    same_host_ = !e1 && !e2 && (peer.is_loopback() || peer == local);
+    same_host_ = peer_on_this_host(socket_.native_handle());
   }
   ~TcpConnection() override = default;
   bool same_host() const override { return same_host_; }
