@@ -66,6 +66,23 @@ struct Spans {
   __device__ uint64_t operator()(uint64_t i) const { return sat_add(values[2 * i], values[2 * i + 1], cap); }
 };
 
+// Run i's length (its pair's second varint).
+struct Lengths {
+  const uint64_t* values;
+  __device__ uint64_t operator()(uint64_t i) const { return values[2 * i + 1]; }
+};
+
+// The decoder's checks gathered for one read: its flags, the last run's end, the varints counted,
+// the pairs' last byte, and the elements the runs cover.
+__global__ void gather_checks(const uint32_t* flags, const uint64_t* last_end, const uint64_t* varints,
+                              const uint8_t* final_byte, const uint64_t* covered, uint64_t* out) {
+  out[0] = *flags;
+  out[1] = *last_end;
+  out[2] = *varints;
+  out[3] = *final_byte;
+  out[4] = *covered;
+}
+
 __global__ void run_ends(Spans spans, uint64_t r, const uint64_t* offsets, uint64_t* ends) {
   const uint64_t i = static_cast<uint64_t>(blockIdx.x) * kScanThreads + threadIdx.x;
   uint64_t total = 0;
@@ -184,13 +201,15 @@ Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t*
   FERRY_RETURN_IF_ERROR(blocks_for(pair_bytes, &byte_blocks));
   FERRY_RETURN_IF_ERROR(blocks_for(r, &run_blocks));
   FERRY_RETURN_IF_ERROR(blocks_for(words, &word_blocks));
-  // The decoded varints (2r), the runs' ends (r), the bitmap (words), the checks' flags.
+  // The decoded varints (2r), the runs' ends (r), the bitmap (words), the checks' flags, the checks
+  // gathered (5).
   DeviceScratch work;
-  FERRY_RETURN_IF_ERROR(work.allocate((3 * r + words + 1) * sizeof(uint64_t), st));
+  FERRY_RETURN_IF_ERROR(work.allocate((3 * r + words + 1 + 5) * sizeof(uint64_t), st));
   auto* decoded = static_cast<uint64_t*>(work.p);
   uint64_t* ends = decoded + 2 * r;
   uint64_t* bitmap = ends + r;
   auto* bad = reinterpret_cast<uint32_t*>(bitmap + words);
+  uint64_t* gathered = bitmap + words + 1;
   FERRY_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(uint32_t), st));
   Offsets<uint32_t> at_varint;
   FERRY_RETURN_IF_ERROR(
@@ -203,24 +222,28 @@ Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t*
   FERRY_RETURN_IF_ERROR(block_offsets_of<uint64_t>(spans, r, run_blocks, n + 1, st, at_run));
   run_ends<<<static_cast<unsigned>(run_blocks), kScanThreads, 0, st>>>(spans, r, at_run.offsets, ends);
   FERRY_CUDA_LAUNCH_CHECK();
-  uint32_t flags = 0;
-  uint64_t last = 0, varints = 0;
-  uint8_t final_byte = 0;  // the pairs end with a varint's last byte (none left unfinished)
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(&final_byte, pairs + pair_bytes - 1, 1, cudaMemcpyDeviceToHost, st));
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(&flags, bad, sizeof(flags), cudaMemcpyDeviceToHost, st));
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(&last, ends + r - 1, sizeof(last), cudaMemcpyDeviceToHost, st));
-  FERRY_CUDA_CHECK(
-      cudaMemcpyAsync(&varints, at_varint.offsets + byte_blocks, sizeof(varints), cudaMemcpyDeviceToHost, st));
+  // Checked before anything is written, in one read: no flag, the runs ending within the piece, 2r
+  // varints with the pairs ending at the last one's end, and as many elements covered as values
+  // follow (the runs are disjoint once the rest holds, so the bitmap marks that many).
+  Offsets<uint64_t> covered;
+  FERRY_RETURN_IF_ERROR(block_offsets_of<uint64_t>(Lengths{decoded}, r, run_blocks, n + 1, st, covered));
+  gather_checks<<<1, 1, 0, st>>>(bad, ends + r - 1, at_varint.offsets + byte_blocks, pairs + pair_bytes - 1,
+                                 covered.offsets + run_blocks, gathered);
+  FERRY_CUDA_LAUNCH_CHECK();
+  uint64_t checks[5] = {};
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(checks, gathered, sizeof checks, cudaMemcpyDeviceToHost, st));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (flags != 0 || last > n || varints != 2 * r || final_byte >= 0x80) {
+  const uint64_t flags = checks[0], last = checks[1], varints = checks[2], final_byte = checks[3], marked = checks[4];
+  if (flags != 0 || last > n || varints != 2 * r || final_byte >= 0x80 || marked != k) {
     return Status::data_loss("delta piece: runs refused on the device (flags " + std::to_string(flags) + ", " +
                              std::to_string(varints) + " varints for " + std::to_string(r) +
                              " runs, the last ending at " + std::to_string(last) + " of " + std::to_string(n) +
-                             (final_byte >= 0x80 ? ", pairs ending inside a varint)" : ")"));
+                             (final_byte >= 0x80 ? ", pairs ending inside a varint" : "") + ", covering " +
+                             std::to_string(marked) + " elements for " + std::to_string(k) + " values)");
   }
   runs_to_bitmap<<<static_cast<unsigned>(word_blocks), kScanThreads, 0, st>>>(ends, decoded, r, words, bitmap);
   FERRY_CUDA_LAUNCH_CHECK();
-  return apply_bitmap(device, dst, n, elem, reinterpret_cast<const uint8_t*>(bitmap), values, xor_values, k);
+  return apply_bitmap(device, dst, n, elem, reinterpret_cast<const uint8_t*>(bitmap), values, xor_values);
 }
 
 Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, uint8_t* pairs, DeviceRuns* found) {
