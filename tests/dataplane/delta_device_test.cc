@@ -33,6 +33,12 @@ Buffer on_device(const Bytes& b) {
   return std::move(*buf);
 }
 
+Bytes random_bytes(size_t size, std::mt19937_64& rng) {
+  Bytes b(size);
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  return b;
+}
+
 Bytes to_host(const Buffer& b, size_t bytes) {
   Bytes out(bytes);
   EXPECT_TRUE(copy_bytes(out.data(), Device::cpu(), b.data(), Device::cuda(0), bytes).ok());
@@ -259,8 +265,7 @@ TEST(DeltaOnDevice, RunsAreDecodedOnTheDeviceAsTheHostWalksThem) {
   std::mt19937_64 rng(29);
   const size_t n = 3'000'017;
   for (size_t elem : {1, 2, 4, 8}) {
-    Bytes old(n * elem);
-    for (auto& b : old) b = static_cast<uint8_t>(rng());
+    const Bytes old = random_bytes(n * elem, rng);
     struct Case {
       const char* what;
       std::vector<std::pair<uint64_t, uint64_t>> pairs;
@@ -357,8 +362,7 @@ TEST(DeltaOnDevice, EncodingsInDeviceMemoryApplyThereFromTheirValuesPlace) {
   std::mt19937_64 rng(31);
   const size_t n = 100'003;
   for (size_t elem : {1, 2, 4, 8}) {
-    Bytes old(n * elem);
-    for (auto& b : old) b = static_cast<uint8_t>(rng());
+    const Bytes old = random_bytes(n * elem, rng);
     for (double rate : {0.0, 0.001, 0.03}) {
       Bytes now = old;
       for (size_t e = 0; e < n; ++e) {
