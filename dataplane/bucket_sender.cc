@@ -124,12 +124,8 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
   for (size_t i = 0; i < dests_.size(); ++i) {
     Destination& d = dests_[i];
     d.delta_base = i < identity_.delta_bases.size() ? identity_.delta_bases[i] : 0;
-    // Under auto, deltas go to ranks on other hosts; into device buckets (nccl, cuda_ipc) only when
-    // tensors are compared on their GPUs (FERRY_DELTA_COPY=device), as a link that moves device
-    // memory is faster than a compare on the host.
-    const bool compared_where_it_pays = !d.bucket_device.is_cuda() || (bases_ && bases_->device_copies());
-    d.deltas = settings_.delta != DeltaMode::kOff &&
-               (settings_.delta != DeltaMode::kAuto || (!d.conn->same_host() && compared_where_it_pays));
+    d.deltas = takes_deltas(settings_.delta, d.conn->same_host(), d.bucket_device.is_cuda(),
+                            bases_ && bases_->device_copies());
     keep_bases_ = keep_bases_ || d.deltas;
   }
   // No rank takes deltas (under auto, every rank is on this host): the copies go, and none is kept.

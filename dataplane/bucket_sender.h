@@ -38,11 +38,6 @@ namespace ferry::dataplane {
 
 class BucketBuilder;
 
-// FERRY_DELTA: kAuto sends deltas to ranks on other hosts only (over one host's links moving the
-// bytes costs about what comparing them does, and the copy kept for deltas is memory spent for
-// nothing); kOn to every rank; kAlways to every rank, even where the delta is not smaller.
-enum class DeltaMode : uint8_t { kOff, kAuto, kOn, kAlways };
-
 struct BucketSenderSettings {
   bool verify = false;        // FERRY_VERIFY
   DeltaMode delta = DeltaMode::kOff;

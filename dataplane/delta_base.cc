@@ -67,6 +67,11 @@ void DeltaBases::record(const std::string& name, const Region& held, const Tenso
   base.version = version;
 }
 
+bool takes_deltas(DeltaMode mode, bool same_host, bool device_bucket, bool device_copies) {
+  if (mode == DeltaMode::kOff) return false;
+  return mode != DeltaMode::kAuto || (!same_host && (!device_bucket || device_copies));
+}
+
 Result<PartDelta> encode_part(const DeltaBases::Base& base, const Region& src, const uint8_t* packed, size_t bytes,
                               const DeltaOptions& options, std::vector<uint8_t>& scratch,
                               std::vector<uint8_t>& encoded) {

@@ -59,6 +59,17 @@ class DeltaBases {
   std::map<std::string, Base> bases_;
 };
 
+// FERRY_DELTA: kAuto sends deltas to ranks on other hosts only (over one host's links moving the
+// bytes costs about what comparing them does, and the copy kept for deltas is memory spent for
+// nothing); kOn to every rank; kAlways to every rank, even where the delta is not smaller.
+enum class DeltaMode : uint8_t { kOff, kAuto, kOn, kAlways };
+
+// Whether a rank takes deltas this update under `mode`: under kAuto only a rank on another host,
+// and into a device bucket (nccl, cuda_ipc) only when GPU tensors are compared on their GPUs
+// (`device_copies`, FERRY_DELTA_COPY=device): a link that moves device memory is faster than a
+// compare on the host.
+bool takes_deltas(DeltaMode mode, bool same_host, bool device_bucket, bool device_copies);
+
 // How a sender encodes deltas: `prefer` (FERRY_DELTA=always) keeps a delta even when its encoding
 // is not smaller than the dense bytes; `zstd` (FERRY_DELTA_ZSTD, 0: off) compresses each at that
 // level, its values XORs with the old ones.

@@ -75,10 +75,8 @@ Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, 
 Status copy_in_order(int device, void* dst, const void* src, size_t bytes);
 // Waits for everything queued on `device`'s legacy default stream.
 Status wait_in_order(int device);
-// With `expect`, DataLoss and nothing written unless the bitmap marks exactly that many.
-inline constexpr uint64_t kAnyCount = UINT64_MAX;
 Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
-                    bool xor_values, uint64_t expect = kAnyCount);
+                    bool xor_values);
 // apply_bitmap() for a runs encoding's r pairs of varints (`pairs`, pair_bytes, device memory: the
 // host found their ends, the device decodes and checks them) and its k `values` (device memory):
 // DataLoss, and nothing written, unless every varint is at most 10 bytes, every length at least 1,

@@ -123,7 +123,7 @@ Status wait_in_order(int device) {
 }
 
 Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
-                    bool xor_values, uint64_t expect) {
+                    bool xor_values) {
   if (n == 0) return ok_status();
   const ScopedDevice on(device);
   if (!on.ok()) return Status::internal("device deltas: cuda:" + std::to_string(device) + " could not be made current");
@@ -133,15 +133,6 @@ Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_
   FERRY_RETURN_IF_ERROR(blocks_for(bytes, &blocks));
   Offsets<uint32_t> o;
   FERRY_RETURN_IF_ERROR(block_offsets_of<uint32_t>(Bits{bitmap}, bytes, blocks, UINT32_MAX, st, o));
-  if (expect != kAnyCount) {  // as many values as the bitmap marks, or nothing is written
-    uint64_t marked = 0;
-    FERRY_CUDA_CHECK(cudaMemcpyAsync(&marked, o.offsets + blocks, sizeof(uint64_t), cudaMemcpyDeviceToHost, st));
-    FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
-    if (marked != expect) {
-      return Status::data_loss("delta piece: its runs mark " + std::to_string(marked) + " elements, " +
-                               std::to_string(expect) + " values follow");
-    }
-  }
   FERRY_RETURN_IF_ERROR(by_width(elem, [&](auto t) -> Status {
     using T = decltype(t);
     const auto launch = [&](auto kernel) {

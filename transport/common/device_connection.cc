@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "transport/listen_host.h"
 
 namespace ferry::transport::net {
 namespace {
@@ -18,7 +19,7 @@ constexpr int kSpins = 2000;
 DeviceConnection::DeviceConnection(std::string_view transport, ControlTypes types, Socket sock, int device,
                                    int receiver_pid)
     : sock_(std::move(sock)), device_(device), receiver_pid_(receiver_pid), transport_(transport),
-      same_host_(sock_.peer_on_this_host()), types_(types) {}
+      same_host_(peer_on_this_host(sock_.fd())), types_(types) {}
 
 DeviceConnection::~DeviceConnection() { close_and_join(); }
 

@@ -20,7 +20,6 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
-#include "transport/listen_host.h"
 
 namespace ferry::transport::net {
 namespace {
@@ -73,8 +72,6 @@ Socket& Socket::operator=(Socket&& o) noexcept {
   }
   return *this;
 }
-
-bool Socket::peer_on_this_host() const { return transport::peer_on_this_host(fd_); }
 
 void Socket::close() {
   if (fd_ >= 0) ::close(fd_);

@@ -34,8 +34,6 @@ class Socket {
   // Appends whatever is readable now, without blocking; false once the peer has closed.
   Result<bool> read_available(std::string& buf);
   void close();
-  // Whether the peer is on this host (transport::peer_on_this_host).
-  bool peer_on_this_host() const;
 
  private:
   int fd_ = -1;
