@@ -82,16 +82,10 @@ void print(const E2eOptions& o, const std::string& transport, const sharding::Pl
         "\"seconds\":{:.9f},\"predicted_seconds\":{:.9f},\"ratio\":{:.3f},"
         "\"measured\":{{\"pause\":{:.9f},\"plan\":{:.9f},\"transfer\":{:.9f},\"process\":{:.9f},\"resume\":{:.9f},"
         "\"other\":{:.9f}}},"
-        "\"predicted\":{{\"control\":{:.9f},\"pipeline\":{:.9f},\"critical\":\"{}\",\"fill\":{:.9f},\"busy\":{:.9f},"
-        "\"drain\":{:.9f},\"pack\":{:.9f},\"process\":{:.9f},\"host\":{:.9f}}},"
-        "\"links\":{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},"
-        "\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},\"process_gbps\":{:.3f}}},"
-        "\"memory\":{{\"trainer_rss_bytes\":{},\"rank_rss_bytes\":{}}}}}\n",
+        "\"predicted\":{},\"links\":{},\"memory\":{{\"trainer_rss_bytes\":{},\"rank_rss_bytes\":{}}}}}\n",
         name, o.tp, o.updates, m.bytes, plan.buckets.size(), m.seconds, c.predicted_seconds, ratio, m.pause, m.plan,
-        m.transfer, m.process, m.resume, m.other, c.control_seconds, c.pipeline_seconds, c.critical, c.fill_seconds,
-        c.busy_seconds, c.drain_seconds, c.pack_seconds, c.process_seconds, c.host_seconds, l.round_trip_seconds,
-        l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
-        l.process_bytes_per_second / 1e9, m.trainer_rss, m.rank_rss);
+        m.transfer, m.process, m.resume, m.other, e2e::predicted_json(c), e2e::links_json(l), m.trainer_rss,
+        m.rank_rss);
   } else {
     fmt::print("e2e {:<22} tp {} {:>9} B {:>3} buckets  measured {:.6f} s  predicted {:.6f} s  ratio {:.2f}\n", name,
                o.tp, m.bytes, plan.buckets.size(), m.seconds, c.predicted_seconds, ratio);

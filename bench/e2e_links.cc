@@ -375,6 +375,22 @@ void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOpt
   options->stages.round_trip_seconds = links.round_trip_seconds;
 }
 
+std::string predicted_json(const sharding::CostReport& c) {
+  return fmt::format(
+      "{{\"control\":{:.9f},\"pipeline\":{:.9f},\"critical\":\"{}\",\"fill\":{:.9f},\"busy\":{:.9f},"
+      "\"drain\":{:.9f},\"pack\":{:.9f},\"process\":{:.9f},\"host\":{:.9f}}}",
+      c.control_seconds, c.pipeline_seconds, c.critical, c.fill_seconds, c.busy_seconds, c.drain_seconds,
+      c.pack_seconds, c.process_seconds, c.host_seconds);
+}
+
+std::string links_json(const Links& l) {
+  return fmt::format(
+      "{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},"
+      "\"process_gbps\":{:.3f}}}",
+      l.round_trip_seconds, l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
+      l.process_bytes_per_second / 1e9);
+}
+
 Result<sharding::LlamaConfig> model_config(const std::string& model) {
   if (model == "demo") return demo::llama_config(demo::Model{});
   if (model != "delta") return Status::invalid_argument(fmt::format("bench model '{}': expected demo or delta", model));

@@ -72,6 +72,12 @@ Result<std::vector<sharding::RankSpec>> demo_rank_specs(const sharding::LlamaCon
 // The cost model's inputs from measured links: one host, its transport at the measured rate.
 void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options);
 
+// JSON objects of a prediction's parts and of the links it came from, as the benches print them:
+// {"control":..,"pipeline":..,"critical":"..","fill":..,"busy":..,"drain":..,"pack":..,"process":..,"host":..}
+// {"round_trip_seconds":..,"host_gbps":..,"seconds_per_bucket":..,"pack_gbps":..,"process_gbps":..}
+std::string predicted_json(const sharding::CostReport& c);
+std::string links_json(const Links& l);
+
 // The model a bench's ranks hold: "demo" (the demo model), or "delta" (a Llama of 117M parameters,
 // large enough that per-element changes between steps, not round trips, decide an update's time).
 Result<sharding::LlamaConfig> model_config(const std::string& model);

@@ -2,6 +2,7 @@
 #include "bench/e2e_trainers.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -95,7 +96,7 @@ Status trainer_process(uint16_t probe_port, const std::string& address, int r, i
   }
   FERRY_RETURN_IF_ERROR(expect(probe, "go"));
   std::vector<std::vector<uint16_t>> whole(m.size());  // rank 0 gathering: the whole tensors
-  std::vector<double> seconds;
+  std::vector<double> seconds, pause, transfer, process;
   for (int i = 0; i <= updates; ++i) {
     const uint64_t v = first + static_cast<uint64_t>(i);
     const e2e::Weights w(m, v);
@@ -142,10 +143,18 @@ Status trainer_process(uint16_t probe_port, const std::string& address, int r, i
     coordinator::MapSource src(source);
     FERRY_RETURN_IF_ERROR(trainer->start_weight_update(v, m, u));
     FERRY_RETURN_IF_ERROR(trainer->update_weights(src));
-    FERRY_RETURN_IF_ERROR(trainer->finish_weight_update().status());
-    if (i > 0) seconds.push_back(since(t0));  // the first warms up
+    FERRY_ASSIGN_OR_RETURN(const coordinator::UpdateReport report, trainer->finish_weight_update());
+    if (i > 0) {  // the first warms up
+      seconds.push_back(since(t0));
+      pause.push_back(report.pause_seconds);
+      transfer.push_back(report.transfer_seconds);
+      process.push_back(report.process_seconds);
+    }
   }
-  if (r == 0) FERRY_RETURN_IF_ERROR(probe.send(fmt::format("result {:.9f}", e2e::median(seconds))));
+  if (r == 0) {
+    FERRY_RETURN_IF_ERROR(probe.send(fmt::format("result {:.9f} {:.9f} {:.9f} {:.9f}", e2e::median(seconds),
+                                                 e2e::median(pause), e2e::median(transfer), e2e::median(process))));
+  }
   return ok_status();
 }
 
@@ -202,10 +211,19 @@ Result<GatherPath> measure_gather_path(size_t bytes, size_t own) {
   return GatherPath{e2e::median(frames), e2e::median(copies)};
 }
 
-// One mode at one N: the trainer processes' median update time, from trainer rank 0.
+// What trainer rank 0 reports of one mode's updates (medians, seconds): the update as it sees it,
+// and of that, its pause, transfer and the ranks' processing (UpdateReport).
+struct ModeTimes {
+  double seconds = -1;
+  double pause = 0;
+  double transfer = 0;
+  double process = 0;
+};
+
+// One mode at one N: the trainer processes' median update times, from trainer rank 0.
 // Versions first .. first + updates.
-Result<double> run_mode(const std::string& address, int n, bool sharded, int updates, uint64_t first, int64_t timeout_ms,
-                        const std::string& model) {
+Result<ModeTimes> run_mode(const std::string& address, int n, bool sharded, int updates, uint64_t first,
+                           int64_t timeout_ms, const std::string& model) {
   e2e::ProbeListener listener;
   FERRY_RETURN_IF_ERROR(listener.open());
   std::vector<Child> children(static_cast<size_t>(n));
@@ -236,19 +254,24 @@ Result<double> run_mode(const std::string& address, int n, bool sharded, int upd
     for (auto& s : trainers) FERRY_RETURN_IF_ERROR(expect(s, "made"));
     for (auto& s : trainers) FERRY_RETURN_IF_ERROR(s.send("start"));
   }
-  double seconds = -1;
+  ModeTimes times;
   for (auto& s : trainers) {
     auto frame = s.recv(Clock::now() + 600s);
     std::string_view rest;
-    if (frame.ok() && e2e::command_of(*frame, &rest) == "result") seconds = std::stod(std::string(rest));
+    if (!frame.ok() || e2e::command_of(*frame, &rest) != "result") continue;
+    const std::string numbers(rest);
+    if (std::sscanf(numbers.c_str(), "%lf %lf %lf %lf", &times.seconds, &times.pause, &times.transfer,
+                    &times.process) != 4) {
+      return Status::internal("trainer rank 0 sent a malformed result: " + numbers);
+    }
   }
   for (auto& c : children) {
     if (const int rc = c.reap(static_cast<int>(timeout_ms)); rc != 0) {
       return Status::internal(fmt::format("a bench trainer process exited with {}", rc));
     }
   }
-  if (seconds < 0) return Status::internal("trainer rank 0 reported no result");
-  return seconds;
+  if (times.seconds < 0) return Status::internal("trainer rank 0 reported no result");
+  return times;
 }
 
 }  // namespace
@@ -285,10 +308,11 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r.send("done"));
 
   const uint64_t next = static_cast<uint64_t>(o.updates) + 2;
-  FERRY_ASSIGN_OR_RETURN(const double sharded,
+  FERRY_ASSIGN_OR_RETURN(const ModeTimes sharded_times,
                          run_mode(coord->address(), n, true, o.updates, 1, settings.timeout_ms, o.model));
-  FERRY_ASSIGN_OR_RETURN(const double gathered,
+  FERRY_ASSIGN_OR_RETURN(const ModeTimes gathered_times,
                          run_mode(coord->address(), n, false, o.updates, next, settings.timeout_ms, o.model));
+  const double sharded = sharded_times.seconds, gathered = gathered_times.seconds;
 
   sharding::Topology topo;
   sharding::CostOptions cost;
@@ -316,11 +340,15 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   }
   const std::string name = transport + "/" + o.scheme + (o.model == "demo" ? "" : "/" + o.model);
   if (o.json) {
-    fmt::print("{{\"bench\":\"e2e-trainers\",\"case\":\"{}\",\"trainers\":{},\"tp\":{},\"updates\":{},\"bytes\":{},"
-               "\"sharded_seconds\":{:.9f},\"sharded_predicted_seconds\":{:.9f},\"gather_seconds\":{:.9f},"
-               "\"gather_predicted_seconds\":{:.9f},\"speedup\":{:.3f}}}\n",
-               name, n, o.tp, o.updates, total, sharded, p_many.predicted_seconds, gathered, gather_predicted,
-               sharded > 0 ? gathered / sharded : 0);
+    fmt::print(
+        "{{\"bench\":\"e2e-trainers\",\"case\":\"{}\",\"trainers\":{},\"tp\":{},\"updates\":{},\"bytes\":{},"
+        "\"sharded_seconds\":{:.9f},\"sharded_predicted_seconds\":{:.9f},\"gather_seconds\":{:.9f},"
+        "\"gather_predicted_seconds\":{:.9f},\"speedup\":{:.3f},\"sharded_predicted\":{},"
+        "\"gather_predicted\":{},\"gather_path\":{{\"own_seconds\":{:.9f},\"frame_seconds\":{:.9f}}},"
+        "\"sharded_measured\":{{\"pause\":{:.9f},\"transfer\":{:.9f},\"process\":{:.9f}}},\"links\":{}}}\n",
+        name, n, o.tp, o.updates, total, sharded, p_many.predicted_seconds, gathered, gather_predicted,
+        sharded > 0 ? gathered / sharded : 0, e2e::predicted_json(p_many), e2e::predicted_json(p_one), path.own_seconds,
+        path.frame_seconds, sharded_times.pause, sharded_times.transfer, sharded_times.process, e2e::links_json(links));
   } else {
     fmt::print("e2e {:<22} trainers {} tp {}  sharded {:.6f} s (predicted {:.6f}, ratio {:.2f})  gather-then-send "
                "{:.6f} s (predicted {:.6f}, ratio {:.2f})  gather/sharded {:.2f}x\n",

@@ -20,7 +20,14 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_WERROR=ON -
 cmake --build "$build_dir"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:protect_shadow_gap=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-ctest --test-dir "$build_dir" --output-on-failure -j2 "$@"
+ctest_status=0
+ctest --test-dir "$build_dir" --output-on-failure -j2 "$@" || ctest_status=$?
+if [ "$ctest_status" != 0 ]; then
+  # The failing cases and their assertions again, last, where a long log's tail shows them.
+  echo "== failed test cases (from $build_dir/Testing/Temporary/LastTest.log)"
+  grep -a -A6 -E ': Failure$|^\[  FAILED  \] [^ ]+\.[^ ]+|^FAILED |ERROR: (Address|Undefined|Leak)Sanitizer|runtime error:' "$build_dir/Testing/Temporary/LastTest.log" | cut -c1-300 | tail -n 80 || true
+  exit "$ctest_status"
+fi
 # ThreadSanitizer over the concurrent parts (control plane, host transports); FERRY_TSAN_TESTS=0
 # skips it.
 if [ "${FERRY_TSAN_TESTS:-1}" != 0 ]; then
