@@ -5,9 +5,10 @@
 // landscape would give). Per transport, four cases, each with a trainer and rank processes of its
 // own, one dense warm-up update and `updates` timed ones of the same Adam trajectory:
 //   dense          FERRY_DELTA=off, pause first
-//   delta          FERRY_DELTA=auto, pause first
+//   delta          FERRY_DELTA=on, pause first (on: the bench's ranks share its host, where auto
+//                  would send dense bytes)
 //   dense_staged   FERRY_DELTA=off, staged while serving
-//   delta_staged   FERRY_DELTA=auto, staged while serving
+//   delta_staged   FERRY_DELTA=on, staged while serving
 // Each prints the bytes on the wire (payload, summed over ranks), the update's seconds, the pause
 // window (time the replica did not serve) and the ranks' processing time (the apply). One line per
 // transport:

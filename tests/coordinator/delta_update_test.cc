@@ -18,6 +18,7 @@
 #include "dataplane/bucket_sender.h"
 #include "dataplane/delta.h"
 #include "tests/common/scoped_env.h"
+#include "tests/common/warnings.h"
 #include "tests/coordinator/scheme_bytes.h"
 #include "tests/coordinator/version_changes.h"
 #include "transport/transport.h"
@@ -201,6 +202,43 @@ TEST_P(DeltaTransport, DeltasAndStagingMatchTheReference) {
     }
     expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerTensor, ck), fmt::format("{} v{}", GetParam(), v));
   }
+}
+
+// FERRY_DELTA_MAX_BYTES bounds the trainer's copies: the tensors that fit keep travelling as deltas,
+// those past the bound travel whole every update, one warning names the bound, and every update
+// still lands the reference's bytes.
+TEST(DeltaBound, TensorsPastTheBoundTravelWholeAndTheRestAsDeltas) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_channel");
+  uint64_t total = 0;
+  for (const auto& t : sharding::llama_manifest(cfg.llama)) total += dtype_bytes(t.dtype, shape_numel(t.shape));
+  const uint64_t bound = total / 2;
+  ScopedEnv max_bytes("FERRY_DELTA_MAX_BYTES", std::to_string(bound));
+  CaughtWarnings warnings;  // before the cluster: it outlives every thread that logs
+  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 5);
+  std::mt19937_64 rng(3);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) nudge(ck, 0.01, rng);
+    auto r = c.update(v, ck);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status().to_string();
+    EXPECT_GT(r->delta_copy_bytes, 0u) << "v" << v;
+    EXPECT_LE(r->delta_copy_bytes, bound) << "v" << v;
+    uint64_t dense = 0, deltas = 0;
+    for (const auto& d : r->delta) {
+      dense += d.dense_bytes;
+      deltas += d.delta_bytes;
+    }
+    if (v > 1) {
+      EXPECT_GT(deltas, 0u) << "v" << v << ": the tensors within the bound travel as deltas";
+      EXPECT_GT(dense, 0u) << "v" << v << ": the tensors past the bound travel whole";
+    }
+    expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), fmt::format("v{}", v));
+  }
+  EXPECT_EQ(warnings.count("FERRY_DELTA_MAX_BYTES=" + std::to_string(bound)), 1u) << "one warning names the bound";
 }
 
 // A runs piece says where its values begin (PieceHeader.values_at), so that a rank can hand a

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "core/log.h"
 #include "dataplane/bucket_sender.h"
 #include "tests/common/scoped_env.h"
+#include "tests/common/warnings.h"
 #include "tests/coordinator/scheme_bytes.h"
 
 namespace ferry::testutil {
@@ -79,26 +81,14 @@ class StageTest : public ::testing::Test {
  protected:
   void TearDown() override {
     dataplane::set_sealed_bucket_hook_for_testing({});
-    set_log_sink({});
+    caught_.reset();
   }
 
-  // Warnings logged from now on, into warnings_ (the fixture's: it outlives every thread that logs).
-  void catch_warnings() {
-    set_log_sink([this](spdlog::level::level_enum level, std::string_view msg) {
-      std::lock_guard<std::mutex> lock(log_mu_);
-      if (level == spdlog::level::warn) warnings_.emplace_back(msg);
-    });
-  }
-  bool warned(const std::string& a, const std::string& b) {
-    std::lock_guard<std::mutex> lock(log_mu_);
-    for (const auto& w : warnings_) {
-      if (w.find(a) != std::string::npos && w.find(b) != std::string::npos) return true;
-    }
-    return false;
-  }
+  // Warnings logged from now on (kept by the fixture: it outlives every thread that logs).
+  void catch_warnings() { caught_ = std::make_unique<CaughtWarnings>(); }
+  bool warned(const std::string& a, const std::string& b) const { return caught_ && caught_->count(a, b) > 0; }
 
-  std::mutex log_mu_;
-  std::vector<std::string> warnings_;
+  std::unique_ptr<CaughtWarnings> caught_;
 
   // Runs update `v` of `ck`, watching every bucket as it is sealed: whether the ranks had paused
   // for it by then, and whether they keep answering requests while it is on its way.
@@ -182,6 +172,28 @@ TEST_F(StageTest, AStagingBoundTooSmallPausesFirstWithAWarningNamingIt) {
   EXPECT_FALSE(r->staged);
   EXPECT_TRUE(warned("FERRY_MAX_STAGING_BYTES=307200", "pauses first")) << "no warning names the bound";
   expect_storage(c, expected_storage(cfg, layout, Scheme::kInt8PerChannel, ck), "v2 fell back");
+}
+
+// FERRY_STAGE=on, read by the trainer when it is made, stages every update without the option:
+// no rank pauses while the bytes move.
+TEST_F(StageTest, FerryStageOnStagesUpdatesThatDoNotAskForIt) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv stage("FERRY_STAGE", "on");
+  const Config cfg = several_buckets();
+  const Layout layout = make_layout(cfg, "fp8_block");
+  Cluster c(cfg.tp, "fp8_block", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  ASSERT_TRUE(c.update(1, make_checkpoint(c.manifest(), 1)).ok());
+  Serving serving(c);
+  const Checkpoint ck = make_checkpoint(c.manifest(), 2);
+  BucketWatch w;
+  auto r = watched_update(c, serving, w, 2, ck, false);  // UpdateOptions::stage left false
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->staged);
+  EXPECT_GT(w.buckets, 0);
+  EXPECT_EQ(w.paused_during, 0) << "a rank paused while bytes were on their way";
+  EXPECT_LT(r->pause_window_seconds, r->seconds);
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8Block, ck), "v2 staged by the setting");
 }
 
 TEST_F(StageTest, AnUpdateThatFailsWhileStagingLeavesTheReplicaServingItsVersion) {
