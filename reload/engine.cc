@@ -4,6 +4,7 @@
 #include "reload/engine.h"
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -11,6 +12,17 @@
 namespace ferry::reload {
 
 namespace {
+
+std::mutex shadow_hook_mu;
+ShadowBaseHook& shadow_hook() {
+  static ShadowBaseHook hook;
+  return hook;
+}
+
+void run_shadow_base_hook(const sharding::RankSpec& spec, uint64_t& base) {
+  std::lock_guard<std::mutex> lock(shadow_hook_mu);
+  if (shadow_hook()) shadow_hook()(spec, base);
+}
 
 // The byte ranges of `input` (the parameter of `shape`, staged whole) that no expected region
 // covers. Where every region spans whole rows these are the rows between them (a vocabulary padded
@@ -144,6 +156,11 @@ std::vector<kernels::StorageTensor> ReloadEngine::input_layout(uint32_t param) c
   return param < params_.size() ? params_[param].inputs : std::vector<kernels::StorageTensor>{};
 }
 
+void set_shadow_base_hook_for_testing(ShadowBaseHook hook) {
+  std::lock_guard<std::mutex> lock(shadow_hook_mu);
+  shadow_hook() = std::move(hook);
+}
+
 bool ReloadEngine::lends_host_pieces() const { return storage_.device().is_cpu() && max_staging_ == 0; }
 
 Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
@@ -154,6 +171,7 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   // Deltas of this update apply on top of what the shadow holds now; until it completes, it holds
   // no complete version.
   shadow_base_ = shadow_version_;
+  run_shadow_base_hook(spec_, shadow_base_);
   shadow_version_ = 0;
   shadow_stale_ = shadow_unwanted_;
   shadow_bypassed_ = false;

@@ -106,6 +106,12 @@ struct PieceBytes {
   Device device = Device::cpu();      // kLend: where `data` is
 };
 
+// For tests of the delta path: runs as every engine begins an update, with its rank and the version
+// its shadow holds complete, which it may change, as a rank whose shadow silently lost its version
+// would. Process-wide; an empty function removes it.
+using ShadowBaseHook = std::function<void(const sharding::RankSpec& spec, uint64_t& shadow_base)>;
+void set_shadow_base_hook_for_testing(ShadowBaseHook hook);
+
 class ReloadEngine {
  public:
   // Registers every storage tensor of every parameter of `spec`; `storage` must outlive the engine.

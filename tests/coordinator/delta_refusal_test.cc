@@ -1,0 +1,78 @@
+// A delta against a version the rank does not hold is refused, never applied, and the rank gets a
+// dense update instead. The trainer sends a rank a delta only against the version the rank said
+// its shadow holds, so the rank's own check is the last line: here a rank's shadow silently loses
+// its version (reload::set_shadow_base_hook_for_testing) after it reported it. Its delta pieces
+// are refused with the tensor and both versions named, the update fails with nothing of it served,
+// and the next update goes dense to that replica and lands the reference's bytes.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "reload/engine.h"
+#include "tests/common/scoped_env.h"
+#include "tests/coordinator/scheme_bytes.h"
+#include "tests/coordinator/version_changes.h"
+
+namespace ferry::testutil {
+namespace {
+
+struct HookReset {
+  ~HookReset() { reload::set_shadow_base_hook_for_testing({}); }
+};
+
+TEST(DeltaRefusal, ADeltaAgainstAVersionTheRankDoesNotHoldIsRefusedAndTheNextUpdateIsDense) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_channel");
+  HookReset reset;
+  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 21);
+  std::mt19937_64 rng(5);
+  ASSERT_TRUE(c.update(1, ck).ok());
+  nudge(ck, 0.01, rng);
+  auto r = c.update(2, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& d : r->delta) ASSERT_GT(d.delta_bytes, 0u) << "v2 travels as deltas";
+
+  // Rank 1 reported that its shadow holds v2; as v3 begins, it holds something else.
+  reload::set_shadow_base_hook_for_testing([](const sharding::RankSpec& spec, uint64_t& base) {
+    if (spec.tp_rank == 1) base = 77;
+  });
+  nudge(ck, 0.01, rng);
+  r = c.update(3, ck);
+  reload::set_shadow_base_hook_for_testing({});
+  ASSERT_FALSE(r.ok()) << "a delta against a version the rank does not hold was applied";
+  const std::string why = r.status().to_string();
+  EXPECT_NE(why.find("against v2 refused, not applied"), std::string::npos) << why;
+  EXPECT_NE(why.find("v77"), std::string::npos) << why;
+  bool named = false;
+  for (const auto& t : c.manifest()) named = named || why.find(t.name + ": delta piece") != std::string::npos;
+  EXPECT_TRUE(named) << "the refusal names a checkpoint tensor: " << why;
+  for (int i = 0; i < c.tp(); ++i) {
+    EXPECT_NE(c.rank(i).worker->weight_version(), 3u) << "rank " << i << " serves the refused update";
+  }
+
+  // The next update: dense for the replica whose update failed, equal to the reference.
+  nudge(ck, 0.01, rng);
+  r = c.update(4, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& d : r->delta) {
+    EXPECT_EQ(d.delta_bytes, 0u) << "a delta to a rank whose last update failed";
+    EXPECT_GT(d.dense_bytes, 0u);
+  }
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), "v4 dense after the refusal");
+  // And deltas again after it.
+  nudge(ck, 0.01, rng);
+  r = c.update(5, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& d : r->delta) EXPECT_GT(d.delta_bytes, 0u) << "v5 travels as deltas again";
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), "v5");
+}
+
+}  // namespace
+}  // namespace ferry::testutil
