@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -218,6 +219,9 @@ struct ModeTimes {
   double pause = 0;
   double transfer = 0;
   double process = 0;
+  std::string json() const {
+    return fmt::format("{{\"pause\":{:.9f},\"transfer\":{:.9f},\"process\":{:.9f}}}", pause, transfer, process);
+  }
 };
 
 // One mode at one N: the trainer processes' median update times, from trainer rank 0.
@@ -344,11 +348,11 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
         "{{\"bench\":\"e2e-trainers\",\"case\":\"{}\",\"trainers\":{},\"tp\":{},\"updates\":{},\"bytes\":{},"
         "\"sharded_seconds\":{:.9f},\"sharded_predicted_seconds\":{:.9f},\"gather_seconds\":{:.9f},"
         "\"gather_predicted_seconds\":{:.9f},\"speedup\":{:.3f},\"sharded_predicted\":{},"
-        "\"gather_predicted\":{},\"gather_path\":{{\"own_seconds\":{:.9f},\"frame_seconds\":{:.9f}}},"
-        "\"sharded_measured\":{{\"pause\":{:.9f},\"transfer\":{:.9f},\"process\":{:.9f}}},\"links\":{}}}\n",
+        "\"one_sender_predicted\":{},\"gather_path\":{{\"own_seconds\":{:.9f},\"frame_seconds\":{:.9f}}},"
+        "\"sharded_measured\":{},\"gather_measured\":{},\"links\":{}}}\n",
         name, n, o.tp, o.updates, total, sharded, p_many.predicted_seconds, gathered, gather_predicted,
         sharded > 0 ? gathered / sharded : 0, e2e::predicted_json(p_many), e2e::predicted_json(p_one), path.own_seconds,
-        path.frame_seconds, sharded_times.pause, sharded_times.transfer, sharded_times.process, e2e::links_json(links));
+        path.frame_seconds, sharded_times.json(), gathered_times.json(), e2e::links_json(links));
   } else {
     fmt::print("e2e {:<22} trainers {} tp {}  sharded {:.6f} s (predicted {:.6f}, ratio {:.2f})  gather-then-send "
                "{:.6f} s (predicted {:.6f}, ratio {:.2f})  gather/sharded {:.2f}x\n",

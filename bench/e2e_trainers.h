@@ -6,11 +6,12 @@
 // (e2e_bench.h). One line per (transport, N):
 //   {"bench":"e2e-trainers","case":"<transport>/<scheme>","trainers":N,"tp":T,"updates":U,"bytes":B,
 //    "sharded_seconds":S,"sharded_predicted_seconds":..,"gather_seconds":G,
-//    "gather_predicted_seconds":..,"speedup":G/S,"sharded_predicted":{..},"gather_predicted":{..},
+//    "gather_predicted_seconds":..,"speedup":G/S,"sharded_predicted":{..},"one_sender_predicted":{..},
 //    "gather_path":{"own_seconds":..,"frame_seconds":..},"sharded_measured":{"pause":..,"transfer":..,
-//    "process":..},"links":{..}}
+//    "process":..},"gather_measured":{..},"links":{..}}
 // (the predictions' parts and the links as e2e_links.h's predicted_json / links_json print them;
-// sharded_measured: trainer rank 0's UpdateReport, medians).
+// one_sender_predicted: the plan of one sender, which the gather prediction adds the gather path's
+// frames and copy to; *_measured: trainer rank 0's UpdateReport, medians).
 // Seconds are medians over the timed updates (after one warm-up) as trainer rank 0 sees them, from
 // the moment it has the version's weights (its rows; gathering: before it asks the other ranks for
 // theirs) until finish_weight_update returns. The gather prediction adds the bytes rank 0 does not hold at the host

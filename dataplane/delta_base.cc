@@ -35,9 +35,10 @@ void DeltaBases::record(const std::string& name, const Region& held, const Tenso
   if (it == bases_.end()) {
     if (bytes_ + want > max_bytes_) {
       if (!warned_) {
-        FERRY_LOG_WARN("{} ({} bytes) and later tensors are sent whole every update: the copies kept for deltas "
-                       "would pass FERRY_DELTA_MAX_BYTES={} bytes",
-                       name, want, max_bytes_);
+        FERRY_LOG_WARN(
+            "{} ({} bytes), and any later tensor that does not fit, is sent whole every update: the "
+            "copies kept for deltas would pass FERRY_DELTA_MAX_BYTES={} bytes",
+            name, want, max_bytes_);
         warned_ = true;
       }
       return;

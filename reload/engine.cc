@@ -4,6 +4,7 @@
 #include "reload/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -14,12 +15,14 @@ namespace ferry::reload {
 namespace {
 
 std::mutex shadow_hook_mu;
+std::atomic<bool> shadow_hook_set{false};  // the fast path: no lock while no test set a hook
 ShadowBaseHook& shadow_hook() {
   static ShadowBaseHook hook;
   return hook;
 }
 
 void run_shadow_base_hook(const sharding::RankSpec& spec, uint64_t& base) {
+  if (!shadow_hook_set.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(shadow_hook_mu);
   if (shadow_hook()) shadow_hook()(spec, base);
 }
@@ -158,6 +161,7 @@ std::vector<kernels::StorageTensor> ReloadEngine::input_layout(uint32_t param) c
 
 void set_shadow_base_hook_for_testing(ShadowBaseHook hook) {
   std::lock_guard<std::mutex> lock(shadow_hook_mu);
+  shadow_hook_set.store(static_cast<bool>(hook), std::memory_order_release);
   shadow_hook() = std::move(hook);
 }
 

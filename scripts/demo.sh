@@ -7,6 +7,6 @@ scripts/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # The MPI example too (the README's mpirun line), where CMake found MPI.
 targets=(ferry ferry-demo)
-if cmake --build build --target help | grep -q '^ferry-mpi-example:'; then targets+=(ferry-mpi-example); fi
+if cmake --build build --target help | grep '^ferry-mpi-example:' > /dev/null; then targets+=(ferry-mpi-example); fi
 cmake --build build --target "${targets[@]}"
 build/bin/ferry-demo "$@"

@@ -90,17 +90,18 @@ class StageTest : public ::testing::Test {
 
   std::unique_ptr<CaughtWarnings> caught_;
 
-  // Runs update `v` of `ck`, watching every bucket as it is sealed: whether the ranks had paused
-  // for it by then, and whether they keep answering requests while it is on its way.
+  // Runs update `v` of `ck` (UpdateOptions::stage = `stage`), watching every bucket as it is
+  // sealed: whether the ranks had paused for it by then, and, where `serving` (the update is
+  // expected to stage), whether they keep answering requests while it is on its way.
   Result<coordinator::UpdateReport> watched_update(Cluster& c, Serving& serving, BucketWatch& w, uint64_t v,
-                                                   const Checkpoint& ck, bool stage) {
+                                                   const Checkpoint& ck, bool stage, bool serves) {
     const int before = total_pauses(c);
     dataplane::set_sealed_bucket_hook_for_testing([&](int, int, uint8_t*, size_t) {
       std::lock_guard<std::mutex> lock(w.mu);
       ++w.buckets;
       if (total_pauses(c) > before) ++w.paused_during;
       // (Pause-first ranks answer nothing until the update ends: not waited for.)
-      if (stage && !serving.answers(20)) w.served_during = false;
+      if (serves && !serving.answers(20)) w.served_during = false;
     });
     coordinator::UpdateOptions o;
     o.stage = stage;
@@ -127,7 +128,7 @@ TEST_F(StageTest, RanksServeWhileTheBytesArriveAndPauseOnlyToApply) {
   // Without staging the ranks pause before the first byte moves: no request is answered meanwhile.
   ck = make_checkpoint(c.manifest(), 2);
   BucketWatch dense;
-  auto r = watched_update(c, serving, dense, 2, ck, false);
+  auto r = watched_update(c, serving, dense, 2, ck, false, false);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_FALSE(r->staged);
   EXPECT_EQ(dense.paused_during, dense.buckets) << "pause-first: every bucket moves while the ranks are paused";
@@ -136,7 +137,7 @@ TEST_F(StageTest, RanksServeWhileTheBytesArriveAndPauseOnlyToApply) {
   ck = make_checkpoint(c.manifest(), 3);
   BucketWatch staged;
   const int pauses = total_pauses(c);
-  r = watched_update(c, serving, staged, 3, ck, true);
+  r = watched_update(c, serving, staged, 3, ck, true, true);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->staged);
   EXPECT_GT(staged.buckets, 4);
@@ -187,11 +188,14 @@ TEST_F(StageTest, FerryStageOnStagesUpdatesThatDoNotAskForIt) {
   Serving serving(c);
   const Checkpoint ck = make_checkpoint(c.manifest(), 2);
   BucketWatch w;
-  auto r = watched_update(c, serving, w, 2, ck, false);  // UpdateOptions::stage left false
+  const int pauses = total_pauses(c);
+  auto r = watched_update(c, serving, w, 2, ck, false, true);  // UpdateOptions::stage left false
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->staged);
   EXPECT_GT(w.buckets, 0);
   EXPECT_EQ(w.paused_during, 0) << "a rank paused while bytes were on their way";
+  EXPECT_TRUE(w.served_during) << "every rank answered requests while each bucket was on its way";
+  EXPECT_EQ(total_pauses(c), pauses + c.tp()) << "each rank paused once, to apply";
   EXPECT_LT(r->pause_window_seconds, r->seconds);
   expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8Block, ck), "v2 staged by the setting");
 }
