@@ -37,6 +37,13 @@ Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& sh
   for (int64_t d : shape) {
     if (d < 0) return Status::invalid_argument(fmt::format("storage_layout: negative dim in {}", shape_to_string(shape)));
   }
+  if (scheme == Scheme::kFp8PerTensor && shape.size() >= 3 && !shard_rows.empty()) {
+    return Status::invalid_argument(fmt::format(
+        "storage_layout: fp8_per_tensor in ferry's layout keeps one scale per logical shard of a matrix, and "
+        "stacked matrices {} with {} logical shards each are not one matrix: use the vllm or sglang layout (a "
+        "scale per expert) or another scheme",
+        shape_to_string(shape), shard_rows.size()));
+  }
   const detail::Geometry g = detail::geometry(scheme, shape);
   const int64_t rows = g.rows, cols = g.cols;
   // Per-matrix scale shapes of stacked weights carry E in front.

@@ -1,5 +1,6 @@
 """Independent numpy references for the Python tests: the e4m3fn encoding, fp8_per_tensor, and the
-Llama tensor-parallel layout, written from their definitions and not from ferry's code."""
+Llama and Qwen3-MoE tensor-parallel layouts, written from their definitions and not from ferry's
+code."""
 
 import numpy as np
 
@@ -97,6 +98,63 @@ def llama_rank_params(cfg, weights, tp_rank, tp_size):
                                   w("mlp.up_proj.weight")[r * ir:(r + 1) * ir]])
         out[p + "mlp.gate_up_proj.weight"] = (gate_up, [ir, ir], True)
         out[p + "mlp.down_proj.weight"] = (w("mlp.down_proj.weight")[:, r * ir:(r + 1) * ir], None, True)
+    out["model.norm.weight"] = (weights["model.norm.weight"], None, False)
+    out["lm_head.weight"] = (vocab_shard("lm_head.weight"), None, False)
+    return out
+
+
+def qwen3_moe_rank_params(cfg, weights, tp_rank, tp_size):
+    """{engine parameter name: (full-precision shard, None, quantized?)} of one TP rank (EP 1) of a
+    Qwen3-MoE model, as vLLM's Qwen3MoeForCausalLM (model_executor/models/qwen3_moe.py) lays it out:
+    QKVParallelLinear qkv_proj (q, k, v heads of head_dim, sharded by heads), q_norm / k_norm
+    [head_dim] replicated, RowParallelLinear o_proj, the router mlp.gate a ReplicatedLinear left in
+    full precision, and FusedMoE experts: w13_weight [E, 2I/tp, H] (each expert's gate rows of this
+    rank, then its up rows: shard w1 before w3), w2_weight [E, H, I/tp]. Layers in mlp_only have a
+    dense Qwen3MoeMLP (gate_up_proj, down_proj). cfg: dict with hidden, heads, kv_heads, head_dim,
+    inter, moe_inter, experts, layers, mlp_only, vocab, pad. Assumes kv_heads >= tp_size."""
+    h, hd, r = cfg["hidden"], cfg["head_dim"], tp_rank
+    q_rows, kv_rows = cfg["heads"] // tp_size * hd, cfg["kv_heads"] // tp_size * hd
+    out = {}
+
+    def vocab_shard(src):
+        per = -(-cfg["vocab"] // cfg["pad"]) * cfg["pad"] // tp_size
+        shard = np.zeros((per, h), dtype=np.float32)
+        rows = weights[src][r * per:(r + 1) * per]
+        shard[:rows.shape[0]] = rows
+        return shard
+
+    def rows(x, n):
+        return x[r * n:(r + 1) * n]
+
+    def cols(x, n):
+        return x[:, r * n:(r + 1) * n]
+
+    out["model.embed_tokens.weight"] = (vocab_shard("model.embed_tokens.weight"), None, False)
+    for i in range(cfg["layers"]):
+        p = f"model.layers.{i}."
+        w = lambda n: weights[p + n]  # noqa: E731
+        out[p + "input_layernorm.weight"] = (w("input_layernorm.weight"), None, False)
+        qkv = np.concatenate([rows(w("self_attn.q_proj.weight"), q_rows), rows(w("self_attn.k_proj.weight"), kv_rows),
+                              rows(w("self_attn.v_proj.weight"), kv_rows)])
+        out[p + "self_attn.qkv_proj.weight"] = (qkv, None, True)
+        out[p + "self_attn.q_norm.weight"] = (w("self_attn.q_norm.weight"), None, False)
+        out[p + "self_attn.k_norm.weight"] = (w("self_attn.k_norm.weight"), None, False)
+        out[p + "self_attn.o_proj.weight"] = (cols(w("self_attn.o_proj.weight"), q_rows), None, True)
+        out[p + "post_attention_layernorm.weight"] = (w("post_attention_layernorm.weight"), None, False)
+        if i in cfg["mlp_only"]:
+            ir = cfg["inter"] // tp_size
+            gate_up = np.concatenate([rows(w("mlp.gate_proj.weight"), ir), rows(w("mlp.up_proj.weight"), ir)])
+            out[p + "mlp.gate_up_proj.weight"] = (gate_up, None, True)
+            out[p + "mlp.down_proj.weight"] = (cols(w("mlp.down_proj.weight"), ir), None, True)
+            continue
+        ir = cfg["moe_inter"] // tp_size
+        out[p + "mlp.gate.weight"] = (w("mlp.gate.weight"), None, False)
+        e = range(cfg["experts"])
+        w13 = np.stack([np.concatenate([rows(w(f"mlp.experts.{j}.gate_proj.weight"), ir),
+                                        rows(w(f"mlp.experts.{j}.up_proj.weight"), ir)]) for j in e])
+        out[p + "mlp.experts.w13_weight"] = (w13, None, True)
+        w2 = np.stack([cols(w(f"mlp.experts.{j}.down_proj.weight"), ir) for j in e])
+        out[p + "mlp.experts.w2_weight"] = (w2, None, True)
     out["model.norm.weight"] = (weights["model.norm.weight"], None, False)
     out["lm_head.weight"] = (vocab_shard("lm_head.weight"), None, False)
     return out

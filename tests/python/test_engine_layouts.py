@@ -1,8 +1,9 @@
 """Engine layouts: replicas whose ranks name vLLM's or SGLang's layout get every quantized parameter
 under the engine's names and shapes, filled with the engine's arithmetic, bit for bit against the
-independent references of engine_reference.py, at TP 1 and 2, over real sockets. One trainer
+independent references of engine_reference.py, at TP 1, 2 and 4, over real sockets. One trainer
 updates every (layout, scheme) replica at once; the ranks wrap numpy arrays, so a reallocation
-would leave them unchanged and fail the comparison."""
+would leave them unchanged and fail the comparison (engine_cluster.py). Stacked experts:
+test_engine_layouts_moe.py; gptq_int4: test_engine_layouts_gptq.py."""
 
 import threading
 
@@ -12,6 +13,7 @@ import pytest
 import engine_reference
 import ferry
 import reference
+from engine_cluster import TIMEOUT_MS, Replica, serve_replicas, updates_land_bit_exact
 
 CONFIG = dict(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=384, vocab_size=300, num_layers=2,
               dtype="f32", vocab_pad_multiple=64)
@@ -23,78 +25,56 @@ COMBOS = [("vllm", "fp8_per_tensor"), ("vllm", "fp8_per_channel"), ("vllm", "fp8
 INT4_CONFIG = dict(CONFIG, intermediate_size=512)
 INT4_REF_CONFIG = dict(REF_CONFIG, inter=512)
 INT4_COMBOS = [("vllm", "int4_group"), ("sglang", "int4_group")]
-NUMPY_DTYPES = {"bf16": np.uint16, "f8_e4m3fn": np.uint8, "f32": np.float32, "i8": np.int8, "i32": np.int32}
-TIMEOUT_MS = 120_000
+# TP 4, every scheme: 4 kv heads (one per rank), and a hidden and intermediate size of 512, so that
+# o_proj and down_proj keep 128 inputs per rank (one Marlin group, one fp8 block column) and the
+# fused qkv 256 outputs.
+TP4_CONFIG = dict(CONFIG, hidden_size=512, num_heads=8, num_kv_heads=4, intermediate_size=512)
+TP4_REF_CONFIG = dict(REF_CONFIG, hidden=512, heads=8, kv_heads=4, inter=512)
+# tp -> (ferry config, reference config), for COMBOS and for INT4_COMBOS.
+SIZES = {1: (CONFIG, REF_CONFIG), 2: (CONFIG, REF_CONFIG), 4: (TP4_CONFIG, TP4_REF_CONFIG)}
+INT4_SIZES = {1: (INT4_CONFIG, INT4_REF_CONFIG), 2: (INT4_CONFIG, INT4_REF_CONFIG), 4: (TP4_CONFIG, TP4_REF_CONFIG)}
 
 
 def config(cfg=None):
     return ferry.LlamaConfig(**(cfg or CONFIG))
 
 
-class Replica:
-    """The ranks of one replica, each a RolloutWorker over numpy arrays, serving on a thread."""
+def llama_replica(tp, layout, scheme, cfg, ref_cfg):
+    """A maker of one Llama replica under (layout, scheme), its expectations from the references."""
 
-    def __init__(self, address, replica, tp, layout, scheme, cfg=CONFIG, ref_cfg=REF_CONFIG):
-        self.layout, self.scheme, self.tp, self.ref_cfg = layout, scheme, tp, ref_cfg
-        self.arrays, self.workers, self.threads, self.errors = [], [], [], []
-        for r in range(tp):
-            spec = ferry.llama_rank_spec(config(cfg), r, tp, scheme, replica=replica, layout=layout)
-            assert spec.layout == layout
-            tensors = ferry.storage_tensors(spec)
-            arrays = {t.name: np.zeros(t.shape, NUMPY_DTYPES[t.dtype]) for t in tensors}
-            storage = ferry.ModelStorage.wrap(spec, {t.name: ferry.view_as(arrays[t.name], t.dtype) for t in tensors})
-            worker = ferry.RolloutWorker(spec, storage, coordinator=address)
-            thread = threading.Thread(target=self._serve, args=(worker,), daemon=True)
-            thread.start()
-            self.arrays.append(arrays)
-            self.workers.append(worker)
-            self.threads.append(thread)
-
-    def _serve(self, worker):
-        try:
-            worker.serve()
-        except Exception as e:  # noqa: BLE001 (reported by the test)
-            self.errors.append(e)
-
-    def expected(self, weights, rank):
-        """{storage name: array} of one rank, from the references alone."""
+    def expected(weights, rank):
         out = {}
-        for name, (x, _shards, quantized) in reference.llama_rank_params(self.ref_cfg, weights, rank, self.tp).items():
+        for name, (x, _shards, quantized) in reference.llama_rank_params(ref_cfg, weights, rank, tp).items():
             if not quantized:
                 out[name] = reference.bf16_bits(x)
                 continue
             base = name[:-len("weight")]
-            for suffix, array in engine_reference.engine_storage(self.layout, self.scheme, x).items():
+            for suffix, array in engine_reference.engine_storage(layout, scheme, x).items():
                 out[base + suffix] = array
         return out
 
+    def make(address, replica):
+        specs = [ferry.llama_rank_spec(config(cfg), r, tp, scheme, replica=replica, layout=layout) for r in range(tp)]
+        assert all(s.layout == layout for s in specs)
+        return Replica(address, specs, expected, f"{layout} {scheme}")
 
-def serve_combos(tp, combos, cfg, ref_cfg):
-    """A trainer and one replica of TP `tp` per (layout, scheme), closed on exit."""
-    trainer = ferry.Trainer()
-    replicas = []
-    try:
-        for i, (layout, scheme) in enumerate(combos):
-            replicas.append(Replica(trainer.coordinator_address, i, tp, layout, scheme, cfg, ref_cfg))
-        trainer.wait_for_ranks(len(combos) * tp, timeout_ms=TIMEOUT_MS)
-        yield trainer, replicas
-    finally:
-        trainer.close()
-        for rep in replicas:
-            for w in rep.workers:
-                w.close()
-            for t in rep.threads:
-                t.join(timeout=TIMEOUT_MS / 1000)
+    return make
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def serve_combos(tp, combos, sizes):
+    cfg, ref_cfg = sizes[tp]
+    for trainer, replicas in serve_replicas([llama_replica(tp, lay, sch, cfg, ref_cfg) for lay, sch in combos]):
+        yield trainer, replicas, cfg
+
+
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=["tp1", "tp2", "tp4"])
 def cluster(request):
-    yield from serve_combos(request.param, COMBOS, CONFIG, REF_CONFIG)
+    yield from serve_combos(request.param, COMBOS, SIZES)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=["tp1", "tp2", "tp4"])
 def int4_cluster(request):
-    yield from serve_combos(request.param, INT4_COMBOS, INT4_CONFIG, INT4_REF_CONFIG)
+    yield from serve_combos(request.param, INT4_COMBOS, INT4_SIZES)
 
 
 def make_weights(manifest, seed):
@@ -115,33 +95,13 @@ def make_weights(manifest, seed):
 
 
 def test_every_layout_and_scheme_lands_bit_exact(cluster):
-    updates_land_bit_exact(*cluster, config())
+    trainer, replicas, cfg = cluster
+    updates_land_bit_exact(trainer, replicas, ferry.llama_manifest(config(cfg)), make_weights)
 
 
 def test_int4_lands_in_marlins_layout_bit_exact(int4_cluster):
-    updates_land_bit_exact(*int4_cluster, config(INT4_CONFIG))
-
-
-def updates_land_bit_exact(trainer, replicas, cfg):
-    manifest = ferry.llama_manifest(cfg)
-    for version in (1, 2):
-        weights = make_weights(manifest, seed=10 + version)
-        trainer.start_weight_update(version, manifest)
-        trainer.update_weights(weights)
-        report = trainer.finish_weight_update()
-        assert report.version == version
-        assert report.moved == 0
-        for rep in replicas:
-            assert not rep.errors, rep.errors
-            for rank, arrays in enumerate(rep.arrays):
-                want = rep.expected(weights, rank)
-                assert sorted(arrays) == sorted(want), (rep.layout, rep.scheme)
-                for name, w in want.items():
-                    g = arrays[name]
-                    where = f"v{version} {rep.layout} {rep.scheme} tp{rep.tp} rank {rank} {name}"
-                    assert g.shape == w.shape, f"{where}: shape {g.shape}, engine's {w.shape}"
-                    diff = np.flatnonzero(g.view(np.uint8) != np.ascontiguousarray(w).view(np.uint8))
-                    assert diff.size == 0, f"{where}: {diff.size} bytes differ, first at {diff[:5]}"
+    trainer, replicas, cfg = int4_cluster
+    updates_land_bit_exact(trainer, replicas, ferry.llama_manifest(config(cfg)), make_weights)
 
 
 def test_engine_names_and_shapes():

@@ -70,6 +70,18 @@ TEST(Validation, DtypeMismatch) {
                "model.embed_tokens.weight");
 }
 
+// A gptq_int4 rank loads a GPTQ checkpoint, not a trainer's weights: a trainer's plan for it is
+// refused at start, naming the checkpoint tensor and what to use instead. Regression: the plan was
+// made, the ranks paused, and each refused the trainer's f32 pieces on its packed codes at the end.
+TEST(Validation, ATrainerCannotFeedAGptqRank) {
+  Cluster s = make_cluster(cfg(), 2, Scheme::kGptqInt4);
+  ASSERT_FALSE(s.ranks.empty());
+  const Status st = make_plan(s.manifest, s.ranks, {SenderInfo{}}).status();
+  expect_error(st, StatusCode::kInvalidArgument, "tensor model.layers.0.self_attn.q_proj.weight");
+  expect_error(st, StatusCode::kInvalidArgument, "GPTQ checkpoint");
+  expect_error(st, StatusCode::kInvalidArgument, "int4_group");
+}
+
 TEST(Validation, GroupSizeThatDoesNotDivideTheShard) {
   // down_proj has 512 input columns: TP 2 gives 256 per rank (fine), TP 8 gives 64 (< one group of 128).
   EXPECT_TRUE(model_rank_spec(*describe_model(cfg()), 0, 2, 1, Scheme::kInt4Group).ok());
