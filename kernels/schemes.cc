@@ -1,7 +1,8 @@
 // The storage each scheme needs.
-#include <fmt/format.h>
-
+#include <numeric>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "kernels/gptq.h"
 #include "kernels/internal.h"
@@ -37,12 +38,15 @@ Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, const Shape& sh
   for (int64_t d : shape) {
     if (d < 0) return Status::invalid_argument(fmt::format("storage_layout: negative dim in {}", shape_to_string(shape)));
   }
-  if (scheme == Scheme::kFp8PerTensor && shape.size() >= 3 && !shard_rows.empty()) {
+  // fp8_per_tensor takes any shape as dim 0 x the rest, its shards splitting dim 0; shards that
+  // split the rows of each stacked matrix instead (fused experts' gate and up) are not its layout.
+  if (scheme == Scheme::kFp8PerTensor && shape.size() >= 3 && !shard_rows.empty() &&
+      std::accumulate(shard_rows.begin(), shard_rows.end(), int64_t{0}) != shape[0]) {
     return Status::invalid_argument(fmt::format(
-        "storage_layout: fp8_per_tensor in ferry's layout keeps one scale per logical shard of a matrix, and "
-        "stacked matrices {} with {} logical shards each are not one matrix: use the vllm or sglang layout (a "
-        "scale per expert) or another scheme",
-        shape_to_string(shape), shard_rows.size()));
+        "storage_layout: fp8_per_tensor in ferry's layout keeps one scale per logical shard of dim 0, and the "
+        "{} logical shards of stacked matrices {} split each matrix's rows instead: use the vllm or sglang "
+        "layout (a scale per expert) or another scheme",
+        shard_rows.size(), shape_to_string(shape)));
   }
   const detail::Geometry g = detail::geometry(scheme, shape);
   const int64_t rows = g.rows, cols = g.cols;

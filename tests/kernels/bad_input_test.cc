@@ -56,8 +56,8 @@ TEST(SchemeTest, StorageLayouts) {
   expect_invalid(storage_layout(Scheme::kNone, {4, 4}, {}, DType::kI8).status(), "not i8");
   const int64_t bad_shards[] = {64, 16};
   expect_invalid(storage_layout(Scheme::kFp8PerTensor, {96, 64}, bad_shards).status(), "sum to 80");
-  // Fused experts (gate and up halves) under ferry's per-tensor layout: refused with the reason,
-  // not as shards that fail to sum to the expert count.
+  // Fused experts (gate and up halves of each matrix) under ferry's per-tensor layout: refused with
+  // the reason, not as shards that fail to sum to the expert count.
   const std::vector<int64_t> halves = {512, 512};
   expect_invalid(storage_layout(Scheme::kFp8PerTensor, {4, 1024, 256}, halves).status(), "vllm or sglang layout");
 }
