@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include "python/bindings.h"
+#include "reload/checkpoint_loader.h"
+#include "reload/engine.h"
 
 namespace ferry::python {
 namespace {
@@ -65,6 +67,36 @@ void init_storage(py::module_& m) {
       },
       py::arg("spec"), py::arg("none_dtype") = "bf16",
       "Every tensor the rank's storage holds (weights, scales, runtime tensors), in registration order.");
+
+  m.def(
+      "load_checkpoint",
+      [](const sharding::RankSpec& spec, PyStorage& storage, py::handle tensors, uint64_t version) {
+        reload::Checkpoint checkpoint;
+        std::vector<Imported> held;  // the caller's memory, borrowed for the call
+        for (auto item : tensors.cast<py::dict>()) {
+          const auto name = item.first.cast<std::string>();
+          Imported imp = take(import_tensor(item.second, name));
+          checkpoint.emplace(name, imp->view);
+          held.push_back(std::move(imp));
+        }
+        auto report = [&]() -> Result<reload::EngineReport> {
+          py::gil_scoped_release nogil;
+          FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, *storage.storage));
+          return reload::load_checkpoint(*engine, checkpoint, version);
+        }();
+        const reload::EngineReport r = take(std::move(report));
+        py::dict out;
+        out["bytes"] = r.bytes;
+        out["layers"] = r.layers;
+        out["moved"] = r.census.moved;
+        out["registered"] = r.census.registered;
+        return out;
+      },
+      py::arg("spec"), py::arg("storage"), py::arg("tensors"), py::arg("version") = 1,
+      "Loads a checkpoint held in host memory (name -> tensor) into the rank's storage in place, as an update "
+      "would, without a trainer: a first load, or a quantized checkpoint (gptq_int4, whose inputs are named "
+      "after the engine parameter with their suffix: '...qkv_proj.qweight', '.scales', '.g_idx'). Returns "
+      "{'bytes', 'layers', 'moved', 'registered'}; moved is the census (0: no registered tensor moved).");
 
   py::class_<PyStorage, std::shared_ptr<PyStorage>>(m, "ModelStorage",
                                                     "The tensors a rank's kernels read; their addresses never change.")

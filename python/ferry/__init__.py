@@ -72,6 +72,7 @@ from ._ferry import (  # noqa: F401
     forward_logs,
     llama_manifest,
     llama_rank_spec,
+    load_checkpoint,
     load_hf_config,
     log_forwarding,
     megatron_layout,

@@ -6,7 +6,7 @@ ferry: move fresh weights from an RL trainer into live rollout engines.
 # name of the module and of its classes is here; regenerate or edit when the bindings change.
 from __future__ import annotations
 import typing
-__all__: list[str] = ['Error', 'LlamaConfig', 'ModelConfig', 'ModelDesc', 'ModelStorage', 'ParamSpec', 'PauseRequest', 'RankSpec', 'Region', 'RolloutWorker', 'SourceSlice', 'SourceTensor', 'StorageTensor', 'Tensor', 'Trainer', 'UpdateReport', 'describe_model', 'flush_logs', 'forward_logs', 'llama_manifest', 'llama_rank_spec', 'load_hf_config', 'log_forwarding', 'model_from_file', 'model_from_json', 'parse_hf_config', 'preset_model', 'preset_names', 'schemes', 'settings', 'storage_tensors', 'to_llama_config', 'view_as']
+__all__: list[str] = ['Error', 'LlamaConfig', 'ModelConfig', 'ModelDesc', 'ModelStorage', 'ParamSpec', 'PauseRequest', 'RankSpec', 'Region', 'RolloutWorker', 'SourceSlice', 'SourceTensor', 'StorageTensor', 'Tensor', 'Trainer', 'UpdateReport', 'describe_model', 'flush_logs', 'forward_logs', 'llama_manifest', 'llama_rank_spec', 'load_checkpoint', 'load_hf_config', 'log_forwarding', 'model_from_file', 'model_from_json', 'parse_hf_config', 'preset_model', 'preset_names', 'schemes', 'settings', 'storage_tensors', 'to_llama_config', 'view_as']
 class Error(Exception):
     """
     A ferry failure: .code is the status code's name (InvalidArgument, NotFound, DeadlineExceeded, ...),
@@ -431,6 +431,10 @@ def llama_manifest(arg0: ModelConfig) -> list[SourceTensor]:
     """
 def llama_rank_spec(config: ModelConfig, tp_rank: int, tp_size: int, scheme: str = 'none', replica: int = 0, layout: str = 'ferry') -> RankSpec:
     ...
+def load_checkpoint(spec: RankSpec, storage: ModelStorage, tensors: typing.Any, version: int = 1) -> dict:
+    """
+    Loads a checkpoint held in host memory (name -> tensor) into the rank's storage in place, as an update would, without a trainer: a first load, or a quantized checkpoint (gptq_int4, whose inputs are named after the engine parameter with their suffix: '...qkv_proj.qweight', '.scales', '.g_idx'). Returns {'bytes', 'layers', 'moved', 'registered'}; moved is the census (0: no registered tensor moved).
+    """
 def load_hf_config(arg0: str) -> ModelConfig:
     ...
 def log_forwarding() -> bool:

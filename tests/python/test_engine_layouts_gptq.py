@@ -1,19 +1,16 @@
 """gptq_int4 under the vllm and sglang layouts: an act-order GPTQ checkpoint (qweight, scales, g_idx;
 qzeros unread) as GPTQMarlinLinearMethod keeps it after loading (engine_reference.gptq_marlin).
 
-ferry's Python API has no way to hand a rank a GPTQ checkpoint: a trainer's manifest carries the
-full-precision weights a gptq_int4 spec lists as its sources, and its pieces land on the qweight input
-(the checkpoint loader that feeds qweight, scales and g_idx is C++ only: reload/checkpoint_loader.h).
-So the bytes are not compared here (the C++ tests compare them: tests/kernels/gptq_marlin_test.cc);
-what is checked is every name, dtype and shape ferry registers against the engine's, and that an
-update from a trainer is refused at its start."""
+A gptq_int4 rank loads a GPTQ checkpoint (ferry.load_checkpoint; a trainer cannot feed it, and is
+refused at its start). Checked: every name, dtype and shape ferry registers against the engine's,
+and every byte a loaded checkpoint leaves in them, at TP 1, 2 and 4."""
 
 import numpy as np
 import pytest
 
 import engine_reference
 import ferry
-from engine_cluster import Replica, serve_replicas
+from engine_cluster import NUMPY_DTYPES, Replica, serve_replicas
 
 LAYOUTS = ["vllm", "sglang"]
 # Llama shapes Marlin tiles at TP 1, 2 and 4 (f32 sources; the scales take the storage's bf16).
@@ -113,3 +110,56 @@ def test_a_trainer_cannot_feed_a_gptq_rank_and_is_refused_before_anything_pauses
             trainer.start_weight_update(1, manifest)
         assert "model.layers.0.self_attn.q_proj.weight" in str(e.value)
         assert "GPTQ checkpoint" in str(e.value) and "int4_group" in str(e.value)
+
+
+def gptq_checkpoint(spec, tp, manifest, rng):
+    """A rank's checkpoint for ferry.load_checkpoint: the manifest's full-precision tensors for the
+    parameters kept unquantized, and for every gptq_int4 parameter a GPTQ checkpoint of the rank's
+    [N, K] (qweight, scales f16, g_idx) under the parameter's name with their suffixes. Act order (a
+    permutation of the groups' rows) where the rank's K is the whole input; without it on a
+    row-parallel shard at TP > 1, the only case of those the engines share with ferry (see above).
+    Returns (checkpoint, {parameter: (qweight, scales, g_idx)})."""
+    checkpoint = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in manifest}
+    gptq = {}
+    for p in spec.params:
+        if p.scheme != "gptq_int4":
+            continue
+        n, k = p.shape
+        row_parallel = "o_proj" in p.name or "down_proj" in p.name
+        qweight = rng.integers(-2**31, 2**31, size=(k // 8, n), dtype=np.int64).astype(np.int32)
+        scales = rng.uniform(0.004, 0.02, size=(k // 128, n)).astype(np.float16)
+        groups = np.arange(k, dtype=np.int32) // 128
+        g_idx = groups if row_parallel and tp > 1 else rng.permutation(groups).astype(np.int32)
+        base = p.name[:-len("weight")]
+        checkpoint.update({base + "qweight": qweight, base + "scales": scales, base + "g_idx": g_idx})
+        gptq[p.name] = (qweight, scales, g_idx)
+    return checkpoint, gptq
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_a_gptq_checkpoint_loads_as_the_engines_bit_exact(layout, tp):
+    """Every rank loads its GPTQ checkpoint (ferry.load_checkpoint, into numpy arrays it wraps): every
+    byte of qweight, scales, g_idx and g_idx_sort_indices of every gptq_int4 parameter equals
+    engine_reference.gptq_marlin of the same checkpoint, and no registered tensor moved."""
+    cfg = ferry.LlamaConfig(**CONFIG)
+    manifest = ferry.llama_manifest(cfg)
+    rng = np.random.default_rng(7 + tp)
+    for rank in range(tp):
+        spec = ferry.llama_rank_spec(cfg, rank, tp, "gptq_int4", layout=layout)
+        tensors = ferry.storage_tensors(spec)
+        arrays = {t.name: np.zeros(t.shape, NUMPY_DTYPES[t.dtype]) for t in tensors}
+        storage = ferry.ModelStorage.wrap(spec, {t.name: ferry.view_as(arrays[t.name], t.dtype) for t in tensors})
+        checkpoint, gptq = gptq_checkpoint(spec, tp, manifest, rng)
+        report = ferry.load_checkpoint(spec, storage, checkpoint)
+        assert report["moved"] == 0 and report["registered"] == len(tensors)
+        assert gptq, "the spec has gptq_int4 parameters"
+        for name, (qweight, scales, g_idx) in gptq.items():
+            want = engine_reference.gptq_marlin(qweight, scales, g_idx, size_k=g_idx.size)
+            base = name[:-len("weight")]
+            for suffix, w in want.items():
+                got = arrays[base + suffix]
+                where = f"{layout} tp{tp} rank {rank} {base + suffix}"
+                assert got.shape == w.shape, f"{where}: shape {got.shape}, engine's {w.shape}"
+                diff = np.flatnonzero(got.view(np.uint8) != np.ascontiguousarray(w).view(np.uint8))
+                assert diff.size == 0, f"{where}: {diff.size} bytes differ, first at {diff[:5]}"
