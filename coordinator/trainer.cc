@@ -332,6 +332,7 @@ class TrainerImpl final : public Trainer {
       rep.delta.push_back(RankDelta{t.dense_bytes, t.delta_bytes, t.delta_dense_bytes, t.elements, t.changed});
     }
     rep.delta_copy_bytes = sender_->delta_copy_bytes();
+    rep.compared_bytes = sender_->compared_bytes();
     rep.shadow_bytes = r.shadow_bytes();
     rep.moved = r.moved();
     rep.registered = r.registered();

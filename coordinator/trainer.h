@@ -96,6 +96,9 @@ struct UpdateReport {
   uint64_t delta_copy_bytes =
       0;                      // memory (host, or device: FERRY_DELTA_COPY) this trainer keeps to compute deltas against
   uint64_t shadow_bytes = 0;  // memory the ranks keep as delta shadows, host or device (FERRY_DELTA_SHADOW), summed
+  // Bytes this trainer compared against its copies: each part once, however many replicas take it
+  // (their ranks' elements in `delta` count it again for each).
+  uint64_t compared_bytes = 0;
   uint64_t wire_bytes() const {
     uint64_t b = 0;
     for (const auto& d : delta) b += d.wire_bytes();

@@ -104,6 +104,9 @@ class BucketSender {
   // What delta encoding did this update, per destination rank in plan order.
   const std::vector<DeltaTally>& delta_tallies() const { return delta_tallies_; }
   uint64_t delta_copy_bytes() const;      // host bytes kept for deltas
+  // Bytes this update compared against the kept copies: each part once, however many ranks (of
+  // identical replicas) take it.
+  uint64_t compared_bytes() const { return scratch_.compared_bytes; }
   std::vector<uint64_t> buckets() const;  // posted this update, per destination
 
  private:

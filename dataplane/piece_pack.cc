@@ -13,6 +13,9 @@
 namespace ferry::dataplane {
 namespace {
 
+// At most this many bytes of one tensor's encodings are kept for other destinations (PackScratch).
+constexpr size_t kMaxKeptEncodingBytes = size_t{256} << 20;
+
 // `bytes` at `where` in a bucket on `bucket_device` from host memory.
 Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes) {
   if (bucket_device.is_cpu()) {
@@ -94,6 +97,7 @@ Status pack_device_delta(BucketBuilder& bucket, Device bucket_device, uint32_t p
   }
   FERRY_ASSIGN_OR_RETURN(const uint64_t k,
                          scan_changes_on_device(device.index, old, now, n, elem, delta.zstd > 0, out, out + values_at));
+  scratch.compared_bytes += bytes;
   PartDelta pd{0, k};
   // No encoding is smaller than its values: past that the dense bytes go, unless a delta is preferred.
   if (delta.prefer || k * elem + 1 < bytes) {
@@ -178,9 +182,33 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
       FERRY_RETURN_IF_ERROR(pack_region(host, src, scratch.packed.data(), bytes));
       now = scratch.packed.data();
     }
+    if (scratch.encoded_of != base) {
+      scratch.encoded_of = base;
+      scratch.encoded_parts.clear();
+    }
+    for (const PackScratch::EncodedPart& e : scratch.encoded_parts) {
+      if (e.version == base->version && e.src == src) {
+        return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, e.pd, base->version, e.bytes, now,
+                             Device::cpu(), tally);
+      }
+    }
     FERRY_ASSIGN_OR_RETURN(const PartDelta pd,
                            encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
-    return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, scratch.encoded, now,
+    scratch.compared_bytes += bytes;
+    // (Kept while the tensor's encodings stay small: an encoding as large as its part, a delta
+    // preferred over dense bytes, is compared again instead.)
+    size_t kept = scratch.encoded.size();
+    for (const PackScratch::EncodedPart& e : scratch.encoded_parts) kept += e.bytes.size();
+    if (kept > kMaxKeptEncodingBytes) {
+      return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, scratch.encoded,
+                           now, Device::cpu(), tally);
+    }
+    PackScratch::EncodedPart& e = scratch.encoded_parts.emplace_back();
+    e.src = src;
+    e.version = base->version;
+    e.pd = pd;
+    e.bytes.swap(scratch.encoded);
+    return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, e.bytes, now,
                          Device::cpu(), tally);
   }
   tally.dense_bytes += bytes;

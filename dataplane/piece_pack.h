@@ -39,6 +39,19 @@ struct PackScratch {
   std::vector<uint8_t> packed, old, encoded;
   // A device compare's output (bitmap, then values) and its runs' pairs, on the device.
   Buffer device_scan, device_pairs;
+  // The host encodings of the tensor compared last, by part: another destination that takes the
+  // same part against the same copy (a rank of another replica: the plan cuts identical replicas'
+  // buckets alike) gets the encoding again instead of a second compare. Dropped when a part of
+  // another copy is compared.
+  struct EncodedPart {
+    Region src;
+    uint64_t version = 0;
+    PartDelta pd;
+    std::vector<uint8_t> bytes;
+  };
+  const DeltaBases::Base* encoded_of = nullptr;
+  std::vector<EncodedPart> encoded_parts;
+  uint64_t compared_bytes = 0;  // bytes compared against kept copies (host or device), each part once
 };
 
 // One part of a piece (rows [row, row + rows) of it, box `src` of the local tensor) into `bucket`

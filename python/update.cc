@@ -232,6 +232,8 @@ void init_update(py::module_& m) {
                     "memory (host, or device: FERRY_DELTA_COPY) this trainer keeps to compute deltas against")
       .def_readonly("shadow_bytes", &UpdateReport::shadow_bytes,
                     "memory the ranks keep as delta shadows, host or device (FERRY_DELTA_SHADOW), summed")
+      .def_readonly("compared_bytes", &UpdateReport::compared_bytes,
+                    "bytes this trainer compared against its copies: each part once, however many replicas take it")
       .def_property_readonly("wire_bytes", &UpdateReport::wire_bytes, "payload bytes this trainer sent, over ranks")
       .def_property_readonly(
           "delta_bytes",

@@ -204,6 +204,55 @@ TEST_P(DeltaTransport, DeltasAndStagingMatchTheReference) {
   }
 }
 
+// Identical replicas take the same parts against the same copy: the trainer compares each part
+// once and sends its encoding to every rank that takes it (UpdateReport::compared_bytes counts the
+// compares, each rank's `elements` what it took). Three replicas cost the compares of one, take
+// three times its elements, and every replica lands the reference's bytes.
+TEST(DeltaReplicas, EachPartIsComparedOnceForEveryReplica) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_channel");
+  struct Counts {
+    uint64_t compared = 0, taken = 0, deltas = 0;
+  };
+  auto run = [&](int replicas) {
+    std::vector<Counts> out;
+    Cluster c(cfg.tp, "fp8_per_channel", cfg.llama, replicas);
+    EXPECT_TRUE(c.start().ok());
+    Checkpoint ck = make_checkpoint(c.manifest(), 13);
+    std::mt19937_64 rng(17);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (v > 1) nudge(ck, 0.02, rng);
+      auto r = c.update(v, ck);
+      EXPECT_TRUE(r.ok()) << replicas << " replicas, v" << v << ": " << r.status().to_string();
+      if (!r.ok()) return out;
+      Counts n{r->compared_bytes, 0, 0};
+      for (const auto& d : r->delta) {
+        n.taken += d.elements;
+        n.deltas += d.delta_bytes;
+      }
+      out.push_back(n);
+      const auto want = expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck);
+      for (int replica = 0; replica < replicas; ++replica) {
+        expect_storage(c, want, fmt::format("{} replicas, v{}, replica {}", replicas, v, replica), replica);
+      }
+    }
+    return out;
+  };
+  const std::vector<Counts> one = run(1), three = run(3);
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(three.size(), 3u);
+  EXPECT_EQ(one[0].compared, 0u) << "the first update has nothing to compare against";
+  for (size_t v = 1; v < 3; ++v) {
+    EXPECT_GT(one[v].deltas, 0u);
+    EXPECT_GT(one[v].compared, 0u);
+    EXPECT_EQ(three[v].compared, one[v].compared) << "v" << v + 1 << ": parts compared again for other replicas";
+    EXPECT_EQ(three[v].taken, 3 * one[v].taken) << "v" << v + 1;
+    EXPECT_EQ(three[v].deltas, 3 * one[v].deltas) << "v" << v + 1;
+  }
+}
+
 // FERRY_DELTA_MAX_BYTES bounds the trainer's copies: the tensors that fit keep travelling as deltas,
 // those past the bound travel whole every update, one warning names the bound, and every update
 // still lands the reference's bytes.
