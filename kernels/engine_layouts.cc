@@ -119,7 +119,17 @@ Result<EngineFormat> engine_format(Scheme scheme, EngineLayout layout, const Sha
     case Scheme::kInt8PerChannel:
       if (stacked && vllm) return refuse("fused experts are not defined for this scheme in this layout");
       break;
-    case Scheme::kInt4Group: return marlin_format(shape, none_dtype, refuse);
+    case Scheme::kInt4Group:
+      // Both engines permute fused experts' w13 scales with size_k = the repacked weight's width
+      // (w13_weight_packed.shape[2], 2N, after replace_parameter: compressed_tensors_moe.py), so as
+      // for several groups even where the input is one group of 128, where ferry writes Marlin's
+      // single-group permutation.
+      if (stacked && !shard_rows.empty() && shape.back() == kGroupSize) {
+        return refuse(
+            "fused experts whose input is one group of 128 get their scales permuted as for several groups "
+            "(size_k = w13_weight_packed.shape[2]), which ferry does not write");
+      }
+      return marlin_format(shape, none_dtype, refuse);
     case Scheme::kGptqInt4: {
       FERRY_RETURN_IF_ERROR(check_marlin_shape(shape, none_dtype, refuse));
       FERRY_ASSIGN_OR_RETURN(f.tensors, gptq_marlin_layout(shape, none_dtype));

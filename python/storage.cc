@@ -81,7 +81,9 @@ void init_storage(py::module_& m) {
         }
         auto report = [&]() -> Result<reload::EngineReport> {
           py::gil_scoped_release nogil;
-          FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, *storage.storage));
+          reload::EngineOptions options;
+          options.none_dtype = storage.storage->none_dtype();  // f32 or f16 storage is written as such
+          FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, *storage.storage, options));
           return reload::load_checkpoint(*engine, checkpoint, version);
         }();
         const reload::EngineReport r = take(std::move(report));
@@ -96,7 +98,9 @@ void init_storage(py::module_& m) {
       "Loads a checkpoint held in host memory (name -> tensor) into the rank's storage in place, as an update "
       "would, without a trainer: a first load, or a quantized checkpoint (gptq_int4, whose inputs are named "
       "after the engine parameter with their suffix: '...qkv_proj.qweight', '.scales', '.g_idx'). Returns "
-      "{'bytes', 'layers', 'moved', 'registered'}; moved is the census (0: no registered tensor moved).");
+      "{'bytes', 'layers', 'moved', 'registered'}; moved is the census (0: no registered tensor moved). A load "
+      "that fails (a tensor missing, a bad g_idx) may leave the layers before it written; never load into "
+      "storage a RolloutWorker is serving.");
 
   py::class_<PyStorage, std::shared_ptr<PyStorage>>(m, "ModelStorage",
                                                     "The tensors a rank's kernels read; their addresses never change.")

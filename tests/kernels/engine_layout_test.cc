@@ -231,6 +231,9 @@ TEST(EngineLayouts, UndefinedCombinationsAreRefusedSayingWhy) {
   refused(Scheme::kGptqInt4, EngineLayout::kSglang, {96, 128}, {}, "Marlin");
   refused(Scheme::kFp8Block, EngineLayout::kVllm, {2, 200, 128}, {100, 100}, "multiple of 128");
   refused(Scheme::kFp8PerChannel, EngineLayout::kVllm, {2, 96, 64}, {}, "fused experts");
+  refused(Scheme::kInt4Group, EngineLayout::kVllm, {2, 256, 128}, {128, 128}, "w13_weight_packed.shape[2]");
+  EXPECT_TRUE(storage_layout(Scheme::kInt4Group, EngineLayout::kVllm, {2, 128, 128}, {}, DType::kBF16).ok())
+      << "w2 of one group: its size_k is its input's, as ferry permutes it";
   // An engine layout's outputs are checked against its own shapes: ferry's [rows] scale is refused.
   HostTensor in = make_input(DType::kBF16, {8, 64}, 3);
   auto ferry_layout = storage_layout(Scheme::kFp8PerChannel, {8, 64}, {});

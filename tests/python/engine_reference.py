@@ -215,10 +215,10 @@ def marlin_moe(x, w13):
     SGLang's CompressedTensorsWNA16MoE (compressed_tensors_wNa16_moe.py), each expert in turn:
     gptq_marlin_moe_repack of w*_weight_packed [E, K/8, N] (size_k = K, size_n = N), and
     marlin_moe_permute_scales of w*_weight_scale [E, K/128, N] with size_k as the engines pass it:
-    w13_weight_packed.shape[2] (w13's N, 2I of the rank) for w13, w2_weight_scale.shape[1] * 128
-    (w2's K) for w2. The scale permutation depends on size_k only through 128 < size_k, so w13's
-    size_k picks what its K would whenever K (the hidden size) is above 128."""
-    return _experts(lambda m: int4_marlin(m, scale_size_k=m.shape[0] if w13 else None), x)
+    w13_weight_packed.shape[2] for w13, read after replace_parameter swapped in the repacked
+    [E, K/16, 2N], so 2N (twice w13's 2I of the rank); w2_weight_scale.shape[1] * 128 (w2's K) for
+    w2. The scale permutation depends on size_k only through 128 < size_k."""
+    return _experts(lambda m: int4_marlin(m, scale_size_k=2 * m.shape[0] if w13 else None), x)
 
 
 def stacked_engine_storage(layout, scheme, x, w13):

@@ -64,7 +64,7 @@ def test_gptq_int4_storage_is_the_engines(layout, tp, name):
         assert ferry_storage(spec, name) == engine_storage(n, k, k_total, rank, tp)
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "not supported: ferry's vllm/sglang gptq_int4 layout keeps scales [K_rank/128, N] on a row-parallel "
     "rank (the engines' layout without act order) and refuses a rank's g_idx whose groups do not hold 128 "
     "of its rows; with act order both engines' GPTQMarlinLinearMethod keep [K/128, N] of the unsharded K "
@@ -141,7 +141,9 @@ def gptq_checkpoint(spec, tp, manifest, rng):
 def test_a_gptq_checkpoint_loads_as_the_engines_bit_exact(layout, tp):
     """Every rank loads its GPTQ checkpoint (ferry.load_checkpoint, into numpy arrays it wraps): every
     byte of qweight, scales, g_idx and g_idx_sort_indices of every gptq_int4 parameter equals
-    engine_reference.gptq_marlin of the same checkpoint, and no registered tensor moved."""
+    engine_reference.gptq_marlin of the same checkpoint, and no registered tensor moved. (Without
+    act order, on row-parallel shards at TP > 1, the engines keep g_idx and its sort indices empty;
+    ferry writes the groups and the identity there, and qweight and scales are the engines'.)"""
     cfg = ferry.LlamaConfig(**CONFIG)
     manifest = ferry.llama_manifest(cfg)
     rng = np.random.default_rng(7 + tp)
@@ -163,3 +165,34 @@ def test_a_gptq_checkpoint_loads_as_the_engines_bit_exact(layout, tp):
                 assert got.shape == w.shape, f"{where}: shape {got.shape}, engine's {w.shape}"
                 diff = np.flatnonzero(got.view(np.uint8) != np.ascontiguousarray(w).view(np.uint8))
                 assert diff.size == 0, f"{where}: {diff.size} bytes differ, first at {diff[:5]}"
+
+
+def test_an_act_order_checkpoint_of_a_row_parallel_shard_is_refused_when_it_loads():
+    """Act order on a row-parallel layer at TP > 1 is not supported: the rank's g_idx holds global
+    groups, which do not each hold 128 of its rows. The load fails with ferry.Error naming g_idx."""
+    cfg = ferry.LlamaConfig(**CONFIG)
+    manifest = ferry.llama_manifest(cfg)
+    rng = np.random.default_rng(3)
+    spec = ferry.llama_rank_spec(cfg, 0, 2, "gptq_int4", layout="vllm")
+    storage = ferry.ModelStorage.allocate(spec)
+    checkpoint, _ = gptq_checkpoint(spec, 2, manifest, rng)
+    o_proj = "model.layers.0.self_attn.o_proj."
+    k = checkpoint[o_proj + "g_idx"].size
+    # The rank's half of an act-order g_idx over the whole input: global groups, 128 rows each overall.
+    checkpoint[o_proj + "g_idx"] = rng.permutation(np.arange(2 * k, dtype=np.int32) // 128)[:k].astype(np.int32)
+    with pytest.raises(ferry.Error) as e:
+        ferry.load_checkpoint(spec, storage, checkpoint)
+    assert "g_idx" in str(e.value)
+
+
+def test_a_load_writes_unquantized_parameters_in_the_storages_dtype():
+    """Storage allocated with f16 for unquantized parameters (and Marlin's scales) takes them as f16,
+    the checkpoint's f32 values rounded to nearest even, as numpy rounds them (the load uses the
+    storage's dtype, as a RolloutWorker does; it used to assume bf16 and refuse)."""
+    cfg = ferry.LlamaConfig(**CONFIG)
+    spec = ferry.llama_rank_spec(cfg, 0, 1, "gptq_int4", layout="sglang")
+    storage = ferry.ModelStorage.allocate(spec, "cpu", "f16")
+    checkpoint, _ = gptq_checkpoint(spec, 1, ferry.llama_manifest(cfg), np.random.default_rng(4))
+    assert ferry.load_checkpoint(spec, storage, checkpoint)["moved"] == 0
+    norm = "model.layers.0.input_layernorm.weight"
+    assert np.array_equal(np.from_dlpack(storage.get(norm)), checkpoint[norm].astype(np.float16))
