@@ -56,6 +56,18 @@ def serve_replicas(makers):
                 t.join(timeout=TIMEOUT_MS / 1000)
 
 
+def normal_weights(manifest, seed):
+    """{name: f32 array} of the manifest: N(0, 0.05), norms around 1."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for t in manifest:
+        x = rng.standard_normal(t.shape).astype(np.float32) * np.float32(0.05)
+        if "norm" in t.name:
+            x = 1.0 + x
+        weights[t.name] = x
+    return weights
+
+
 def updates_land_bit_exact(trainer, replicas, manifest, make_weights, versions=(1, 2)):
     """Each version: the trainer sends make_weights(manifest, seed) to every replica; every rank must
     then hold exactly the expected names, shapes and bytes, with a census of 0."""

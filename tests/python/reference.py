@@ -63,6 +63,16 @@ def fp8_per_tensor(x, shard_rows=None):
     return codes, scales
 
 
+def vocab_rows(w, cfg, tp_rank, tp_size):
+    """A rank's rows of a vocabulary tensor as vLLM's VocabParallelEmbedding cuts it:
+    divide(pad_vocab_size(vocab, pad), tp), rows past the vocabulary zero."""
+    per = -(-cfg["vocab"] // cfg["pad"]) * cfg["pad"] // tp_size
+    shard = np.zeros((per, w.shape[1]), dtype=np.float32)
+    rows = w[tp_rank * per:(tp_rank + 1) * per]
+    shard[:rows.shape[0]] = rows
+    return shard
+
+
 def llama_rank_params(cfg, weights, tp_rank, tp_size):
     """{engine parameter name: (full-precision shard, logical shard rows or None, quantized?)} of one
     TP rank, from the checkpoint tensors `weights`. cfg: dict with hidden, heads, kv_heads, inter,
@@ -75,12 +85,7 @@ def llama_rank_params(cfg, weights, tp_rank, tp_size):
     out = {}
 
     def vocab_shard(src):
-        # vLLM's VocabParallelEmbedding: divide(pad_vocab_size(vocab, pad), tp).
-        per = -(-cfg["vocab"] // cfg["pad"]) * cfg["pad"] // tp_size
-        shard = np.zeros((per, h), dtype=np.float32)
-        rows = weights[src][r * per:(r + 1) * per]
-        shard[:rows.shape[0]] = rows
-        return shard
+        return vocab_rows(weights[src], cfg, tp_rank, tp_size)
 
     out["model.embed_tokens.weight"] = (vocab_shard("model.embed_tokens.weight"), None, False)
     for i in range(cfg["layers"]):
@@ -117,11 +122,7 @@ def qwen3_moe_rank_params(cfg, weights, tp_rank, tp_size):
     out = {}
 
     def vocab_shard(src):
-        per = -(-cfg["vocab"] // cfg["pad"]) * cfg["pad"] // tp_size
-        shard = np.zeros((per, h), dtype=np.float32)
-        rows = weights[src][r * per:(r + 1) * per]
-        shard[:rows.shape[0]] = rows
-        return shard
+        return vocab_rows(weights[src], cfg, tp_rank, tp_size)
 
     def rows(x, n):
         return x[r * n:(r + 1) * n]

@@ -13,7 +13,7 @@ import pytest
 import engine_reference
 import ferry
 import reference
-from engine_cluster import TIMEOUT_MS, Replica, serve_replicas, updates_land_bit_exact
+from engine_cluster import TIMEOUT_MS, Replica, normal_weights, serve_replicas, updates_land_bit_exact
 
 CONFIG = dict(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=384, vocab_size=300, num_layers=2,
               dtype="f32", vocab_pad_multiple=64)
@@ -78,13 +78,7 @@ def int4_cluster(request):
 
 
 def make_weights(manifest, seed):
-    rng = np.random.default_rng(seed)
-    weights = {}
-    for t in manifest:
-        x = rng.standard_normal(t.shape).astype(np.float32) * np.float32(0.05)
-        if "norm" in t.name:
-            x = 1.0 + x
-        weights[t.name] = x
+    weights = normal_weights(manifest, seed)
     q = weights["model.layers.0.self_attn.q_proj.weight"]
     q[0, :] = 0.0  # a zero row: a zero per-channel scale (SGLang multiplies by 0, vLLM floors the scale)
     q[1, :4] = [1e-6, -2e-5, 0.0, -0.0]

@@ -13,7 +13,7 @@ import pytest
 import engine_reference
 import ferry
 import reference
-from engine_cluster import Replica, serve_replicas, updates_land_bit_exact
+from engine_cluster import Replica, normal_weights, serve_replicas, updates_land_bit_exact
 
 # Sizes every scheme takes at TP 1 and 2 (SMALL) and at TP 4 (LARGE): Marlin's 64-output and
 # 128-input tiles (w2, o_proj and down_proj keep 128 inputs per rank at the largest TP: one group,
@@ -106,13 +106,7 @@ def per_expert_weights(weights):
 
 
 def make_weights(manifest, seed):
-    rng = np.random.default_rng(seed)
-    weights = {}
-    for t in manifest:
-        x = rng.standard_normal(t.shape).astype(np.float32) * np.float32(0.05)
-        if "norm" in t.name:
-            x = 1.0 + x
-        weights[t.name] = x
+    weights = normal_weights(manifest, seed)
     stacked = "model.layers.0.mlp.experts.gate_up_proj" in weights
     e = "model.layers.0.mlp.experts."
     i = weights[e + "down_proj"].shape[2] if stacked else weights[e + "0.down_proj.weight"].shape[1]
