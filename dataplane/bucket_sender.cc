@@ -120,9 +120,7 @@ Status BucketSender::prepare(uint64_t version, std::shared_ptr<const sharding::P
   direct_bytes_ = 0;
   synced_devices_.clear();
   delta_tallies_.assign(dests_.size(), DeltaTally{});
-  scratch_.encoded_of = nullptr;
-  scratch_.encoded_parts = {};
-  scratch_.compared_bytes = 0;
+  scratch_.begin_update();
   keep_bases_ = false;
   for (size_t i = 0; i < dests_.size(); ++i) {
     Destination& d = dests_[i];

@@ -52,6 +52,13 @@ struct PackScratch {
   const DeltaBases::Base* encoded_of = nullptr;
   std::vector<EncodedPart> encoded_parts;
   uint64_t compared_bytes = 0;  // bytes compared against kept copies (host or device), each part once
+
+  // A new update: no encoding kept, nothing compared yet.
+  void begin_update() {
+    encoded_of = nullptr;
+    encoded_parts = {};
+    compared_bytes = 0;
+  }
 };
 
 // One part of a piece (rows [row, row + rows) of it, box `src` of the local tensor) into `bucket`

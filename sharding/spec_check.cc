@@ -207,13 +207,13 @@ Status check_and_resolve(const Manifest& manifest, const std::vector<RankSpec>& 
     size_t j = 0;
     for (const ParamSpec& p : r.params) {
       FERRY_RETURN_IF_ERROR(check_scheme_shape(p));
-      // gptq_int4 loads a GPTQ checkpoint's qweight, scales and g_idx (reload::CheckpointLoader);
+      // gptq_int4 loads a GPTQ checkpoint's qweight, scales and g_idx (reload::load_checkpoint);
       // a trainer's full-precision tensors would land on its packed codes.
       if (p.scheme == Scheme::kGptqInt4 && !p.slices.empty()) {
         return Status::invalid_argument(fmt::format(
             "tensor {}: replica {} rank {} keeps it as gptq_int4 ({}), which loads a GPTQ checkpoint (qweight, "
-            "scales, g_idx) through reload::CheckpointLoader, not a trainer's weights; for weights a trainer "
-            "sends use int4_group",
+            "scales, g_idx) with load_checkpoint, not a trainer's weights; for weights a trainer sends use "
+            "int4_group",
             p.slices.front().source, r.replica, r.tp_rank, p.name));
       }
       shapes.clear();
