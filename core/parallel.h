@@ -1,5 +1,5 @@
 // Host work shared across threads: a large piece's copy, compare or decode is cut into slices, each
-// on a thread of its own (at most the hardware's threads, 8 at most).
+// on a thread of its own (at most host_threads(), 8 at most).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,15 @@
 #include <vector>
 
 namespace ferry {
+
+// The host threads this process spreads its own work over: its large copies, compares and decodes
+// (at most 8 of them at a time), a rank's CPU quantization, the lanes of a ucx connection on one
+// host. FERRY_THREADS as last applied (apply_process_settings), else the hardware's threads. Set
+// it where several processes share a host's cores (trainer ranks and rollout ranks of one node),
+// so that together they do not ask for more threads than there are cores.
+size_t host_threads();
+// 0: the hardware's threads (read once).
+void set_host_threads(size_t threads);
 
 // fn(t) for t in [0, count), each on a thread of its own: the last on the caller's, the others on
 // threads started for them (or on the caller's too when none is to be had). fn must not throw (on
@@ -30,11 +39,10 @@ void on_threads(size_t count, Fn&& fn) {
   fn(count - 1);
 }
 
-// How many slices of at least `least` units `n` units are cut into: at most the hardware's
-// threads, 8 at most (1 when n is under two slices).
+// How many slices of at least `least` units `n` units are cut into: at most host_threads(), 8 at
+// most (1 when n is under two slices).
 inline size_t slices_for(size_t n, size_t least) {
-  const size_t hw = std::max<size_t>(std::thread::hardware_concurrency(), 1);
-  return std::max<size_t>(std::min({hw, size_t{8}, n / least}), 1);
+  return std::max<size_t>(std::min({host_threads(), size_t{8}, n / least}), 1);
 }
 
 // memcpy of host memory, in slices of at least 2 MiB on threads of their own (on_threads).

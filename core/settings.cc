@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/parallel.h"
 
 namespace ferry {
 namespace {
@@ -47,6 +48,10 @@ constexpr SettingInfo kSettings[] = {
     {"FERRY_IO_SPIN_US", SettingType::kInt, "1000",
      "microseconds a control-plane thread polls after a message before it sleeps (0: sleeps at once)", "",
      &Settings::io_spin_us, 0, 1'000'000},
+    {"FERRY_THREADS", SettingType::kInt, "0",
+     "host threads one process spreads its large copies, compares and CPU quantization over (0: the hardware's); "
+     "set it where several ferry processes share a host's cores",
+     "", &Settings::threads, 0, 4096},
     {"FERRY_METRICS_PORT", SettingType::kInt, "0", "serve Prometheus metrics over HTTP on this port (0: off)", "",
      &Settings::metrics_port, 0, 65535},
     {"FERRY_DELTA", SettingType::kChoice, "auto",
@@ -271,6 +276,7 @@ std::string setting_text(const Settings& s, const SettingInfo& info) {
 void apply_process_settings(const Settings& s) {
   if (s.source("FERRY_LOG_LEVEL") != SettingSource::kDefault) set_log_level(s.log_level);
   if (s.source("FERRY_IO_SPIN_US") != SettingSource::kDefault) io_spin_us().store(s.io_spin_us);
+  if (s.source("FERRY_THREADS") != SettingSource::kDefault) set_host_threads(static_cast<size_t>(s.threads));
 }
 
 std::chrono::microseconds io_spin() { return std::chrono::microseconds(io_spin_us().load(std::memory_order_relaxed)); }

@@ -43,6 +43,7 @@ struct Settings {
   std::string token;                               // FERRY_TOKEN
   std::string rollback = "off";                    // FERRY_ROLLBACK
   int64_t io_spin_us = 1000;                       // FERRY_IO_SPIN_US, 0 to 1,000,000
+  int64_t threads = 0;                             // FERRY_THREADS, 0 (the hardware's) to 4096
   int64_t metrics_port = 0;                        // FERRY_METRICS_PORT, 0 to 65535
   std::string delta = "auto";                      // FERRY_DELTA
   uint64_t delta_max_bytes = uint64_t{64} << 30;   // FERRY_DELTA_MAX_BYTES
@@ -109,7 +110,7 @@ Result<bool> parse_bool(std::string_view text);
 // Accepts plain bytes or a suffix K, M, G (powers of 1024), e.g. "256M".
 Result<uint64_t> parse_bytes(std::string_view text);
 
-// The process-wide settings (the log level, FERRY_IO_SPIN_US) that `s` sets, by environment or
+// The process-wide settings (the log level, FERRY_IO_SPIN_US, FERRY_THREADS) that `s` sets, by environment or
 // keyword, apply to the whole process from now on; defaults leave the current values alone. Every
 // Trainer, RolloutWorker and Coordinator applies its snapshot when it starts.
 void apply_process_settings(const Settings& s);

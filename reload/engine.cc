@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel.h"
+
 namespace ferry::reload {
 
 namespace {
@@ -77,9 +79,9 @@ Status ReloadEngine::init() {
   }
   max_staging_ = options_.max_staging_bytes;
   rollback_ = options_.rollback;
-  // Resolved once: the CPU kernels ask the system for its core count on every call otherwise, a
-  // file read per call, and the engine calls them once per piece.
-  if (options_.exec.threads <= 0) options_.exec.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Resolved once (FERRY_THREADS, else the hardware's): the CPU kernels ask the system for its core
+  // count on every call otherwise, a file read per call, and the engine calls them once per piece.
+  if (options_.exec.threads <= 0) options_.exec.threads = static_cast<int>(host_threads());
   if (storage_.device().is_cuda() && options_.exec.stream == nullptr && options_.process_streams > 1) {
     auto streams = ProcessStreams::create(storage_.device().index, options_.process_streams);
     if (streams.ok()) streams_ = std::move(*streams);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/parallel.h"
 #include "tests/common/scoped_env.h"
 
 namespace ferry {
@@ -159,6 +160,26 @@ TEST(Settings, ProcessSettingsApplyOnlyWhereSet) {
   s.io_spin_us = before.count();
   apply_process_settings(s);
   EXPECT_EQ(io_spin(), before);
+}
+
+// FERRY_THREADS bounds the threads a process's own work takes: the slices of a large copy, a
+// rank's CPU quantization (resolved from host_threads()), the lanes of a same-host ucx connection.
+TEST(Settings, ThreadsBoundTheSlicesOfHostWork) {
+  const size_t hardware = host_threads();
+  Settings s;
+  s.threads = 1;
+  s.sources["FERRY_THREADS"] = SettingSource::kEnvironment;
+  apply_process_settings(s);
+  EXPECT_EQ(host_threads(), 1u);
+  EXPECT_EQ(slices_for(size_t{1} << 30, 1), 1u) << "one thread: a large copy is one slice";
+  s.threads = 3;
+  apply_process_settings(s);
+  EXPECT_EQ(slices_for(size_t{1} << 30, 1), 3u);
+  EXPECT_EQ(slices_for(size_t{1} << 30, size_t{1} << 29), 2u) << "still no slice under its least";
+  s.threads = 0;  // the hardware's again
+  apply_process_settings(s);
+  EXPECT_EQ(host_threads(), hardware);
+  EXPECT_EQ(slices_for(size_t{1} << 30, 1), std::min<size_t>(hardware, 8));
 }
 
 TEST(ParseBytes, RejectsOverflowAndGarbage) {

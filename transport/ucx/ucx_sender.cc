@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/parallel.h"
 #include "transport/ucx/ucx_connection.h"
 #include "transport/ucx/ucx_engine.h"
 
@@ -56,9 +57,7 @@ class OwnedUcxConnection final : public Connection {
 
 }  // namespace
 
-uint32_t same_host_lanes() {
-  return std::clamp<uint32_t>(std::thread::hardware_concurrency(), 1, kMaxSameHostLanes);
-}
+uint32_t same_host_lanes() { return static_cast<uint32_t>(std::clamp<size_t>(host_threads(), 1, kMaxSameHostLanes)); }
 
 Result<std::unique_ptr<Connection>> connect_sender(const std::shared_ptr<Engine>& shared, const std::string& host,
                                                    uint16_t port, const std::vector<uint16_t>& local_ports,

@@ -14,7 +14,7 @@ namespace ferry::transport::ucx {
 
 class Engine;
 
-// How many lanes a same-host connection gets: one per core, at most kMaxSameHostLanes (the copies
+// How many lanes a same-host connection gets: one per core (host_threads()), at most kMaxSameHostLanes (the copies
 // of two buckets at once; the receiver's own thread and the callbacks need the rest).
 uint32_t same_host_lanes();
 
