@@ -3,13 +3,14 @@
 #include <thread>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/internal.h"
 
 namespace ferry::kernels::detail {
 
 void parallel_for(int64_t n, int64_t grain, int threads, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  int64_t workers = threads > 0 ? threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  int64_t workers = threads > 0 ? threads : static_cast<int64_t>(host_threads());
   workers = std::min(workers, (n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1));
   if (workers <= 1) {
     fn(0, n);
