@@ -48,8 +48,8 @@ constexpr auto kRoundTripGap = std::chrono::milliseconds(5);
 class Probe final : public LinkProbe {
  public:
   Probe(std::vector<ProbeSocket>& ranks, const sharding::Plan& plan, const std::vector<sharding::RankSpec>& specs,
-        const sharding::Manifest& manifest, int in_flight, const PackDeltas& deltas)
-      : ranks_(ranks), plan_(plan), specs_(specs), manifest_(manifest),
+        const sharding::Manifest& manifest, int in_flight, const PackDeltas& deltas, int senders)
+      : ranks_(ranks), plan_(plan), specs_(specs), manifest_(manifest), senders_(std::max(1, senders)),
         slots_(static_cast<size_t>(std::max(1, in_flight))), work_(asio::make_work_guard(io_)), acceptor_(io_) {
     deltas_ = deltas;
     if (deltas.max_bytes > 0) bases_ = std::make_unique<dataplane::DeltaBases>(deltas.max_bytes);
@@ -112,12 +112,8 @@ class Probe final : public LinkProbe {
     Links l;
     l.round_trip_seconds = median(rtt_);
     l.pack_bytes_per_second = static_cast<double>(plan_.total_bytes) / median(pack_);
-    double slowest = 0;
-    for (const auto& [r, t] : process_) {
-      const double rate = static_cast<double>(process_bytes_.at(r)) / median(t);
-      slowest = slowest == 0 ? rate : std::min(slowest, rate);
-    }
-    l.process_bytes_per_second = slowest;
+    l.process_bytes_per_second = slowest_rate(process_, process_bytes_);
+    if (senders_ > 1) l.process_many_bytes_per_second = slowest_rate(process_many_, process_bytes_);
     // A link's time is bytes / rate + buckets * fixed: two runs, two unknowns.
     const double small_buckets = static_cast<double>(kSmallBuckets * ranks_.size());
     const double big_bytes = static_cast<double>(plan_bytes_);
@@ -182,19 +178,34 @@ class Probe final : public LinkProbe {
     return ok_status();
   }
 
-  // Each rank alone, with the host to itself.
+  static double slowest_rate(const std::map<size_t, std::vector<double>>& times,
+                             const std::map<size_t, uint64_t>& bytes) {
+    double slowest = 0;
+    for (const auto& [r, t] : times) {
+      const double rate = static_cast<double>(bytes.at(r)) / median(t);
+      slowest = slowest == 0 ? rate : std::min(slowest, rate);
+    }
+    return slowest;
+  }
+
+  // Each rank alone, with the host to itself: its pieces as one trainer sends them, and (several
+  // senders) as senders_ trainer ranks cut them.
   Status processing(bool keep) {
+    std::vector<int> cuts{1};
+    if (senders_ > 1) cuts.push_back(senders_);
     for (size_t r = 0; r < ranks_.size(); ++r) {
-      FERRY_RETURN_IF_ERROR(ranks_[r].send("process 3"));
-      std::string rest;
-      FERRY_RETURN_IF_ERROR(expect_reply(ranks_[r], "processed", &rest));
-      unsigned long long bytes = 0;
-      double seconds = 0;
-      if (std::sscanf(rest.c_str(), "%llu %lf", &bytes, &seconds) != 2 || seconds <= 0) {
-        return Status::internal("bench rank sent a malformed processing result: " + rest);
+      for (const int senders : cuts) {
+        FERRY_RETURN_IF_ERROR(ranks_[r].send(fmt::format("process 3 {}", senders)));
+        std::string rest;
+        FERRY_RETURN_IF_ERROR(expect_reply(ranks_[r], "processed", &rest));
+        unsigned long long bytes = 0;
+        double seconds = 0;
+        if (std::sscanf(rest.c_str(), "%llu %lf", &bytes, &seconds) != 2 || seconds <= 0) {
+          return Status::internal("bench rank sent a malformed processing result: " + rest);
+        }
+        process_bytes_[r] = bytes;
+        if (keep) (senders == 1 ? process_ : process_many_)[r].push_back(seconds);
       }
-      process_bytes_[r] = bytes;
-      if (keep) process_[r].push_back(seconds);
     }
     return ok_status();
   }
@@ -312,7 +323,8 @@ class Probe final : public LinkProbe {
   dataplane::DeltaTally tally_;
 
   std::vector<double> rtt_, pack_, small_, big_;
-  std::map<size_t, std::vector<double>> process_;
+  const int senders_;
+  std::map<size_t, std::vector<double>> process_, process_many_;
   std::map<size_t, uint64_t> process_bytes_;
 };
 
@@ -350,8 +362,8 @@ Result<std::unique_ptr<LinkProbe>> LinkProbe::open(std::vector<ProbeSocket>& ran
                                                    const sharding::Plan& plan,
                                                    const std::vector<sharding::RankSpec>& specs,
                                                    const sharding::Manifest& manifest, int in_flight,
-                                                   const PackDeltas& deltas) {
-  auto p = std::make_unique<Probe>(ranks, plan, specs, manifest, in_flight, deltas);
+                                                   const PackDeltas& deltas, int senders) {
+  auto p = std::make_unique<Probe>(ranks, plan, specs, manifest, in_flight, deltas, senders);
   FERRY_RETURN_IF_ERROR(p->open(transport));
   return std::unique_ptr<LinkProbe>(std::move(p));
 }
@@ -366,12 +378,14 @@ Result<std::vector<sharding::RankSpec>> demo_rank_specs(const sharding::LlamaCon
   return specs;
 }
 
-void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options) {
+void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options, bool many) {
   topo->placement = sharding::Placement::kOneHost;
   topo->host_gbps = links.host_bytes_per_second * 8 / 1e9;
   topo->seconds_per_bucket = links.seconds_per_bucket;
   options->stages.pack_bytes_per_second = links.pack_bytes_per_second;
-  options->stages.process_bytes_per_second = links.process_bytes_per_second;
+  options->stages.process_bytes_per_second = many && links.process_many_bytes_per_second > 0
+                                                 ? links.process_many_bytes_per_second
+                                                 : links.process_bytes_per_second;
   options->stages.round_trip_seconds = links.round_trip_seconds;
 }
 
@@ -386,9 +400,9 @@ std::string predicted_json(const sharding::CostReport& c) {
 std::string links_json(const Links& l) {
   return fmt::format(
       "{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},"
-      "\"process_gbps\":{:.3f}}}",
+      "\"process_gbps\":{:.3f},\"process_many_gbps\":{:.3f}}}",
       l.round_trip_seconds, l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
-      l.process_bytes_per_second / 1e9);
+      l.process_bytes_per_second / 1e9, l.process_many_bytes_per_second / 1e9);
 }
 
 Result<sharding::LlamaConfig> model_config(const std::string& model) {

@@ -36,7 +36,10 @@ struct Links {
   double host_bytes_per_second = 0;
   double seconds_per_bucket = 0;
   double pack_bytes_per_second = 0;
-  double process_bytes_per_second = 0;  // the slowest rank's
+  double process_bytes_per_second = 0;  // the slowest rank's, its pieces as one trainer sends them
+  // The same, its pieces as `senders` trainer ranks cut them (each holding Shard(0) rows of every
+  // tensor), their buckets arriving in turn; 0 when not measured (one sender).
+  double process_many_bytes_per_second = 0;
 };
 
 // How the trainer packs with FERRY_DELTA on: each part compared with its copy of the version sent
@@ -52,11 +55,13 @@ PackDeltas pack_deltas(const Settings& s);
 class LinkProbe {
  public:
   // Opens a control channel to every rank (`ranks` in rank order) and connects to each over
-  // `transport`. The packing measurement packs as the trainer does under `deltas`.
+  // `transport`. The packing measurement packs as the trainer does under `deltas`. `senders` > 1:
+  // the ranks' processing is measured again with their pieces as that many trainer ranks cut them.
   static Result<std::unique_ptr<LinkProbe>> open(std::vector<ProbeSocket>& ranks, const std::string& transport,
-                                                 const sharding::Plan& plan, const std::vector<sharding::RankSpec>& specs,
+                                                 const sharding::Plan& plan,
+                                                 const std::vector<sharding::RankSpec>& specs,
                                                  const sharding::Manifest& manifest, int in_flight,
-                                                 const PackDeltas& deltas);
+                                                 const PackDeltas& deltas, int senders = 1);
   virtual ~LinkProbe() = default;
   // One round of every measurement; `keep` false for a warm-up round.
   virtual Status round(bool keep) = 0;
@@ -69,12 +74,14 @@ double median(std::vector<double> v);
 // The demo model's rank specs of a TP replica under `scheme` (an online scheme's name).
 Result<std::vector<sharding::RankSpec>> demo_rank_specs(const sharding::LlamaConfig& cfg, int tp, const std::string& scheme);
 
-// The cost model's inputs from measured links: one host, its transport at the measured rate.
-void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options);
+// The cost model's inputs from measured links: one host, its transport at the measured rate. `many`:
+// for the plan of several senders (the ranks' processing as measured for it, where it was).
+void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options, bool many = false);
 
 // JSON objects of a prediction's parts and of the links it came from, as the benches print them:
 // {"control":..,"pipeline":..,"critical":"..","fill":..,"busy":..,"drain":..,"pack":..,"process":..,"host":..}
-// {"round_trip_seconds":..,"host_gbps":..,"seconds_per_bucket":..,"pack_gbps":..,"process_gbps":..}
+// {"round_trip_seconds":..,"host_gbps":..,"seconds_per_bucket":..,"pack_gbps":..,"process_gbps":..,
+//  "process_many_gbps":..}
 std::string predicted_json(const sharding::CostReport& c);
 std::string links_json(const Links& l);
 

@@ -4,7 +4,9 @@
 // its own pieces through a reload engine of its own, and buckets received over the transport under
 // test. It exits when the coordinator goes away.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -12,19 +14,19 @@
 
 #include <fmt/format.h>
 
-#include "bench/borrow_buckets.h"
 #include "bench/e2e_bench.h"
 #include "bench/e2e_links.h"
 #include "bench/e2e_probe.h"
+#include "coordinator/channel.h"
+#include "coordinator/rollout_worker.h"
 #include "core/asio.h"
 #include "core/log.h"
 #include "core/settings.h"
-#include "coordinator/channel.h"
-#include "coordinator/rollout_worker.h"
 #include "examples/demo/llama_config.h"
 #include "reload/engine.h"
 #include "reload/model_storage.h"
 #include "sharding/llama.h"
+#include "sharding/trainer_layouts.h"
 #include "transport/transport.h"
 
 namespace ferry {
@@ -66,46 +68,81 @@ class ControlEcho {
   std::shared_ptr<coordinator::Channel> channel_;
 };
 
-// This rank's pieces as a bucket delivers them (one per slice, bf16, new values before every run,
-// as every update brings), processed through a reload engine of its own over storage of its own;
-// median seconds of `runs` whole updates (begin, every piece, finalize). The pieces are borrowed
-// for a bucket's worth of FERRY_BUCKET_BYTES at a time, as a rank borrows a host bucket's.
-Result<std::pair<uint64_t, double>> process_probe(const sharding::RankSpec& spec, int runs) {
+// This rank's pieces as the plan of `senders` trainer ranks (each holding FSDP2 Shard(0) rows of
+// every tensor; 1: one trainer holding everything) cuts them into buckets, the senders' buckets
+// taken in turn (bucket k of every sender, then k + 1, as streams of equal pace arrive), bf16, new
+// values before every run, as every update brings; processed through a reload engine of its own
+// over storage of its own, each bucket borrowed and released as a rank does a host bucket's valid
+// for the transport's callback, or (`handed_over`: the transport hands its buckets over, as tcp
+// does) lent until its layers are processed, where the engine takes lent pieces. Median seconds of `runs` whole updates
+// (begin, every bucket, finalize).
+Result<std::pair<uint64_t, double>> process_probe(const sharding::LlamaConfig& cfg, const sharding::RankSpec& spec,
+                                                  const std::vector<sharding::RankSpec>& specs, int senders,
+                                                  bool handed_over, int runs) {
   FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
-  const uint64_t bucket_bytes = settings.bucket_bytes;
   FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
   FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, storage));
-  struct Piece {
+  const bool lend = handed_over && engine->lends_host_pieces();  // as dataplane/bucket_receiver.cc decides
+  const sharding::Manifest manifest = sharding::llama_manifest(cfg);
+  std::vector<sharding::SenderInfo> holdings;
+  if (senders <= 1) {
+    holdings.push_back(sharding::SenderInfo{});
+  } else {
+    for (int r = 0; r < senders; ++r) holdings.push_back(sharding::fsdp_holdings(manifest, r, senders));
+  }
+  FERRY_ASSIGN_OR_RETURN(const sharding::Plan plan,
+                         sharding::make_plan(manifest, specs, holdings, sharding::PlanOptions{settings.bucket_bytes}));
+  // This rank's buckets per sender, in plan order; then taken in turn.
+  std::vector<std::vector<const sharding::Bucket*>> streams(holdings.size());
+  for (const auto& b : plan.buckets) {
+    if (b.dst == spec.tp_rank) streams[static_cast<size_t>(b.sender)].push_back(&b);
+  }
+  std::vector<const sharding::Bucket*> order;
+  for (size_t k = 0;; ++k) {
+    size_t added = 0;
+    for (const auto& st : streams) {
+      if (k < st.size()) order.push_back(st[k]), ++added;
+    }
+    if (added == 0) break;
+  }
+  struct Part {
     uint32_t param;
     Region dst;
-    std::vector<uint16_t> data;
+    std::shared_ptr<std::vector<uint16_t>> data;
   };
-  std::vector<Piece> pieces;
+  std::vector<std::vector<Part>> buckets;
   uint64_t bytes = 0;
-  for (uint32_t i = 0; i < spec.params.size(); ++i) {
-    const auto& p = spec.params[i];
-    if (p.source_dtype != DType::kBF16) return Status::invalid_argument("bench e2e sends bf16 weights only");
-    for (const auto& s : p.slices) {
-      pieces.push_back({i, sharding::slice_dst_region(s, p), std::vector<uint16_t>(static_cast<size_t>(s.src.numel()))});
-      bytes += pieces.back().data.size() * 2;
+  for (const sharding::Bucket* b : order) {
+    auto& parts = buckets.emplace_back();
+    for (const auto& bp : b->parts) {
+      const sharding::Piece& pc = plan.pieces[static_cast<size_t>(bp.piece)];
+      const auto& param = spec.params[static_cast<size_t>(pc.param)];
+      if (param.source_dtype != DType::kBF16) return Status::invalid_argument("bench e2e sends bf16 weights only");
+      const Region dst = sharding::piece_dst_region(pc, param);
+      const auto [src, part_dst] = sharding::part_regions(pc.src, dst, bp.first_row, bp.rows);
+      parts.push_back({static_cast<uint32_t>(pc.param), part_dst,
+                       std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(src.numel()))});
+      bytes += parts.back().data->size() * 2;
     }
   }
   uint64_t x = 0x2545f4914f6cdd1dull * static_cast<uint64_t>(spec.tp_rank + 1);
   std::vector<double> t;
   for (int r = 0; r <= runs; ++r) {  // the first run warms the engine's pools and the pages
-    for (auto& pc : pieces) {
-      for (auto& e : pc.data) e = e2e::next_bf16(x);
+    for (auto& bucket : buckets) {
+      for (auto& pc : bucket) {
+        for (auto& e : *pc.data) e = e2e::next_bf16(x);
+      }
     }
     const auto t0 = Clock::now();
     FERRY_RETURN_IF_ERROR(engine->begin(static_cast<uint64_t>(r + 1)));
-    sharding::BucketCutter bucket(bucket_bytes);
-    for (const auto& pc : pieces) {
-      const size_t n = pc.data.size() * 2;
-      FERRY_RETURN_IF_ERROR(bench::borrow_in_buckets(*engine, bucket, [&] {
-        return engine->borrow_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data.data(), n);
-      }, n));
+    for (const auto& bucket : buckets) {
+      for (const auto& pc : bucket) {
+        const size_t n = pc.data->size() * 2;
+        FERRY_RETURN_IF_ERROR(lend ? engine->lend_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data, pc.data->data(), n)
+                                   : engine->borrow_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data->data(), n));
+      }
+      FERRY_RETURN_IF_ERROR(engine->release_borrowed());
     }
-    FERRY_RETURN_IF_ERROR(engine->release_borrowed());
     FERRY_RETURN_IF_ERROR(engine->finalize().status());
     if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -124,7 +161,8 @@ class TransportSink {
   Result<std::string> listen(const std::string& name) {
     FERRY_ASSIGN_OR_RETURN(transport_, transport::create_transport(name));
     return transport_->listen(
-        [this](const transport::ReceivedBucket&) {
+        [this](const transport::ReceivedBucket& bucket) {
+          handed_over_.store(bucket.owner != nullptr);
           std::lock_guard<std::mutex> lock(mu_);
           if (++received_ == expected_) {
             std::lock_guard<std::mutex> send_lock(send_mu_);
@@ -143,6 +181,9 @@ class TransportSink {
     if (transport_) transport_->shutdown();
     transport_.reset();
   }
+  // Whether the last bucket received came with its owner (the transport hands its buckets over, so
+  // the rank's engine may keep their bytes): false until one arrives.
+  bool hands_over() const { return handed_over_.load(); }
 
  private:
   e2e::ProbeSocket& probe_;
@@ -151,14 +192,15 @@ class TransportSink {
   std::mutex mu_;
   int64_t received_ = 0;
   int64_t expected_ = -1;
+  std::atomic<bool> handed_over_{false};
 };
 
 Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int tp, const std::string& scheme,
              const std::string& transport, const std::string& model) {
   set_log_identity(fmt::format("bench rank {}", rank));
   FERRY_ASSIGN_OR_RETURN(const sharding::LlamaConfig cfg, e2e::model_config(model));
-  FERRY_ASSIGN_OR_RETURN(const Scheme linear, parse_scheme(scheme));
-  FERRY_ASSIGN_OR_RETURN(auto spec, sharding::llama_rank_spec(cfg, rank, tp, linear));
+  FERRY_ASSIGN_OR_RETURN(auto specs, e2e::demo_rank_specs(cfg, tp, scheme));
+  const sharding::RankSpec spec = specs.at(static_cast<size_t>(rank));
   FERRY_ASSIGN_OR_RETURN(auto probe, e2e::ProbeSocket::connect(probe_port));
   std::mutex send_mu;
   auto reply = [&](const std::string& s) {
@@ -187,7 +229,14 @@ Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int 
       FERRY_RETURN_IF_ERROR(echo->start(static_cast<uint16_t>(std::stoi(std::string(rest)))));
       FERRY_RETURN_IF_ERROR(reply("ok"));
     } else if (cmd == "process") {
-      FERRY_ASSIGN_OR_RETURN(auto r, process_probe(spec, std::stoi(std::string(rest))));
+      // "process RUNS [SENDERS]"
+      int runs = 0, senders = 1;
+      if (std::sscanf(std::string(rest).c_str(), "%d %d", &runs, &senders) < 1 || runs < 1 || senders < 1) {
+        return Status::invalid_argument(fmt::format("bench rank: malformed process probe '{}'", rest));
+      }
+      // Lent as the receiving side does with buckets handed over (seen from the transport's own
+      // buckets in the bench's earlier rounds), when lending saves the engine work.
+      FERRY_ASSIGN_OR_RETURN(auto r, process_probe(cfg, spec, specs, senders, sink.hands_over(), runs));
       FERRY_RETURN_IF_ERROR(reply(fmt::format("processed {} {:.9f}", r.first, r.second)));
     } else if (cmd == "listen") {
       FERRY_ASSIGN_OR_RETURN(std::string blob, sink.listen(transport));

@@ -303,9 +303,9 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
                                                       settings.timeout_ms, o.model));
   FERRY_RETURN_IF_ERROR(coord->wait_for_ranks(o.tp, settings.timeout_ms));
   // The links from this process, as for one trainer: the cost model's inputs for both modes.
-  FERRY_ASSIGN_OR_RETURN(auto probe, e2e::LinkProbe::open(ranks, transport, one, specs, manifest,
-                                                          static_cast<int>(topts.buckets_in_flight),
-                                                          e2e::pack_deltas(settings)));
+  FERRY_ASSIGN_OR_RETURN(
+      auto probe, e2e::LinkProbe::open(ranks, transport, one, specs, manifest,
+                                       static_cast<int>(topts.buckets_in_flight), e2e::pack_deltas(settings), n));
   for (int round = 0; round < 4; ++round) FERRY_RETURN_IF_ERROR(probe->round(round > 0));
   const e2e::Links links = probe->links();
   probe.reset();
@@ -319,9 +319,10 @@ Status run_trainers_case(const E2eOptions& o, const std::string& transport, int 
   const double sharded = sharded_times.seconds, gathered = gathered_times.seconds;
 
   sharding::Topology topo;
-  sharding::CostOptions cost;
+  sharding::CostOptions cost, cost_many;
   e2e::cost_inputs(links, &topo, &cost);
-  FERRY_ASSIGN_OR_RETURN(auto p_many, sharding::estimate_cost(many, specs, n, topo, cost));
+  e2e::cost_inputs(links, &topo, &cost_many, /*many=*/true);
+  FERRY_ASSIGN_OR_RETURN(auto p_many, sharding::estimate_cost(many, specs, n, topo, cost_many));
   FERRY_ASSIGN_OR_RETURN(auto p_one, sharding::estimate_cost(one, specs, 1, topo, cost));
   // Gathering: rank 0 copies its own rows into whole tensors, then every other rank's rows cross
   // loopback TCP into it, one rank after another (each a frame: packed, sent, received, placed),

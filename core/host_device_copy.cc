@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/device_copy.h"
+#include "core/parallel.h"
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -13,7 +14,7 @@ namespace ferry {
 Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return ok_status();
   if (dst_device.is_cpu() && src_device.is_cpu()) {
-    std::memcpy(dst, src, bytes);
+    copy_parallel(dst, src, bytes);  // a large copy over several threads (core/parallel.h)
     return ok_status();
   }
 #if FERRY_HAVE_CUDA
