@@ -21,6 +21,7 @@
 #include "core/device_copy.h"
 #include "sharding/planner.h"
 #include "tests/common/scoped_env.h"
+#include "tests/common/sibling_binary.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/coordinator/process.h"
 #include "tests/coordinator/version_changes.h"
@@ -410,8 +411,8 @@ TEST(BucketPlan, ATrainerAndARankWithDifferentBucketSizesCompleteAnUpdate) {
     std::unique_ptr<Child> rank;
     {
       ScopedEnv small("FERRY_BUCKET_BYTES", "4K");
-      rank = std::make_unique<Child>(std::vector<std::string>{FERRY_FAULT_PEER, "rollout", trainer->coordinator_address(),
-                                                              "0", "1", "wide"});
+      rank = std::make_unique<Child>(std::vector<std::string>{sibling_binary(FERRY_FAULT_PEER), "rollout",
+                                                              trainer->coordinator_address(), "0", "1", "wide"});
     }
     ASSERT_TRUE(trainer->wait_for_ranks(1, 30'000).ok());
     ASSERT_TRUE(trainer->start_weight_update(1, sharding::llama_manifest(wide_llama())).ok());

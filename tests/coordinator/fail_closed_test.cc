@@ -17,14 +17,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "coordinator/status_client.h"
 #include "dataplane/bucket.h"
 #include "dataplane/credential.h"
-#include "coordinator/status_client.h"
-#include "tests/coordinator/status_util.h"
-#include "transport/transport.h"
+#include "tests/common/sibling_binary.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/coordinator/process.h"
 #include "tests/coordinator/raw_socket.h"
+#include "tests/coordinator/status_util.h"
+#include "transport/transport.h"
 
 namespace ferry::testutil {
 namespace {
@@ -42,8 +43,8 @@ class FailClosed : public ::testing::Test {
   void TearDown() override { unsetenv("FERRY_TIMEOUT_MS"); }
 
   static std::unique_ptr<Child> rollout(const std::string& address, int rank, int tp, const std::string& log = "") {
-    const std::string cmd = fmt::format("exec {} rollout {} {} {}{}", FERRY_FAULT_PEER, address, rank, tp,
-                                        log.empty() ? "" : " 2> " + log);
+    const std::string cmd = fmt::format("exec {} rollout {} {} {}{}", sibling_binary(FERRY_FAULT_PEER), address, rank,
+                                        tp, log.empty() ? "" : " 2> " + log);
     return std::make_unique<Child>(std::vector<std::string>{"/bin/sh", "-c", cmd});
   }
   // Polls `address` until `n` rollout ranks are members.
@@ -246,7 +247,7 @@ TEST_F(FailClosed, CoordinatorSurvivesAConnectionBurstPastItsDescriptorLimit) {
   for (const char* limit : {"1024"}) {
     SCOPED_TRACE(limit);
     const std::string file = temp(std::string("addr-") + limit);
-    Child coord({FERRY_FAULT_PEER, "coordinator", file, limit});
+    Child coord({sibling_binary(FERRY_FAULT_PEER), "coordinator", file, limit});
     const std::string addr = published(file);
     ASSERT_FALSE(addr.empty());
     {
@@ -370,7 +371,7 @@ TEST_F(FailClosed, DataPortRefusesAStrangerWithoutTheKey) {
 // non-zero saying it is paused on an incomplete version (before: exit 0, nothing printed).
 TEST_F(FailClosed, RankTellsALostCoordinatorFromTheEndOfTheJob) {
   const std::string file = temp("addr");
-  Child trainer({FERRY_FAULT_PEER, "embedded", file, "2", "7"});
+  Child trainer({sibling_binary(FERRY_FAULT_PEER), "embedded", file, "2", "7"});
   const std::string addr = published(file);
   ASSERT_FALSE(addr.empty());
   const std::string log0 = temp("rank0.log"), log1 = temp("rank1.log");

@@ -10,11 +10,12 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/status_client.h"
-#include "tests/coordinator/status_util.h"
 #include "core/version.h"
+#include "tests/common/sibling_binary.h"
 #include "tests/coordinator/cluster.h"
 #include "tests/coordinator/process.h"
 #include "tests/coordinator/raw_socket.h"
+#include "tests/coordinator/status_util.h"
 
 namespace ferry::testutil {
 namespace {
@@ -35,8 +36,8 @@ class FaultTest : public ::testing::Test {
 
  public:
   static std::unique_ptr<Child> rollout(const std::string& address, int rank, int tp) {
-    return std::make_unique<Child>(std::vector<std::string>{FERRY_FAULT_PEER, "rollout", address, std::to_string(rank),
-                                                            std::to_string(tp)});
+    return std::make_unique<Child>(std::vector<std::string>{sibling_binary(FERRY_FAULT_PEER), "rollout", address,
+                                                            std::to_string(rank), std::to_string(tp)});
   }
 };
 
@@ -118,7 +119,7 @@ TEST_F(FaultTest, TrainerKilledMidTransfer) {
   auto r0 = rollout(addr, 0, 2);
   auto r1 = rollout(addr, 1, 2);
   ASSERT_TRUE((*coord)->wait_for_ranks(2, 10'000).ok());
-  Child trainer({FERRY_FAULT_PEER, "trainer", addr, "1", "7"});
+  Child trainer({sibling_binary(FERRY_FAULT_PEER), "trainer", addr, "1", "7"});
   ASSERT_TRUE(trainer.wait_stopped());
   trainer.signal(SIGKILL);
   ASSERT_EQ(trainer.wait_exit(5000), 128 + SIGKILL);
