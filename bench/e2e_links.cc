@@ -298,6 +298,7 @@ class Probe final : public LinkProbe {
   const sharding::Plan& plan_;
   const std::vector<sharding::RankSpec>& specs_;
   const sharding::Manifest& manifest_;
+  const int senders_;
   const size_t slots_;
 
   asio::io_context io_;
@@ -323,7 +324,6 @@ class Probe final : public LinkProbe {
   dataplane::DeltaTally tally_;
 
   std::vector<double> rtt_, pack_, small_, big_;
-  const int senders_;
   std::map<size_t, std::vector<double>> process_, process_many_;
   std::map<size_t, uint64_t> process_bytes_;
 };

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "bench/borrow_buckets.h"
+#include "core/parallel.h"
 #include "core/region_copy.h"
 #include "core/settings.h"
 #include "examples/tiny_decoder/model.h"
@@ -179,7 +180,7 @@ Status bench_scheme(bool json, Scheme linear) {
   }
   // The same thread count as the engine resolves once (kernels::Exec{} would ask every call).
   kernels::Exec exec;
-  exec.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  exec.threads = static_cast<int>(host_threads());
   auto bare = [&]() -> Status {
     for (size_t i = 0; i < spec.params.size(); ++i) {
       const auto& p = spec.params[i];

@@ -2,7 +2,6 @@
 #include <cstring>
 
 #include "core/device_copy.h"
-#include "core/parallel.h"
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -14,7 +13,7 @@ namespace ferry {
 Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return ok_status();
   if (dst_device.is_cpu() && src_device.is_cpu()) {
-    copy_parallel(dst, src, bytes);  // a large copy over several threads (core/parallel.h)
+    std::memcpy(dst, src, bytes);
     return ok_status();
   }
 #if FERRY_HAVE_CUDA

@@ -198,7 +198,7 @@ bool wide_scan_available() { return kWideScanHere; }
 
 bool use_wide_scan(bool on) { return wide_scan_on.exchange(on && kWideScanHere); }
 
-// One slice per half Mi elements, at most the hardware's threads (8 at most), each a multiple of 8
+// One slice per half Mi elements, at most host_threads() (FERRY_THREADS; 8 at most), each a multiple of 8
 // elements so that each writes bitmap bytes of its own; the values of every slice are then closed
 // up in order.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,

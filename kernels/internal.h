@@ -143,7 +143,7 @@ Result<GptqArgs> check_gptq(EngineLayout layout, const TensorView& qweight, cons
 Result<std::vector<int32_t>> gptq_permutation(const int32_t* g_idx, int64_t k);
 
 // Runs fn(begin, end) over [0, n) in chunks of at least `grain` items on up to `threads` workers
-// (0: all cores). Runs inline when one chunk suffices.
+// (0: host_threads(): FERRY_THREADS, else the hardware's). Runs inline when one chunk suffices.
 void parallel_for(int64_t n, int64_t grain, int threads, const std::function<void(int64_t, int64_t)>& fn);
 
 namespace cpu {

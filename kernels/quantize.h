@@ -102,7 +102,7 @@ Result<std::vector<StorageTensor>> storage_layout(Scheme scheme, EngineLayout la
                                                   DType none_dtype = DType::kBF16);
 
 // Where a kernel runs. On CUDA, `stream` is a cudaStream_t; on the CPU, `threads` bounds the workers
-// (0: all cores).
+// (0: host_threads(): FERRY_THREADS, else the hardware's).
 struct Exec {
   void* stream = nullptr;
   int threads = 0;

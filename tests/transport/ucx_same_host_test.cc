@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "tests/transport/conformance.h"
 #include "transport/ucx/ucx_stream.h"
 #include "transport/ucx/ucx_transport.h"
@@ -45,11 +46,11 @@ TEST(UcxSameHost, EndpointUsesSharedMemoryAndCma) {
   (*rx)->shutdown();
 }
 
-// A same-host connection spreads its buckets over two lanes (one per core, at most two), each with
-// a progress thread of its own, so two buckets are copied at once; the receiver still gets each
-// bucket whole and in the order posted. Fails with one lane.
+// A same-host connection spreads its buckets over two lanes (one per host thread, FERRY_THREADS, at most two), each
+// with a progress thread of its own, so two buckets are copied at once; the receiver still gets each bucket whole and
+// in the order posted. Fails with one lane.
 TEST(UcxSameHost, BucketsGoOverTwoLanesInOrder) {
-  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: one lane";
+  if (host_threads() < 2) GTEST_SKIP() << "one host thread (FERRY_THREADS, else the hardware's): one lane";
   auto rx = create_transport("ucx");
   ASSERT_TRUE(rx.ok()) << rx.status().to_string();
   auto tx = create_transport("ucx");

@@ -1,5 +1,5 @@
 // ucx's sending side: a connection as the caller holds it, its buckets going to its lanes in turn
-// (one endpoint to another host; one per core to a receiver on this host, each on an engine of its
+// (one endpoint to another host; one per host thread to a receiver on this host, each on an engine of its
 // own: ucx_connection.h), and the close of a connection's lanes. ucx_transport.cc says why same-host
 // lanes look the way they do.
 #include "transport/ucx/ucx_sender.h"

@@ -35,8 +35,8 @@
 //     does for peer mode, so a message for one of its endpoints already closed is dropped.
 //   - Two cores. One endpoint moves one bucket at a time through one cma copy on one thread (the
 //     receiver's, which reads it: UCX's default get rendezvous), about half of what this host's
-//     memory moves. So a same-host connection has lanes (one per core, at most kMaxSameHostLanes):
-//     each an endpoint on a context, worker and progress thread of its own, taking buckets in turn.
+//     memory moves. So a same-host connection has lanes (one per host thread, FERRY_THREADS, at most
+//     kMaxSameHostLanes): each an endpoint on a context, worker and progress thread of its own, taking buckets in turn.
 //     The receiver listens for this host's senders on one listener per lane, each on a context
 //     and progress thread of its own, whose ports the blob carries after the boot id, and lane k
 //     connects to listener k: each lane's copy runs on a receiving thread of its own, so two
