@@ -339,7 +339,8 @@ class ReloadEngine {
   uint64_t max_staging_ = 0;
   uint64_t staging_bytes_ = 0;
   size_t staged_layers_ = 0;  // layers with staged = true
-  bool warned_out_of_order_ = false;
+  bool warned_out_of_order_ = false;       // in this update
+  bool out_of_order_warned_once_ = false;  // at warn level, in this engine's life
   int senders_ = 1;  // of the update in progress
   EngineReport report_;
   // Delta shadow, per parameter per input; the version it holds complete (0 during an update), the

@@ -36,13 +36,27 @@ Status ReloadEngine::account(Layer& layer, uint32_t param, uint32_t input, Held 
     // senders each in plan order hold about one layer each: warned about beyond that.
     ++report_.out_of_order_layers;
     if (!warned_out_of_order_ && staged_layers_ >= static_cast<size_t>(senders_)) {
+      // Warned once per engine: an input order that holds several layers at once (a sharded
+      // trainer's buckets, each spanning many layers) does so on every update, and a rank would
+      // log it every training step. Later updates log it at debug level and count it in the report.
       warned_out_of_order_ = true;
       std::string open;
       for (const Layer& l : layers_) {
         if (l.staged) open += (open.empty() ? "" : ", ") + l.name;
       }
-      FERRY_LOG_WARN("update v{}: out-of-order input: layer {} starts while {} is still incomplete; staging {:.1f} MB",
-                     version_, layer.name, open, static_cast<double>(staging_bytes_ + bytes) / 1e6);
+      const double mb = static_cast<double>(staging_bytes_ + bytes) / 1e6;
+      if (out_of_order_warned_once_) {
+        FERRY_LOG_DEBUG(
+            "update v{}: out-of-order input: layer {} starts while {} is still incomplete; staging {:.1f} MB", version_,
+            layer.name, open, mb);
+      } else {
+        out_of_order_warned_once_ = true;
+        FERRY_LOG_WARN(
+            "update v{}: out-of-order input: layer {} starts while {} is still incomplete; staging {:.1f} MB (said "
+            "once; "
+            "later updates count it in EngineReport.out_of_order_layers)",
+            version_, layer.name, open, mb);
+      }
     }
   }
   if (max_staging_ > 0 && staging_bytes_ + bytes > max_staging_) {

@@ -6,6 +6,7 @@
 #include "core/region_copy.h"
 #include "kernels/quantize.h"
 #include "reload/checkpoint_loader.h"
+#include "tests/common/warnings.h"
 #include "tests/reload/util.h"
 
 namespace ferry::reload {
@@ -100,6 +101,25 @@ TEST(Staging, OutOfOrderInputIsAccounted) {
   EXPECT_GT(r->out_of_order_layers, 0u);
   EXPECT_GT(r->peak_staging_bytes, largest_layer(rank->spec));
   EXPECT_EQ(r->census.moved, 0u);
+}
+
+// A rank fed out of order on every update (a sharded trainer's buckets each span many layers) is
+// warned once, not on every training step; every update still counts it.
+TEST(Staging, OutOfOrderInputIsWarnedOnceAndCountedEveryUpdate) {
+  const tiny::Config cfg;
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
+  auto w = tiny::Weights::random(cfg, rank->spec, 1);
+  LoadOptions o;
+  o.interleave_layers = true;
+  o.chunk_rows = 5;
+  testutil::CaughtWarnings warnings;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    auto r = load_checkpoint(*rank->engine, w->checkpoint(), v, o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_GT(r->out_of_order_layers, 0u) << "v" << v;
+  }
+  EXPECT_EQ(warnings.count("out-of-order input"), 1u);
+  EXPECT_EQ(warnings.count("update v1: out-of-order input"), 1u);
 }
 
 TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
