@@ -89,14 +89,20 @@ TEST(Staging, PerTensorShardsAreProcessedOnArrival) {
   EXPECT_GT(fused, 0);
 }
 
+// Pieces alternating between every layer, each a part of a shard: fp8_per_tensor must stage them in
+// full precision.
+LoadOptions interleaved() {
+  LoadOptions o;
+  o.interleave_layers = true;
+  o.chunk_rows = 5;
+  return o;
+}
+
 TEST(Staging, OutOfOrderInputIsAccounted) {
   const tiny::Config cfg;
   auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
   auto w = tiny::Weights::random(cfg, rank->spec, 1);
-  LoadOptions o;
-  o.interleave_layers = true;
-  o.chunk_rows = 5;  // parts of shards: fp8_per_tensor must stage them in full precision
-  auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, o);
+  auto r = load_checkpoint(*rank->engine, w->checkpoint(), 1, interleaved());
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_GT(r->out_of_order_layers, 0u);
   EXPECT_GT(r->peak_staging_bytes, largest_layer(rank->spec));
@@ -109,12 +115,9 @@ TEST(Staging, OutOfOrderInputIsWarnedOnceAndCountedEveryUpdate) {
   const tiny::Config cfg;
   auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
   auto w = tiny::Weights::random(cfg, rank->spec, 1);
-  LoadOptions o;
-  o.interleave_layers = true;
-  o.chunk_rows = 5;
   testutil::CaughtWarnings warnings;
   for (uint64_t v = 1; v <= 3; ++v) {
-    auto r = load_checkpoint(*rank->engine, w->checkpoint(), v, o);
+    auto r = load_checkpoint(*rank->engine, w->checkpoint(), v, interleaved());
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_GT(r->out_of_order_layers, 0u) << "v" << v;
   }
