@@ -74,8 +74,8 @@ class ControlEcho {
 // values before every run, as every update brings; processed through a reload engine of its own
 // over storage of its own, each bucket borrowed and released as a rank does a host bucket's valid
 // for the transport's callback, or (`handed_over`: the transport hands its buckets over, as tcp
-// does) lent until its layers are processed, where the engine takes lent pieces. Median seconds of `runs` whole updates
-// (begin, every bucket, finalize).
+// does) lent until its layers are processed, where the engine takes lent pieces. Median seconds
+// of `runs` whole updates (begin, every bucket, finalize).
 Result<std::pair<uint64_t, double>> process_probe(const sharding::LlamaConfig& cfg, const sharding::RankSpec& spec,
                                                   const std::vector<sharding::RankSpec>& specs, int senders,
                                                   bool handed_over, int runs) {
@@ -97,13 +97,13 @@ Result<std::pair<uint64_t, double>> process_probe(const sharding::LlamaConfig& c
   for (const auto& b : plan.buckets) {
     if (b.dst == spec.tp_rank) streams[static_cast<size_t>(b.sender)].push_back(&b);
   }
+  size_t longest = 0;
+  for (const auto& st : streams) longest = std::max(longest, st.size());
   std::vector<const sharding::Bucket*> order;
-  for (size_t k = 0;; ++k) {
-    size_t added = 0;
+  for (size_t k = 0; k < longest; ++k) {
     for (const auto& st : streams) {
-      if (k < st.size()) order.push_back(st[k]), ++added;
+      if (k < st.size()) order.push_back(st[k]);
     }
-    if (added == 0) break;
   }
   struct Part {
     uint32_t param;
