@@ -252,6 +252,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       out->set_registered(r->census.registered);
       out->set_bytes(r->bytes);
       out->set_peak_staging_bytes(r->peak_staging_bytes);
+      out->set_allocated_staging_bytes(r->allocated_staging_bytes);
       out->set_process_seconds(r->process_seconds);
       out->set_delta_base(engine_->delta_base());
       out->set_delta_pieces(r->delta_pieces);

@@ -337,6 +337,7 @@ class TrainerImpl final : public Trainer {
     rep.moved = r.moved();
     rep.registered = r.registered();
     rep.peak_staging_bytes = r.peak_staging_bytes();
+    rep.allocated_staging_bytes = r.allocated_staging_bytes();
     rep.seconds = since(t_start_);
     rep.pause_seconds = pause_seconds_;
     rep.ranks_pause_seconds = r.pause_seconds();

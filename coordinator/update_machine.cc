@@ -163,6 +163,7 @@ void UpdateMachine::on_finalized(Member& m, const wire::Finalized& f) {
   report_.set_peak_staging_bytes(std::max(report_.peak_staging_bytes(), f.peak_staging_bytes()));
   report_.set_process_seconds(std::max(report_.process_seconds(), f.process_seconds()));
   report_.set_shadow_bytes(report_.shadow_bytes() + f.shadow_bytes());
+  report_.set_allocated_staging_bytes(report_.allocated_staging_bytes() + f.allocated_staging_bytes());
   if (acked_.size() < participants_.size()) return;
   timer_.cancel();
   // Every rank of every updated replica holds the complete new version: release them together.

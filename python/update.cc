@@ -218,6 +218,8 @@ void init_update(py::module_& m) {
       .def_readonly("moved", &UpdateReport::moved)
       .def_readonly("registered", &UpdateReport::registered)
       .def_readonly("peak_staging_bytes", &UpdateReport::peak_staging_bytes)
+      .def_readonly("allocated_staging_bytes", &UpdateReport::allocated_staging_bytes,
+                    "staging and scratch the ranks allocated anew, summed (0 while updates keep their shape)")
       .def_readonly("seconds", &UpdateReport::seconds)
       .def_readonly("pause_seconds", &UpdateReport::pause_seconds)
       .def_readonly("plan_seconds", &UpdateReport::plan_seconds)
@@ -255,10 +257,26 @@ void init_update(py::module_& m) {
       .def("as_dict",
            [](const UpdateReport& r) {
              py::dict d;
-             for (const char* k : {"version", "ranks", "bytes", "moved", "registered", "peak_staging_bytes", "seconds",
-                                   "pause_seconds", "plan_seconds", "transfer_seconds", "process_seconds",
-                                   "resume_seconds", "pause_window_seconds", "staged", "apply_seconds", "wire_bytes", "delta_bytes",
-                                   "changed_fraction", "gbps"}) {
+             for (const char* k : {"version",
+                                   "ranks",
+                                   "bytes",
+                                   "moved",
+                                   "registered",
+                                   "peak_staging_bytes",
+                                   "allocated_staging_bytes",
+                                   "seconds",
+                                   "pause_seconds",
+                                   "plan_seconds",
+                                   "transfer_seconds",
+                                   "process_seconds",
+                                   "resume_seconds",
+                                   "pause_window_seconds",
+                                   "staged",
+                                   "apply_seconds",
+                                   "wire_bytes",
+                                   "delta_bytes",
+                                   "changed_fraction",
+                                   "gbps"}) {
                d[k] = py::cast(r).attr(k);
              }
              return d;

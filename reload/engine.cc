@@ -147,7 +147,8 @@ Status ReloadEngine::init() {
     }
     largest = std::max(largest, held);
   }
-  pool_.set_cap(largest);
+  largest_layer_bytes_ = largest;
+  pool_.set_caps(largest, largest);
   return ok_status();
 }
 
@@ -189,6 +190,7 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   unknown_.clear();
   report_ = EngineReport{};
   report_.version = version;
+  allocated_at_begin_ = pool_.allocated_bytes();
   for (const auto& per_input : shadow_) {
     for (const Buffer& b : per_input) report_.shadow_bytes += b.size();
   }

@@ -7,7 +7,8 @@
 // parameter's storage; everything else is staged in full precision until its parameter is
 // complete. Either way a layer's registered storage is written only when the whole layer is
 // complete, so an incomplete or refused layer keeps its previous weights untouched. Staging and
-// scratch buffers are kept between updates in a pool bounded by the largest layer.
+// scratch buffers are kept between updates in a pool (reload/buffer_pool.h): on the host up to what
+// updates held at their peak, at least the largest layer; on a device, the largest layer.
 //
 // No double copy: storage is never written before its layer is complete, because an update can
 // still fail afterwards (a missing piece, a dead sender, a refused layer) and an incomplete layer
@@ -84,6 +85,9 @@ struct EngineReport {
   uint64_t snapshot_bytes = 0;    // host snapshot held for rollback at the end of the update
   uint64_t layers = 0;            // layers processed
   uint64_t peak_staging_bytes = 0;
+  // Staging and scratch allocated anew (its pages faulted in) because no idle buffer of the pool fit:
+  // after a first update, 0 for every update shaped like the last one.
+  uint64_t allocated_staging_bytes = 0;
   uint64_t out_of_order_layers = 0;  // layers that began while another was still staged
   double process_seconds = 0;        // time in processing kernels and copy-in
   uint64_t delta_pieces = 0;         // pieces that arrived as deltas
@@ -213,7 +217,8 @@ class ReloadEngine {
   RollbackMode rollback_mode() const { return rollback_; }
   uint64_t snapshot_bytes() const { return snapshots_.bytes(); }
   size_t snapshot_layers() const { return snapshots_.layers(); }
-  // Idle staging kept between updates (bounded by the largest layer).
+  // Idle staging kept between updates: host buffers up to what updates held at their peak (at least
+  // the largest layer; see BufferPool::settle_host()), device buffers up to the largest layer.
   uint64_t pooled_bytes() const { return pool_.idle_bytes(); }
 
   Census census() const;
@@ -336,6 +341,8 @@ class ReloadEngine {
   std::unique_ptr<ProcessStreams> streams_;
   bool forked_ = false;
   BufferPool pool_;
+  uint64_t largest_layer_bytes_ = 0;  // every input staged plus a scratch copy of its storage
+  uint64_t allocated_at_begin_ = 0;   // pool_.allocated_bytes() when the update began
   uint64_t max_staging_ = 0;
   uint64_t staging_bytes_ = 0;
   size_t staged_layers_ = 0;  // layers with staged = true

@@ -43,6 +43,10 @@ Result<EngineReport> ReloadEngine::finalize() {
   std::string missing;
   for (size_t i = 0; i < absent.size() && i < 8; ++i) missing += (i ? ", " : "") + absent[i];
   if (absent.size() > 8) missing += fmt::format(" and {} more", absent.size() - 8);
+  // The host pool keeps what updates hold at their peak, so that the next update shaped like them
+  // allocates nothing; one that held less than half of it (in plan order again) gives the rest back.
+  pool_.settle_host(largest_layer_bytes_);
+  report_.allocated_staging_bytes = pool_.allocated_bytes() - allocated_at_begin_;
   // Every kernel of the update has finished (and reported its error) before the update ends: lent
   // device pieces are only guaranteed until then.
   if (Status synced = device_synchronize(storage_.device()); !synced.ok()) {

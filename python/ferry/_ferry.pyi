@@ -220,6 +220,11 @@ class UpdateReport:
     def as_dict(self) -> dict[str, typing.Any]:
         ...
     @property
+    def allocated_staging_bytes(self) -> int:
+        """
+        staging and scratch the ranks allocated anew, summed (0 while updates keep their shape)
+        """
+    @property
     def bytes(self) -> int:
         ...
     @property

@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
     if (report.ok()) {
       uint64_t delta = 0;
       for (const auto& d : report->delta) delta += d.delta_bytes;
-      say(fmt::format("v{} ok bytes={} direct={} delta={}", v, report->bytes, report->direct_bytes, delta));
+      say(fmt::format("v{} ok bytes={} direct={} allocated={} delta={}", v, report->bytes, report->direct_bytes,
+                      report->allocated_staging_bytes, delta));
     } else {
       say(fmt::format("v{} error: {}", v, report.status().to_string()));
       ++failures;

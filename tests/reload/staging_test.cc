@@ -125,6 +125,50 @@ TEST(Staging, OutOfOrderInputIsWarnedOnceAndCountedEveryUpdate) {
   EXPECT_EQ(warnings.count("update v1: out-of-order input"), 1u);
 }
 
+// Input that keeps several layers open at once (every trainer rank's buckets span many layers)
+// holds more than the largest layer. The pool keeps what the last update held at its peak, so the
+// next such update allocates (and faults in) no staging or scratch, and writes the same bytes as a
+// rank loaded in plan order from fresh buffers.
+TEST(Staging, TheNextOutOfOrderUpdateAllocatesNothing) {
+  const tiny::Config cfg;
+  for (const Scheme scheme : {Scheme::kFp8PerTensor, Scheme::kFp8PerChannel}) {
+    SCOPED_TRACE(scheme_name(scheme));
+    auto rank = make_rank(cfg, scheme);
+    auto a = tiny::Weights::random(cfg, rank->spec, 1);
+    auto b = tiny::Weights::random(cfg, rank->spec, 2);
+    auto first = load_checkpoint(*rank->engine, a->checkpoint(), 1, interleaved());
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    EXPECT_GT(first->peak_staging_bytes, largest_layer(rank->spec) / 2);
+    EXPECT_GE(first->allocated_staging_bytes, first->peak_staging_bytes);
+    auto second = load_checkpoint(*rank->engine, b->checkpoint(), 2, interleaved());
+    ASSERT_TRUE(second.ok()) << second.status().to_string();
+    EXPECT_EQ(second->allocated_staging_bytes, 0u);
+    EXPECT_EQ(second->census.moved, 0u);
+    EXPECT_GE(rank->engine->pooled_bytes(), second->peak_staging_bytes);
+    auto fresh = make_rank(cfg, scheme);
+    ASSERT_TRUE(load_checkpoint(*fresh->engine, b->checkpoint(), 2).ok());
+    EXPECT_EQ(testing::contents(rank->storage), testing::contents(fresh->storage));
+  }
+}
+
+// An update in plan order after out-of-order ones gives back what it no longer holds at once (six
+// layers: out of order, the rank holds all of them at once).
+TEST(Staging, AnUpdateInPlanOrderGivesTheOutOfOrderPeakBack) {
+  tiny::Config cfg;
+  cfg.layers = 6;
+  auto rank = make_rank(cfg, Scheme::kFp8PerTensor);
+  auto w = tiny::Weights::random(cfg, rank->spec, 1);
+  auto out_of_order = load_checkpoint(*rank->engine, w->checkpoint(), 1, interleaved());
+  ASSERT_TRUE(out_of_order.ok()) << out_of_order.status().to_string();
+  const uint64_t kept = rank->engine->pooled_bytes();
+  EXPECT_GT(kept, 4 * largest_layer(rank->spec));
+  auto in_order = load_checkpoint(*rank->engine, w->checkpoint(), 2);
+  ASSERT_TRUE(in_order.ok()) << in_order.status().to_string();
+  EXPECT_LT(rank->engine->pooled_bytes(), kept);
+  // At most one layer's inputs and its fp8 storage (half their bytes), with a page of slack each.
+  EXPECT_LE(rank->engine->pooled_bytes(), 1.5 * static_cast<double>(largest_layer(rank->spec)) + 64 * 4096);
+}
+
 TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   const tiny::Config cfg;
   auto probe = make_rank(cfg, Scheme::kFp8PerTensor);
