@@ -5,7 +5,6 @@
 // other trainer rank, naming it, and the next update with the rank back succeeds.
 #include <cstdint>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,11 +23,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The staging and scratch the replica's ranks allocated in update `v`, from a trainer rank's log.
+// The staging and scratch the replica's ranks allocated in update `v`, from a trainer rank's log
+// (UINT64_MAX when the update's line is missing).
 uint64_t allocated(const std::string& log, uint64_t v) {
-  std::smatch m;
-  if (!std::regex_search(log, m, std::regex(fmt::format("v{} ok .* allocated=([0-9]+)", v)))) return UINT64_MAX;
-  return std::stoull(m[1].str());
+  const size_t line = log.find(fmt::format("v{} ok ", v));
+  if (line == std::string::npos) return UINT64_MAX;
+  const size_t at = log.find("allocated=", line);
+  if (at == std::string::npos || at > log.find('\n', line)) return UINT64_MAX;
+  return std::stoull(log.substr(at + 10));
 }
 
 std::string slurp(const std::string& path) {
