@@ -1,9 +1,8 @@
-// A fork-join loop over std::thread for the CPU kernels.
+// A fork-join loop for the CPU kernels, on the process's work pool (core/work_pool.h).
 #include <algorithm>
-#include <thread>
-#include <vector>
 
 #include "core/parallel.h"
+#include "core/work_pool.h"
 #include "kernels/internal.h"
 
 namespace ferry::kernels::detail {
@@ -17,15 +16,11 @@ void parallel_for(int64_t n, int64_t grain, int threads, const std::function<voi
     return;
   }
   const int64_t chunk = (n + workers - 1) / workers;
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(workers - 1));
-  for (int64_t w = 1; w < workers; ++w) {
-    const int64_t b = w * chunk, e = std::min(n, b + chunk);
-    if (b >= e) break;
-    pool.emplace_back([&fn, b, e] { fn(b, e); });
-  }
-  fn(0, std::min(n, chunk));
-  for (auto& t : pool) t.join();
+  const auto pieces = static_cast<size_t>((n + chunk - 1) / chunk);
+  run_pieces(pieces, [&](size_t w) {
+    const int64_t b = static_cast<int64_t>(w) * chunk;
+    fn(b, std::min(n, b + chunk));
+  });
 }
 
 }  // namespace ferry::kernels::detail
