@@ -331,6 +331,14 @@ class ReloadEngine {
     bool rows = false;
   };
   std::vector<Borrowed> borrowed_;
+  // Rows hold() would process into scratch now, kept for release_borrowed() to process together.
+  struct ScratchRows {
+    uint32_t param = 0;
+    TensorView rows;
+    int64_t row0 = 0;
+    Status status;
+  };
+  std::vector<ScratchRows>* defer_scratch_ = nullptr;
   uint64_t version_ = 0;
   uint64_t complete_version_ = 0;
   bool in_update_ = false;

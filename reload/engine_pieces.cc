@@ -12,6 +12,7 @@
 #include "core/device_copy.h"
 #include "core/log.h"
 #include "core/region_copy.h"
+#include "core/work_pool.h"
 
 namespace ferry::reload {
 
@@ -202,6 +203,8 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     const Shape band_shape(dst.size.begin() + 1, dst.size.end());  // [rows, cols...] of matrix dst.offset[0]
     p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, band_shape, data_device), dst.offset[0],
                                  owner != nullptr ? *owner : nullptr, borrowed, dst.offset[1]});
+  } else if (how == Hold::kScratch && defer_scratch_ != nullptr) {
+    defer_scratch_->push_back({param, TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0], {}});
   } else if (how == Hold::kScratch) {
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
     TensorView input_rows(const_cast<void*>(data), dtype, dst.size);
@@ -292,8 +295,21 @@ Status ReloadEngine::release_borrowed() {
   std::vector<Borrowed> borrowed;
   borrowed.swap(borrowed_);
   if (!in_update_) return first;  // the update ended: its layers hold nothing any more
+  auto refuse = [&](Layer& layer, Status st) {
+    // Its borrowed rows are gone: the layer cannot complete correctly now.
+    if (!layer.refused) {
+      layer.refused = true;
+      release(layer);
+      st = st.with_context(fmt::format("layer {} is refused", layer.name));
+    }
+    if (first.ok()) first = st;
+  };
   // Every borrowed entry of a parameter is dropped at once, then each borrowed piece is held again
-  // as a copied one would have been.
+  // as a copied one would have been. Rows that go into scratch are processed afterwards, all of
+  // them at once on the work pool: a bucket of several trainer ranks' buckets holds many small
+  // pieces (a quarter of a slice each, from four), each too small for more than one thread.
+  std::vector<ScratchRows> deferred;
+  defer_scratch_ = &deferred;
   for (const Borrowed& b : borrowed) {
     Param& p = params_[b.param];
     Layer& layer = layers_[p.layer];
@@ -307,15 +323,30 @@ Status ReloadEngine::release_borrowed() {
     const bool staged = b.input < p.staging.size() && p.staging[b.input].data() != nullptr;
     Status st = hold(layer, b.param, b.input, b.dst, b.data, b.bytes, nullptr, Device::cpu(), b.rows && !staged, false,
                      false);
-    if (!st.ok()) {
-      // Its borrowed rows are gone: the layer cannot complete correctly now.
-      if (!layer.refused) {
-        layer.refused = true;
-        release(layer);
-        st = st.with_context(fmt::format("layer {} is refused", layer.name));
-      }
-      if (first.ok()) first = st;
+    if (!st.ok()) refuse(layer, st);
+  }
+  defer_scratch_ = nullptr;
+  // A refused layer gave its scratch back: its rows are not processed.
+  std::erase_if(deferred, [&](const ScratchRows& d) { return layers_[params_[d.param].layer].refused; });
+  if (deferred.empty()) return first;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_pieces(deferred.size(), [&](size_t k) {
+    ScratchRows& d = deferred[k];
+    Param& p = params_[d.param];
+    d.status = p.kernel->process_rows(d.rows, d.row0, p.piecewise_views, options_.exec);
+  });
+  report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const ScratchRows& d : deferred) {
+    Param& p = params_[d.param];
+    Layer& layer = layers_[p.layer];
+    if (layer.refused) continue;
+    if (!d.status.ok()) {
+      refuse(layer,
+             d.status.with_context(fmt::format("{} rows {}+{}", spec_.params[d.param].name, d.row0, d.rows.dim(0))));
+      continue;
     }
+    p.rows_done.emplace_back(d.row0, d.row0 + d.rows.dim(0));
+    ++report_.piecewise_pieces;
   }
   return first;
 }

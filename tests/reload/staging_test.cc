@@ -169,6 +169,85 @@ TEST(Staging, AnUpdateInPlanOrderGivesTheOutOfOrderPeakBack) {
   EXPECT_LE(rank->engine->pooled_bytes(), 1.5 * static_cast<double>(largest_layer(rank->spec)) + 64 * 4096);
 }
 
+// Borrowed buckets of pieces alternating between layers: at the end of each bucket the rows of
+// layers it leaves incomplete go into scratch, processed together on the work pool. Every byte
+// equals a rank loaded in plan order.
+TEST(Staging, RowsOfManyBorrowedPiecesProcessedTogetherEqualAPlanOrderLoad) {
+  const tiny::Config cfg;
+  for (const Scheme scheme : {Scheme::kFp8PerChannel, Scheme::kInt4Group, Scheme::kFp8Block, Scheme::kFp8PerTensor}) {
+    SCOPED_TRACE(scheme_name(scheme));
+    auto rank = make_rank(cfg, scheme);
+    auto w = tiny::Weights::random(cfg, rank->spec, 6);
+    LoadOptions o = interleaved();
+    o.chunk_rows = scheme == Scheme::kFp8Block ? 128 : 8;
+    o.borrow_bucket_bytes = 256 << 10;
+    for (uint64_t v = 1; v <= 2; ++v) {
+      auto r = load_checkpoint(*rank->engine, w->checkpoint(), v, o);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      if (scheme != Scheme::kFp8PerTensor) EXPECT_GT(r->piecewise_pieces, 0u);
+    }
+    auto fresh = make_rank(cfg, scheme);
+    ASSERT_TRUE(load_checkpoint(*fresh->engine, w->checkpoint(), 2).ok());
+    EXPECT_EQ(testing::contents(rank->storage), testing::contents(fresh->storage));
+  }
+}
+
+// The scheme's kernels, except that `name` fails its piece-by-piece processing while `*fail` is set.
+KernelFactory failing_rows_of(std::string name, const bool* fail) {
+  return [name, fail](const sharding::ParamSpec& p) -> Result<std::unique_ptr<ProcessingKernel>> {
+    FERRY_ASSIGN_OR_RETURN(auto k, scheme_kernel(p));
+    if (p.name != name) return k;
+    struct Failing final : ProcessingKernel {
+      Failing(std::unique_ptr<ProcessingKernel> k, const bool* f) : ok(std::move(k)), fail(f) {}
+      std::string name() const override { return ok->name(); }
+      std::vector<kernels::StorageTensor> inputs() const override { return ok->inputs(); }
+      Status process(std::span<const TensorView> in, std::span<const TensorView> out, ScratchArena& s,
+                     const kernels::Exec& e) override {
+        return ok->process(in, out, s, e);
+      }
+      bool can_process_rows(const Region& dst) const override { return ok->can_process_rows(dst); }
+      Status process_rows(const TensorView& in, int64_t row0, std::span<const TensorView> out,
+                          const kernels::Exec& e) override {
+        return *fail ? Status::internal("injected rows failure") : ok->process_rows(in, row0, out, e);
+      }
+      std::unique_ptr<ProcessingKernel> ok;
+      const bool* fail;
+    };
+    return std::unique_ptr<ProcessingKernel>(new Failing(std::move(k), fail));
+  };
+}
+
+// A parameter whose borrowed rows fail in scratch (processed together at the end of a bucket)
+// refuses its layer, named with the parameter and its rows; the layer keeps its previous weights.
+TEST(Staging, BorrowedRowsThatFailInScratchRefuseTheirLayerUntouched) {
+  const tiny::Config cfg;
+  const std::string bad = "model.layers.1.mlp.down_proj.weight";
+  bool fail = false;
+  EngineOptions o;
+  o.kernel_factory = failing_rows_of(bad, &fail);
+  auto rank = make_rank(cfg, Scheme::kFp8PerChannel, std::move(o));
+  auto a = tiny::Weights::random(cfg, rank->spec, 1);
+  auto b = tiny::Weights::random(cfg, rank->spec, 2);
+  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1).ok());
+  const auto before = testing::contents(rank->storage);
+  fail = true;
+  LoadOptions opts = interleaved();
+  opts.chunk_rows = 8;
+  opts.borrow_bucket_bytes = 16 << 10;
+  auto r = load_checkpoint(*rank->engine, b->checkpoint(), 2, opts);
+  ASSERT_FALSE(r.ok());
+  const std::string why = r.status().to_string();
+  EXPECT_NE(why.find("injected rows failure"), std::string::npos) << why;
+  EXPECT_NE(why.find(bad + " rows"), std::string::npos) << why;
+  EXPECT_NE(why.find("layer model.layers.1 is refused"), std::string::npos) << why;
+  const auto now = testing::contents(rank->storage);
+  for (size_t i : rank->engine->registry().layer_tensors("model.layers.1")) {
+    const auto& name = rank->engine->registry().tensors()[i].name;
+    EXPECT_EQ(now.at(name), before.at(name)) << name << " of the refused layer changed";
+  }
+  EXPECT_EQ(rank->engine->census().moved, 0u);
+}
+
 TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   const tiny::Config cfg;
   auto probe = make_rank(cfg, Scheme::kFp8PerTensor);
