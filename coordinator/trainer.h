@@ -107,7 +107,7 @@ struct UpdateReport {
   uint64_t moved = 0;
   uint64_t registered = 0;
   uint64_t peak_staging_bytes = 0;
-  // Staging and scratch the ranks allocated anew (pages faulted in), summed: after a first update,
+  // Host staging and scratch the ranks allocated anew (pages faulted in), summed: after a first update,
   // 0 while updates keep their shape.
   uint64_t allocated_staging_bytes = 0;
   double seconds = 0;  // start_weight_update to finish_weight_update returning

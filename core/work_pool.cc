@@ -1,10 +1,14 @@
 #include "core/work_pool.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "core/parallel.h"
 
 namespace ferry {
 namespace {
@@ -24,21 +28,29 @@ class Pool {
  public:
   // Threads are started as jobs ask for them and kept until the process exits (detached: a
   // process-wide pool outlives static destruction order).
+  // A thread that cannot be started (a pids limit, say) leaves the pieces to fewer workers and the
+  // caller, which takes back what none starts.
   void ensure(size_t workers) {
     std::lock_guard<std::mutex> lock(mu_);
     while (started_ < workers) {
-      std::thread([this] { work(); }).detach();
+      try {
+        std::thread([this] { work(); }).detach();
+      } catch (const std::system_error&) {
+        return;
+      }
       ++started_;
     }
   }
 
-  void run(size_t count, const std::function<void(size_t)>& fn) {
+  // noexcept: a piece that throws ends the process (as on a thread of its own), rather than leaving
+  // queued tasks pointing at a job that is gone.
+  void run(size_t count, const std::function<void(size_t)>& fn) noexcept {
     Job job{&fn, count, {}};
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t t = 1; t < count; ++t) queue_.push_back({&job, t});
     }
-    wake_.notify_all();
+    for (size_t t = 1; t < count; ++t) wake_.notify_one();
     fn(0);
     std::unique_lock<std::mutex> lock(mu_);
     --job.left;
@@ -86,13 +98,15 @@ Pool& pool() {
 
 }  // namespace
 
-void run_pieces(size_t count, const std::function<void(size_t)>& fn) {
+void run_pieces(size_t count, const std::function<void(size_t)>& fn) noexcept {
   if (count == 0) return;
   if (count == 1) {
     fn(0);
     return;
   }
-  pool().ensure(count - 1);
+  // At most host_threads() at once, the caller's included (FERRY_THREADS: processes sharing a
+  // host's cores each keep to their share); more pieces queue for them.
+  pool().ensure(std::min(count, host_threads()) - 1);
   pool().run(count, fn);
 }
 

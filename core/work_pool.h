@@ -12,8 +12,8 @@
 
 namespace ferry {
 
-// fn(t) for t in [0, count), on the pool's threads and the caller's; returns when all are done. fn
-// must not throw.
-void run_pieces(size_t count, const std::function<void(size_t)>& fn);
+// fn(t) for t in [0, count), on the pool's threads and the caller's, at most host_threads() at
+// once; returns when all are done. fn must not throw (a throw ends the process).
+void run_pieces(size_t count, const std::function<void(size_t)>& fn) noexcept;
 
 }  // namespace ferry

@@ -219,7 +219,7 @@ void init_update(py::module_& m) {
       .def_readonly("registered", &UpdateReport::registered)
       .def_readonly("peak_staging_bytes", &UpdateReport::peak_staging_bytes)
       .def_readonly("allocated_staging_bytes", &UpdateReport::allocated_staging_bytes,
-                    "staging and scratch the ranks allocated anew, summed (0 while updates keep their shape)")
+                    "host staging and scratch the ranks allocated anew, summed (0 while updates keep their shape)")
       .def_readonly("seconds", &UpdateReport::seconds)
       .def_readonly("pause_seconds", &UpdateReport::pause_seconds)
       .def_readonly("plan_seconds", &UpdateReport::plan_seconds)

@@ -20,7 +20,7 @@ Result<Buffer> BufferPool::take(size_t bytes, Device device) {
     idle_.erase(it);
   } else {
     FERRY_ASSIGN_OR_RETURN(b, Buffer::allocate(bytes, device));
-    allocated_ += b.size();
+    if (key == kHost) allocated_ += b.size();
   }
   if (key == kHost) {
     out_host_ += b.size();
@@ -54,13 +54,14 @@ void BufferPool::set_host_cap(uint64_t cap) {
   }
 }
 
-void BufferPool::settle_host(uint64_t floor) {
+void BufferPool::begin_period() { out_host_ = peak_out_host_ = 0; }
+
+void BufferPool::settle_host(uint64_t floor, bool keep_peak) {
   // take() raised the cap to this period's peak already. Senders' paces vary from one update to the
-  // next, and so does what is out at once: the cap comes down only for a period that needed less
-  // than half of it (input in plan order again), not for each that needed a little less.
-  const uint64_t peak = std::max(floor, peak_out_host_);
+  // next, and so does what is out at once: the cap comes down only for a period that needed at most
+  // half of it (input in plan order again), not for each that needed a little less.
+  const uint64_t peak = keep_peak ? std::max(floor, peak_out_host_) : floor;
   if (2 * peak <= host_cap_) set_host_cap(peak);
-  peak_out_host_ = out_host_;
 }
 
 void BufferPool::clear() {

@@ -82,7 +82,7 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
       if (!any) break;
     }
   }
-  FERRY_RETURN_IF_ERROR(engine.begin(version, options.senders));
+  FERRY_RETURN_IF_ERROR(engine.begin(version, options.senders, options.stage));
   if (options.after_begin) options.after_begin(engine);
   std::vector<uint8_t> buf;
   std::vector<uint8_t> bucket(options.borrow_bucket_bytes);
@@ -134,6 +134,7 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
       return st;
     }
   }
+  if (options.stage) FERRY_RETURN_IF_ERROR(engine.apply_staged());
   return engine.finalize();
 }
 

@@ -37,6 +37,8 @@ struct LoadOptions {
   // piece (a test's note_sender() or drop_shadow(), as buckets would say them).
   int senders = 1;
   std::function<void(ReloadEngine&)> after_begin;
+  // A staged update (ReloadEngine::begin's `stage`): every piece is held, then apply_staged().
+  bool stage = false;
 };
 
 // begin(version), every piece, finalize().

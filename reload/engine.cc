@@ -191,6 +191,8 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   report_ = EngineReport{};
   report_.version = version;
   allocated_at_begin_ = pool_.allocated_bytes();
+  pool_.begin_period();
+  staged_update_ = stage;
   for (const auto& per_input : shadow_) {
     for (const Buffer& b : per_input) report_.shadow_bytes += b.size();
   }

@@ -85,8 +85,9 @@ struct EngineReport {
   uint64_t snapshot_bytes = 0;    // host snapshot held for rollback at the end of the update
   uint64_t layers = 0;            // layers processed
   uint64_t peak_staging_bytes = 0;
-  // Staging and scratch allocated anew (its pages faulted in) because no idle buffer of the pool fit:
-  // after a first update, 0 for every update shaped like the last one.
+  // Host staging and scratch allocated anew (its pages faulted in) because no idle buffer of the pool
+  // fit: after a first update, 0 while updates keep their shape (not staged ones, whose staging is
+  // not kept between updates).
   uint64_t allocated_staging_bytes = 0;
   uint64_t out_of_order_layers = 0;  // layers that began while another was still staged
   double process_seconds = 0;        // time in processing kernels and copy-in
@@ -303,6 +304,8 @@ class ReloadEngine {
   // not row-local for them, or its pieces were processed on arrival), and the caller processes all.
   Result<bool> process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
   void note_changed_rows(Param& p, const Region& dst, const std::vector<std::pair<uint64_t, uint64_t>>& runs);
+  // After an update's layers are released: the pool's host cap for the next (BufferPool::settle_host).
+  void settle_pool();
   Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,
               const std::shared_ptr<const void>* owner, Device data_device, bool rows, bool kept, bool completes,
               bool borrowed = false, bool band = false);
@@ -351,6 +354,7 @@ class ReloadEngine {
   BufferPool pool_;
   uint64_t largest_layer_bytes_ = 0;  // every input staged plus a scratch copy of its storage
   uint64_t allocated_at_begin_ = 0;   // pool_.allocated_bytes() when the update began
+  bool staged_update_ = false;        // begin(..., stage): every layer's staging out at once
   uint64_t max_staging_ = 0;
   uint64_t staging_bytes_ = 0;
   size_t staged_layers_ = 0;  // layers with staged = true

@@ -43,21 +43,19 @@ Result<EngineReport> ReloadEngine::finalize() {
   std::string missing;
   for (size_t i = 0; i < absent.size() && i < 8; ++i) missing += (i ? ", " : "") + absent[i];
   if (absent.size() > 8) missing += fmt::format(" and {} more", absent.size() - 8);
-  // The host pool keeps what updates hold at their peak, so that the next update shaped like them
-  // allocates nothing; one that held less than half of it (in plan order again) gives the rest back.
-  pool_.settle_host(largest_layer_bytes_);
-  report_.allocated_staging_bytes = pool_.allocated_bytes() - allocated_at_begin_;
   // Every kernel of the update has finished (and reported its error) before the update ends: lent
   // device pieces are only guaranteed until then.
   if (Status synced = device_synchronize(storage_.device()); !synced.ok()) {
     in_update_ = false;
     for (Layer& l : layers_) release(l);
+    settle_pool();
     return synced.with_context(fmt::format("update v{}", version_));
   }
   report_.census = census();
   report_.snapshot_bytes = snapshots_.bytes();
   in_update_ = false;
   for (Layer& l : layers_) release(l);
+  settle_pool();
   if (!unknown_.empty()) {
     std::string names;
     for (size_t i = 0; i < unknown_.size() && i < 8; ++i) names += " " + unknown_[i];
@@ -93,12 +91,21 @@ Result<EngineReport> ReloadEngine::finalize() {
   return report_;
 }
 
+void ReloadEngine::settle_pool() {
+  // The host pool keeps what updates hold at their peak, so that the next update shaped like them
+  // allocates nothing; one that held at most half of it (in plan order again) gives the rest back,
+  // and so does a staged update (every layer's staging at once is not kept between updates).
+  pool_.settle_host(largest_layer_bytes_, !staged_update_);
+  report_.allocated_staging_bytes = pool_.allocated_bytes() - allocated_at_begin_;
+}
+
 Status ReloadEngine::rollback() {
   if (rollback_ != RollbackMode::kHost) {
     return Status::failed_precondition("rollback is off (EngineOptions::rollback or FERRY_ROLLBACK=host turns it on)");
   }
   for (Layer& l : layers_) release(l);
   in_update_ = false;
+  settle_pool();
   const Census c = census();
   if (c.moved) {
     return Status::internal(fmt::format("rollback to v{}: {} registered tensors moved, no live storage to restore",
@@ -121,6 +128,7 @@ void ReloadEngine::abort() {
   for (Layer& l : layers_) release(l);
   borrowed_.clear();
   in_update_ = false;
+  settle_pool();
 }
 
 Census ReloadEngine::census() const { return registry_.census(storage_.tensors()); }

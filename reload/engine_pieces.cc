@@ -310,6 +310,10 @@ Status ReloadEngine::release_borrowed() {
   // pieces (a quarter of a slice each, from four), each too small for more than one thread.
   std::vector<ScratchRows> deferred;
   defer_scratch_ = &deferred;
+  struct Undefer {
+    std::vector<ScratchRows>*& at;
+    ~Undefer() { at = nullptr; }
+  } undefer{defer_scratch_};
   for (const Borrowed& b : borrowed) {
     Param& p = params_[b.param];
     Layer& layer = layers_[p.layer];
@@ -325,7 +329,7 @@ Status ReloadEngine::release_borrowed() {
                      false);
     if (!st.ok()) refuse(layer, st);
   }
-  defer_scratch_ = nullptr;
+  defer_scratch_ = nullptr;  // (and on a throw, by `undefer`)
   // A refused layer gave its scratch back: its rows are not processed.
   std::erase_if(deferred, [&](const ScratchRows& d) { return layers_[params_[d.param].layer].refused; });
   if (deferred.empty()) return first;

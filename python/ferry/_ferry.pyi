@@ -222,7 +222,7 @@ class UpdateReport:
     @property
     def allocated_staging_bytes(self) -> int:
         """
-        staging and scratch the ranks allocated anew, summed (0 while updates keep their shape)
+        host staging and scratch the ranks allocated anew, summed (0 while updates keep their shape)
         """
     @property
     def bytes(self) -> int:

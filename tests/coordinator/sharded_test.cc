@@ -116,6 +116,8 @@ TEST_F(ShardedTrainer, FourFsdpRanksUpdateATp2Replica) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_THAT(lines[r], HasSubstr("v2 ok")) << "trainer rank " << r << ": " << lines[r];
     const uint64_t first = allocated(lines[r], 1), third = allocated(lines[r], 3);
+    ASSERT_NE(first, UINT64_MAX) << "trainer rank " << r << ": " << lines[r];
+    ASSERT_NE(third, UINT64_MAX) << "trainer rank " << r << ": " << lines[r];
     EXPECT_GT(first, 0u) << "trainer rank " << r << ": " << lines[r];
     EXPECT_LE(third, first / 2) << "trainer rank " << r << ": " << lines[r];
   }
