@@ -108,9 +108,9 @@ class Conformance : public ::testing::TestWithParam<TransportCase> {
     return blob.ok() ? *blob : std::string();
   }
 
-  std::unique_ptr<Connection> connect(Transport& t, const std::string& blob,
-                                      std::string_view credential = kCredential) {
-    auto c = t.connect(blob, in(10s), credential);
+  std::unique_ptr<Connection> connect(Transport& t, const std::string& blob, std::string_view credential = kCredential,
+                                      std::chrono::milliseconds within = 10s) {
+    auto c = t.connect(blob, in(within), credential);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     return c.ok() ? std::move(*c) : nullptr;
   }
