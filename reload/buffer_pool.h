@@ -32,7 +32,6 @@ class BufferPool {
   // becomes the cap. `keep_peak` false: `floor` becomes the cap whatever the period held (a staged
   // update holds every layer's staging at once; that is not kept between updates).
   void settle_host(uint64_t floor, bool keep_peak = true);
-  uint64_t host_cap() const { return host_cap_; }
   // A buffer of at least `bytes` on `device` (at most about twice that, so accounting stays
   // honest); its contents are whatever the last user left.
   Result<Buffer> take(size_t bytes, Device device = Device::cpu());

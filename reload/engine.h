@@ -342,6 +342,9 @@ class ReloadEngine {
     Status status;
   };
   std::vector<ScratchRows>* defer_scratch_ = nullptr;
+  // `rows` into their parameters' scratch, all at once on the work pool; each that fails gets its
+  // parameter and rows in its status, each that does not counts as processed on arrival.
+  void process_scratch(std::vector<ScratchRows>& rows);
   uint64_t version_ = 0;
   uint64_t complete_version_ = 0;
   bool in_update_ = false;

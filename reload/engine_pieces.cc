@@ -203,18 +203,16 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     const Shape band_shape(dst.size.begin() + 1, dst.size.end());  // [rows, cols...] of matrix dst.offset[0]
     p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, band_shape, data_device), dst.offset[0],
                                  owner != nullptr ? *owner : nullptr, borrowed, dst.offset[1]});
-  } else if (how == Hold::kScratch && defer_scratch_ != nullptr) {
-    defer_scratch_->push_back({param, TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0], {}});
   } else if (how == Hold::kScratch) {
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
-    TensorView input_rows(const_cast<void*>(data), dtype, dst.size);
-    const auto t0 = std::chrono::steady_clock::now();
-    if (Status st2 = p.kernel->process_rows(input_rows, dst.offset[0], p.piecewise_views, options_.exec); !st2.ok()) {
-      return st2.with_context(fmt::format("{} rows {}", spec_.params[param].name, dst.to_string()));
+    ScratchRows rows{param, TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0], {}};
+    if (defer_scratch_ != nullptr) {
+      defer_scratch_->push_back(std::move(rows));
+    } else {
+      std::vector<ScratchRows> one{std::move(rows)};
+      process_scratch(one);
+      return one.front().status;
     }
-    report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    p.rows_done.emplace_back(dst.offset[0], dst.offset[0] + dst.size[0]);
-    ++report_.piecewise_pieces;
   } else if (const Device staged_on = p.staging[input].device(); !staged_on.is_cpu()) {
     TensorView staged(p.staging[input].data(), in.dtype, in.shape, staged_on);
     auto copied = unpack_rows_on_device(staged, dst, data, bytes);
@@ -332,27 +330,30 @@ Status ReloadEngine::release_borrowed() {
   defer_scratch_ = nullptr;  // (and on a throw, by `undefer`)
   // A refused layer gave its scratch back: its rows are not processed.
   std::erase_if(deferred, [&](const ScratchRows& d) { return layers_[params_[d.param].layer].refused; });
-  if (deferred.empty()) return first;
+  process_scratch(deferred);
+  for (const ScratchRows& d : deferred) {
+    if (!d.status.ok()) refuse(layers_[params_[d.param].layer], d.status);  // its rows_done go with it
+  }
+  return first;
+}
+
+void ReloadEngine::process_scratch(std::vector<ScratchRows>& rows) {
+  if (rows.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  run_pieces(deferred.size(), [&](size_t k) {
-    ScratchRows& d = deferred[k];
+  run_pieces(rows.size(), [&](size_t k) {
+    ScratchRows& d = rows[k];
     Param& p = params_[d.param];
     d.status = p.kernel->process_rows(d.rows, d.row0, p.piecewise_views, options_.exec);
   });
   report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (const ScratchRows& d : deferred) {
-    Param& p = params_[d.param];
-    Layer& layer = layers_[p.layer];
-    if (layer.refused) continue;
+  for (ScratchRows& d : rows) {
     if (!d.status.ok()) {
-      refuse(layer,
-             d.status.with_context(fmt::format("{} rows {}+{}", spec_.params[d.param].name, d.row0, d.rows.dim(0))));
+      d.status = d.status.with_context(fmt::format("{} rows {}+{}", spec_.params[d.param].name, d.row0, d.rows.dim(0)));
       continue;
     }
-    p.rows_done.emplace_back(d.row0, d.row0 + d.rows.dim(0));
+    params_[d.param].rows_done.emplace_back(d.row0, d.row0 + d.rows.dim(0));
     ++report_.piecewise_pieces;
   }
-  return first;
 }
 
 Status ReloadEngine::check_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, size_t bytes) const {
