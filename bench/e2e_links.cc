@@ -93,10 +93,13 @@ class Probe final : public LinkProbe {
       bufs_.push_back(std::move(b));
       regions_.push_back(std::move(reg));
     }
-    // Bucket builders for packing, sized as the trainer sizes them.
-    for (size_t d = 0; d < ranks_.size(); ++d) {
-      builders_.push_back(std::make_unique<dataplane::BucketBuilder>(dataplane::bucket_capacity(plan_, d)));
-      if (!builders_.back()->ok()) return Status::resource_exhausted("bucket buffer for the packing probe");
+    // Bucket builders for packing, sized as the trainer sizes them: a set per sender packing at once.
+    packers_.resize(static_cast<size_t>(senders_));
+    for (Packer& pk : packers_) {
+      for (size_t d = 0; d < ranks_.size(); ++d) {
+        pk.builders.push_back(std::make_unique<dataplane::BucketBuilder>(dataplane::bucket_capacity(plan_, d)));
+        if (!pk.builders.back()->ok()) return Status::resource_exhausted("bucket buffer for the packing probe");
+      }
     }
     return ok_status();
   }
@@ -105,7 +108,9 @@ class Probe final : public LinkProbe {
     FERRY_RETURN_IF_ERROR(round_trips(keep));
     FERRY_RETURN_IF_ERROR(processing(keep));
     FERRY_RETURN_IF_ERROR(transport(keep));
-    return packing(keep);
+    FERRY_RETURN_IF_ERROR(packing(keep));
+    FERRY_RETURN_IF_ERROR(overlap(keep, 1));
+    return senders_ > 1 ? overlap(keep, senders_) : ok_status();
   }
 
   Links links() const override {
@@ -125,6 +130,8 @@ class Probe final : public LinkProbe {
     } else {  // noise swamped one of them: keep the bytes
       l.host_bytes_per_second = big_bytes / median(big_);
     }
+    l.host_parallelism = parallelism(overlap_one_, 1, l.process_bytes_per_second);
+    if (senders_ > 1) l.host_parallelism_many = parallelism(overlap_many_, senders_, l.process_many_bytes_per_second);
     return l;
   }
 
@@ -178,6 +185,16 @@ class Probe final : public LinkProbe {
     return ok_status();
   }
 
+  // The host's stages one at a time as the cost model adds them up (the busiest sender's packing,
+  // the transport from this process, every rank's processing at the slowest rank's rate), over the
+  // time the host took doing them at once: how many stages' worth of work it does at a time.
+  double parallelism(const std::vector<double>& together, int senders, double process_rate) const {
+    if (together.empty() || process_rate <= 0) return 1;
+    double one_at_a_time = median(pack_) / senders + median(big_);
+    for (const auto& [r, bytes] : process_bytes_) one_at_a_time += static_cast<double>(bytes) / process_rate;
+    return std::max(1.0, one_at_a_time / median(together));
+  }
+
   static double slowest_rate(const std::map<size_t, std::vector<double>>& times,
                              const std::map<size_t, uint64_t>& bytes) {
     double slowest = 0;
@@ -213,16 +230,29 @@ class Probe final : public LinkProbe {
   // Posts `rounds` rounds of `per_rank` buckets to every rank, round-robin over the ranks, at most
   // `slots_` in flight per rank; returns the seconds until every rank has received all of them.
   Result<double> post_all(const std::vector<std::vector<size_t>>& per_rank, uint64_t rounds) {
+    FERRY_RETURN_IF_ERROR(announce(per_rank, rounds));
+    const auto t0 = Clock::now();
+    FERRY_RETURN_IF_ERROR(post(per_rank, rounds));
+    for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(expect_reply(r, "received"));
+    return since(t0);
+  }
+
+  // Tells every rank how many buckets to count before it answers "received".
+  Status announce(const std::vector<std::vector<size_t>>& per_rank, uint64_t rounds) {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       FERRY_RETURN_IF_ERROR(ranks_[r].send(fmt::format("expect {}", per_rank[r].size() * rounds)));
       FERRY_RETURN_IF_ERROR(expect_reply(ranks_[r], "ok"));
     }
+    return ok_status();
+  }
+
+  // post_all()'s buckets, until this side has seen every one complete.
+  Status post(const std::vector<std::vector<size_t>>& per_rank, uint64_t rounds) {
     std::vector<std::deque<std::unique_ptr<transport::TransferHandle>>> pending(ranks_.size());
     std::vector<size_t> next(ranks_.size(), 0);
     size_t most = 0;
     for (const auto& v : per_rank) most = std::max(most, v.size());
     const auto deadline = Clock::now() + 300s;
-    const auto t0 = Clock::now();
     for (uint64_t round = 0; round < rounds; ++round) {
       for (size_t k = 0; k < most; ++k) {
         for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -240,8 +270,7 @@ class Probe final : public LinkProbe {
     for (auto& p : pending) {
       for (auto& h : p) FERRY_RETURN_IF_ERROR(h->wait(deadline));
     }
-    for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(expect_reply(r, "received"));
-    return since(t0);
+    return ok_status();
   }
 
   Status transport(bool keep) {
@@ -265,25 +294,7 @@ class Probe final : public LinkProbe {
       const uint64_t version = 1000 + (++packs_);
       const Weights w(manifest_, version);
       const auto t0 = Clock::now();
-      for (const sharding::Bucket& bucket : plan_.buckets) {
-        dataplane::BucketBuilder& b = *builders_[static_cast<size_t>(bucket.dst)];
-        b.reset(1, 0, 0);
-        for (const sharding::BucketPart& part : bucket.parts) {
-          const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(part.piece)];
-          const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
-          const auto [src, dst] =
-              sharding::part_regions(pc.src, sharding::piece_dst_region(pc, param), part.first_row, part.rows);
-          const auto& source = manifest_[static_cast<size_t>(pc.source)];
-          const TensorView& tensor = w.views[static_cast<size_t>(pc.source)];
-          const dataplane::DeltaBases::Base* base =
-              bases_ ? bases_->find(source.name, Region::whole(source.shape), source.dtype, source.shape) : nullptr;
-          const size_t row_bytes = part.rows > 0 ? part.bytes / static_cast<size_t>(part.rows) : 0;
-          FERRY_RETURN_IF_ERROR(dataplane::pack_part(
-              b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst, source.dtype, std::nullopt, tensor, tensor,
-              part.first_row, part.rows, row_bytes, base, {deltas_.prefer, deltas_.zstd}, scratch_, tally_));
-        }
-        FERRY_RETURN_IF_ERROR(b.seal(false).status());
-      }
+      FERRY_RETURN_IF_ERROR(pack(w, packers_[0], 0, 1));
       if (bases_) {
         for (size_t t = 0; t < manifest_.size(); ++t) {
           bases_->record(manifest_[t].name, Region::whole(manifest_[t].shape), w.views[t], version);
@@ -291,6 +302,79 @@ class Probe final : public LinkProbe {
       }
       if (keep) pack_.push_back(since(t0));
     }
+    return ok_status();
+  }
+
+  // The builders of one sender packing at a time, and what its packing keeps between parts.
+  struct Packer {
+    std::vector<std::unique_ptr<dataplane::BucketBuilder>> builders;  // per rank
+    dataplane::PackScratch scratch;
+    dataplane::DeltaTally tally;
+  };
+
+  // Packs the plan's buckets first, first + stride, ... of `w` with `pk`.
+  Status pack(const Weights& w, Packer& pk, size_t first, size_t stride) {
+    for (size_t k = first; k < plan_.buckets.size(); k += stride) {
+      const sharding::Bucket& bucket = plan_.buckets[k];
+      dataplane::BucketBuilder& b = *pk.builders[static_cast<size_t>(bucket.dst)];
+      b.reset(1, 0, 0);
+      for (const sharding::BucketPart& part : bucket.parts) {
+        const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(part.piece)];
+        const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
+        const auto [src, dst] =
+            sharding::part_regions(pc.src, sharding::piece_dst_region(pc, param), part.first_row, part.rows);
+        const auto& source = manifest_[static_cast<size_t>(pc.source)];
+        const TensorView& tensor = w.views[static_cast<size_t>(pc.source)];
+        const dataplane::DeltaBases::Base* base =
+            bases_ ? bases_->find(source.name, Region::whole(source.shape), source.dtype, source.shape) : nullptr;
+        const size_t row_bytes = part.rows > 0 ? part.bytes / static_cast<size_t>(part.rows) : 0;
+        FERRY_RETURN_IF_ERROR(dataplane::pack_part(
+            b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst, source.dtype, std::nullopt, tensor, tensor,
+            part.first_row, part.rows, row_bytes, base, {deltas_.prefer, deltas_.zstd}, pk.scratch, pk.tally));
+      }
+      FERRY_RETURN_IF_ERROR(b.seal(false).status());
+    }
+    return ok_status();
+  }
+
+  // The host's stages at once, as an update runs them: `senders` threads each packing its share of
+  // the plan's buckets, the transport carrying the plan's buckets from another, and every rank
+  // processing its pieces as `senders` trainer ranks cut them. Times from "go" until all are done.
+  Status overlap(bool keep, int senders) {
+    FERRY_RETURN_IF_ERROR(announce(sizes_, 1));
+    for (auto& r : ranks_) {
+      FERRY_RETURN_IF_ERROR(r.send(fmt::format("overlap {}", senders)));
+      FERRY_RETURN_IF_ERROR(expect_reply(r, "prepared"));
+    }
+    const Weights w(manifest_, 1000 + (++packs_));
+    const auto t0 = Clock::now();
+    for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(r.send("go"));
+    Status posted;
+    std::vector<Status> packed(static_cast<size_t>(senders));
+    {
+      std::vector<std::jthread> threads;
+      threads.emplace_back([&] { posted = post(sizes_, 1); });
+      for (int s = 1; s < senders; ++s) {
+        threads.emplace_back([&, s] {
+          packed[static_cast<size_t>(s)] =
+              pack(w, packers_[static_cast<size_t>(s)], static_cast<size_t>(s), static_cast<size_t>(senders));
+        });
+      }
+      packed[0] = pack(w, packers_[0], 0, static_cast<size_t>(senders));
+    }
+    FERRY_RETURN_IF_ERROR(posted);
+    for (const Status& st : packed) FERRY_RETURN_IF_ERROR(st);
+    for (auto& r : ranks_) {  // "received" and "processed", in either order
+      for (int k = 0; k < 2; ++k) {
+        FERRY_ASSIGN_OR_RETURN(std::string frame, r.recv(Clock::now() + 120s));
+        const std::string_view word = command_of(frame);
+        if (word != "received" && word != "processed") {
+          return Status::internal(
+              fmt::format("bench rank answered '{}' during the overlap probe", frame.substr(0, 80)));
+        }
+      }
+    }
+    if (keep) (senders == 1 ? overlap_one_ : overlap_many_).push_back(since(t0));
     return ok_status();
   }
 
@@ -316,14 +400,12 @@ class Probe final : public LinkProbe {
   std::vector<std::vector<size_t>> sizes_;  // per rank, the plan's bucket sizes in plan order
   uint64_t plan_bytes_ = 0;
 
-  std::vector<std::unique_ptr<dataplane::BucketBuilder>> builders_;
+  std::vector<Packer> packers_;  // one per sender of the overlap probe; the first also packs alone
   uint64_t packs_ = 0;
   PackDeltas deltas_;
   std::unique_ptr<dataplane::DeltaBases> bases_;  // with deltas on: the copies of the version packed before
-  dataplane::PackScratch scratch_;
-  dataplane::DeltaTally tally_;
 
-  std::vector<double> rtt_, pack_, small_, big_;
+  std::vector<double> rtt_, pack_, small_, big_, overlap_one_, overlap_many_;
   std::map<size_t, std::vector<double>> process_, process_many_;
   std::map<size_t, uint64_t> process_bytes_;
 };
@@ -387,6 +469,8 @@ void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOpt
                                                  ? links.process_many_bytes_per_second
                                                  : links.process_bytes_per_second;
   options->stages.round_trip_seconds = links.round_trip_seconds;
+  topo->host_parallelism =
+      many && links.host_parallelism_many > 0 ? links.host_parallelism_many : std::max(1.0, links.host_parallelism);
 }
 
 std::string predicted_json(const sharding::CostReport& c) {
@@ -400,9 +484,11 @@ std::string predicted_json(const sharding::CostReport& c) {
 std::string links_json(const Links& l) {
   return fmt::format(
       "{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},"
-      "\"process_gbps\":{:.3f},\"process_many_gbps\":{:.3f}}}",
+      "\"process_gbps\":{:.3f},\"process_many_gbps\":{:.3f},\"host_parallelism\":{:.3f},"
+      "\"host_parallelism_many\":{:.3f}}}",
       l.round_trip_seconds, l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
-      l.process_bytes_per_second / 1e9, l.process_many_bytes_per_second / 1e9);
+      l.process_bytes_per_second / 1e9, l.process_many_bytes_per_second / 1e9, l.host_parallelism,
+      l.host_parallelism_many);
 }
 
 Result<sharding::LlamaConfig> model_config(const std::string& model) {

@@ -40,6 +40,13 @@ struct Links {
   // The same, its pieces as `senders` trainer ranks cut them (each holding Shard(0) rows of every
   // tensor), their buckets arriving in turn; 0 when not measured (one sender).
   double process_many_bytes_per_second = 0;
+  // How many stages' worth of work the host does at a time (sharding::Topology::host_parallelism):
+  // the stages timed alone and added up as the cost model adds them, over their time run at once
+  // (one sender packing while the transport carries its buckets and the ranks process); at least 1.
+  double host_parallelism = 1;
+  // The same with `senders` trainer ranks packing their shares at once and the ranks' pieces cut as
+  // theirs; 0 when not measured (one sender).
+  double host_parallelism_many = 0;
 };
 
 // How the trainer packs with FERRY_DELTA on: each part compared with its copy of the version sent
@@ -75,13 +82,14 @@ double median(std::vector<double> v);
 Result<std::vector<sharding::RankSpec>> demo_rank_specs(const sharding::LlamaConfig& cfg, int tp, const std::string& scheme);
 
 // The cost model's inputs from measured links: one host, its transport at the measured rate. `many`:
-// for the plan of several senders (the ranks' processing as measured for it, where it was).
+// for the plan of several senders (the ranks' processing and the host's parallelism as measured for
+// it, where they were).
 void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options, bool many = false);
 
 // JSON objects of a prediction's parts and of the links it came from, as the benches print them:
 // {"control":..,"pipeline":..,"critical":"..","fill":..,"busy":..,"drain":..,"pack":..,"process":..,"host":..}
 // {"round_trip_seconds":..,"host_gbps":..,"seconds_per_bucket":..,"pack_gbps":..,"process_gbps":..,
-//  "process_many_gbps":..}
+//  "process_many_gbps":..,"host_parallelism":..,"host_parallelism_many":..}
 std::string predicted_json(const sharding::CostReport& c);
 std::string links_json(const Links& l);
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -74,81 +75,108 @@ class ControlEcho {
 // values before every run, as every update brings; processed through a reload engine of its own
 // over storage of its own, each bucket borrowed and released as a rank does a host bucket's valid
 // for the transport's callback, or (`handed_over`: the transport hands its buckets over, as tcp
-// does) lent until its layers are processed, where the engine takes lent pieces. Median seconds
-// of `runs` whole updates (begin, every bucket, finalize).
-Result<std::pair<uint64_t, double>> process_probe(const sharding::LlamaConfig& cfg, const sharding::RankSpec& spec,
-                                                  const std::vector<sharding::RankSpec>& specs, int senders,
-                                                  bool handed_over, int runs) {
-  FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
-  FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
-  FERRY_ASSIGN_OR_RETURN(auto engine, reload::ReloadEngine::create(spec, storage));
-  const bool lend = handed_over && engine->lends_host_pieces();  // as dataplane/bucket_receiver.cc decides
-  const sharding::Manifest manifest = sharding::llama_manifest(cfg);
-  std::vector<sharding::SenderInfo> holdings;
-  if (senders <= 1) {
-    holdings.push_back(sharding::SenderInfo{});
-  } else {
-    for (int r = 0; r < senders; ++r) holdings.push_back(sharding::fsdp_holdings(manifest, r, senders));
-  }
-  FERRY_ASSIGN_OR_RETURN(const sharding::Plan plan,
-                         sharding::make_plan(manifest, specs, holdings, sharding::PlanOptions{settings.bucket_bytes}));
-  // This rank's buckets per sender, in plan order; then taken in turn.
-  std::vector<std::vector<const sharding::Bucket*>> streams(holdings.size());
-  for (const auto& b : plan.buckets) {
-    if (b.dst == spec.tp_rank) streams[static_cast<size_t>(b.sender)].push_back(&b);
-  }
-  size_t longest = 0;
-  for (const auto& st : streams) longest = std::max(longest, st.size());
-  std::vector<const sharding::Bucket*> order;
-  for (size_t k = 0; k < longest; ++k) {
-    for (const auto& st : streams) {
-      if (k < st.size()) order.push_back(st[k]);
+// does) lent until its layers are processed, where the engine takes lent pieces.
+class ProcessProbe {
+ public:
+  static Result<std::unique_ptr<ProcessProbe>> make(const sharding::LlamaConfig& cfg, const sharding::RankSpec& spec,
+                                                    const std::vector<sharding::RankSpec>& specs, int senders,
+                                                    bool handed_over) {
+    FERRY_ASSIGN_OR_RETURN(const Settings settings, load_settings());
+    FERRY_ASSIGN_OR_RETURN(auto storage, reload::ModelStorage::allocate(spec, Device::cpu()));
+    auto p = std::unique_ptr<ProcessProbe>(new ProcessProbe(std::move(storage), spec.tp_rank));
+    FERRY_ASSIGN_OR_RETURN(p->engine_, reload::ReloadEngine::create(spec, p->storage_));
+    p->lend_ = handed_over && p->engine_->lends_host_pieces();  // as dataplane/bucket_receiver.cc decides
+    const sharding::Manifest manifest = sharding::llama_manifest(cfg);
+    std::vector<sharding::SenderInfo> holdings;
+    if (senders <= 1) {
+      holdings.push_back(sharding::SenderInfo{});
+    } else {
+      for (int r = 0; r < senders; ++r) holdings.push_back(sharding::fsdp_holdings(manifest, r, senders));
     }
+    FERRY_ASSIGN_OR_RETURN(
+        const sharding::Plan plan,
+        sharding::make_plan(manifest, specs, holdings, sharding::PlanOptions{settings.bucket_bytes}));
+    // This rank's buckets per sender, in plan order; then taken in turn.
+    std::vector<std::vector<const sharding::Bucket*>> streams(holdings.size());
+    for (const auto& b : plan.buckets) {
+      if (b.dst == spec.tp_rank) streams[static_cast<size_t>(b.sender)].push_back(&b);
+    }
+    size_t longest = 0;
+    for (const auto& st : streams) longest = std::max(longest, st.size());
+    std::vector<const sharding::Bucket*> order;
+    for (size_t k = 0; k < longest; ++k) {
+      for (const auto& st : streams) {
+        if (k < st.size()) order.push_back(st[k]);
+      }
+    }
+    for (const sharding::Bucket* b : order) {
+      auto& parts = p->buckets_.emplace_back();
+      for (const auto& bp : b->parts) {
+        const sharding::Piece& pc = plan.pieces[static_cast<size_t>(bp.piece)];
+        const auto& param = spec.params[static_cast<size_t>(pc.param)];
+        if (param.source_dtype != DType::kBF16) return Status::invalid_argument("bench e2e sends bf16 weights only");
+        const Region dst = sharding::piece_dst_region(pc, param);
+        const auto [src, part_dst] = sharding::part_regions(pc.src, dst, bp.first_row, bp.rows);
+        parts.push_back({static_cast<uint32_t>(pc.param), part_dst,
+                         std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(src.numel()))});
+        p->bytes_ += parts.back().data->size() * 2;
+      }
+    }
+    return p;
   }
+
+  uint64_t bytes() const { return bytes_; }
+
+  // New values, then one whole update (begin, every bucket, finalize); its seconds.
+  Result<double> run() {
+    for (auto& bucket : buckets_) {
+      for (auto& pc : bucket) {
+        for (auto& e : *pc.data) e = e2e::next_bf16(x_);
+      }
+    }
+    const auto t0 = Clock::now();
+    FERRY_RETURN_IF_ERROR(engine_->begin(++version_));
+    for (const auto& bucket : buckets_) {
+      for (const auto& pc : bucket) {
+        const size_t n = pc.data->size() * 2;
+        FERRY_RETURN_IF_ERROR(lend_
+                                  ? engine_->lend_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data, pc.data->data(), n)
+                                  : engine_->borrow_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data->data(), n));
+      }
+      FERRY_RETURN_IF_ERROR(engine_->release_borrowed());
+    }
+    FERRY_RETURN_IF_ERROR(engine_->finalize().status());
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  // Median seconds of `runs` runs after one that warms the engine's pools and the pages.
+  Result<double> median_of(int runs) {
+    std::vector<double> t;
+    for (int r = 0; r <= runs; ++r) {
+      FERRY_ASSIGN_OR_RETURN(const double s, run());
+      if (r > 0) t.push_back(s);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+
+ private:
+  ProcessProbe(reload::ModelStorage storage, int rank)
+      : storage_(std::move(storage)), x_(0x2545f4914f6cdd1dull * static_cast<uint64_t>(rank + 1)) {}
+
   struct Part {
     uint32_t param;
     Region dst;
     std::shared_ptr<std::vector<uint16_t>> data;
   };
-  std::vector<std::vector<Part>> buckets;
-  uint64_t bytes = 0;
-  for (const sharding::Bucket* b : order) {
-    auto& parts = buckets.emplace_back();
-    for (const auto& bp : b->parts) {
-      const sharding::Piece& pc = plan.pieces[static_cast<size_t>(bp.piece)];
-      const auto& param = spec.params[static_cast<size_t>(pc.param)];
-      if (param.source_dtype != DType::kBF16) return Status::invalid_argument("bench e2e sends bf16 weights only");
-      const Region dst = sharding::piece_dst_region(pc, param);
-      const auto [src, part_dst] = sharding::part_regions(pc.src, dst, bp.first_row, bp.rows);
-      parts.push_back({static_cast<uint32_t>(pc.param), part_dst,
-                       std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(src.numel()))});
-      bytes += parts.back().data->size() * 2;
-    }
-  }
-  uint64_t x = 0x2545f4914f6cdd1dull * static_cast<uint64_t>(spec.tp_rank + 1);
-  std::vector<double> t;
-  for (int r = 0; r <= runs; ++r) {  // the first run warms the engine's pools and the pages
-    for (auto& bucket : buckets) {
-      for (auto& pc : bucket) {
-        for (auto& e : *pc.data) e = e2e::next_bf16(x);
-      }
-    }
-    const auto t0 = Clock::now();
-    FERRY_RETURN_IF_ERROR(engine->begin(static_cast<uint64_t>(r + 1)));
-    for (const auto& bucket : buckets) {
-      for (const auto& pc : bucket) {
-        const size_t n = pc.data->size() * 2;
-        FERRY_RETURN_IF_ERROR(lend ? engine->lend_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data, pc.data->data(), n)
-                                   : engine->borrow_piece(pc.param, 0, pc.dst, DType::kBF16, pc.data->data(), n));
-      }
-      FERRY_RETURN_IF_ERROR(engine->release_borrowed());
-    }
-    FERRY_RETURN_IF_ERROR(engine->finalize().status());
-    if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return std::make_pair(bytes, t[t.size() / 2]);
-}
+  reload::ModelStorage storage_;
+  std::unique_ptr<reload::ReloadEngine> engine_;
+  bool lend_ = false;
+  std::vector<std::vector<Part>> buckets_;
+  uint64_t bytes_ = 0;
+  uint64_t x_;
+  uint64_t version_ = 0;
+};
 
 // Counts buckets arriving over the transport; tells the bench when the expected number arrived.
 class TransportSink {
@@ -236,8 +264,23 @@ Status serve(uint16_t probe_port, const std::string& coordinator, int rank, int 
       }
       // Lent as the receiving side does with buckets handed over (seen from the transport's own
       // buckets in the bench's earlier rounds), when lending saves the engine work.
-      FERRY_ASSIGN_OR_RETURN(auto r, process_probe(cfg, spec, specs, senders, sink.hands_over(), runs));
-      FERRY_RETURN_IF_ERROR(reply(fmt::format("processed {} {:.9f}", r.first, r.second)));
+      FERRY_ASSIGN_OR_RETURN(auto p, ProcessProbe::make(cfg, spec, specs, senders, sink.hands_over()));
+      FERRY_ASSIGN_OR_RETURN(const double seconds, p->median_of(runs));
+      FERRY_RETURN_IF_ERROR(reply(fmt::format("processed {} {:.9f}", p->bytes(), seconds)));
+    } else if (cmd == "overlap") {
+      // "overlap SENDERS": made and warmed, then one run from "go", while the bench packs and
+      // sends (the host's stages at once); "processed" may come before or after "received".
+      int senders = 1;
+      if (std::sscanf(std::string(rest).c_str(), "%d", &senders) != 1 || senders < 1) {
+        return Status::invalid_argument(fmt::format("bench rank: malformed overlap probe '{}'", rest));
+      }
+      FERRY_ASSIGN_OR_RETURN(auto p, ProcessProbe::make(cfg, spec, specs, senders, sink.hands_over()));
+      FERRY_RETURN_IF_ERROR(p->run().status());
+      FERRY_RETURN_IF_ERROR(reply("prepared"));
+      FERRY_ASSIGN_OR_RETURN(std::string go, probe.recv(Clock::now() + 60s));
+      if (go != "go") return Status::invalid_argument(fmt::format("bench rank: '{}' where 'go' was expected", go));
+      FERRY_ASSIGN_OR_RETURN(const double seconds, p->run());
+      FERRY_RETURN_IF_ERROR(reply(fmt::format("processed {} {:.9f}", p->bytes(), seconds)));
     } else if (cmd == "listen") {
       FERRY_ASSIGN_OR_RETURN(std::string blob, sink.listen(transport));
       FERRY_RETURN_IF_ERROR(reply("blob " + blob));

@@ -268,20 +268,22 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
     consider(processors[d], fmt::format("process rollout rank {}", d));
     rep.process_seconds = std::max(rep.process_seconds, processors[d].busy);
   }
-  // One host: every stage is work for the same cores, and each rate was measured with the host to
-  // itself, so the host does one stage at a time and the pipeline lasts at least all of its work;
-  // but sender processes pack side by side (each its own share, on a core of its own), so packing
-  // counts once, as the busiest sender's.
+  // One host: every stage is work for the same cores and memory, and each rate was measured with
+  // the host to itself, so the pipeline lasts at least all of its work over the number of stages
+  // the host does at once (measured; 1 on two cores). Sender processes pack side by side (each its
+  // own share, on a core of its own), so packing counts once, as the busiest sender's.
   if (one_host) {
     double host = rep.pack_seconds;
     for (size_t i = kHostTx; i < link_chains.size(); i += kLinks) host += link_chains[i].busy;
     for (const auto& c : processors) host += c.busy;
     rep.host_seconds = host;
-    if (host > rep.pipeline_seconds) {
-      rep.pipeline_seconds = host;
-      rep.critical = "host (every stage, one at a time)";
+    const double parallelism = std::max(1.0, topo.host_parallelism);
+    if (host / parallelism > rep.pipeline_seconds) {
+      rep.pipeline_seconds = host / parallelism;
+      rep.critical = parallelism > 1 ? fmt::format("host ({:.2f} stages at a time)", parallelism)
+                                     : "host (every stage, one at a time)";
       rep.fill_seconds = 0;
-      rep.busy_seconds = host;
+      rep.busy_seconds = rep.pipeline_seconds;
       rep.drain_seconds = 0;
     }
   }

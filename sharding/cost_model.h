@@ -36,6 +36,10 @@ struct Topology {
   double seconds_per_bucket = 10e-6;  // posting and completing one bucket on a link
   Placement placement = Placement::kGpuNodes;
   double host_gbps = 0;  // kOneHost: the host transport between two processes
+  // kOneHost: how many stages' worth of work the host does at a time (its cores and memory shared
+  // between the senders packing, the transport's copies and the ranks processing), as measured
+  // (`ferry bench e2e`'s overlap probe); 1: one stage at a time. At least 1.
+  double host_parallelism = 1;
   // kGpuNodes: when not empty, the GPU (index over the cluster, gpus_per_node to a node) of each
   // rollout rank, instead of the placement `colocated` gives. Ranks may share a GPU (and its links).
   std::vector<int64_t> rank_gpus;
@@ -106,7 +110,9 @@ struct CostReport {
   double drain_seconds = 0;     // its last bucket's later stages
   double pack_seconds = 0;      // the busiest sender's packing
   double process_seconds = 0;   // the busiest rank's processing
-  double host_seconds = 0;      // one host: the sum of every stage's work (a bound on the pipeline)
+  // One host: the sum of every stage's work; over Topology::host_parallelism, a bound on the
+  // pipeline.
+  double host_seconds = 0;
 };
 
 // `num_senders` trainer GPUs send `plan` to ranks.size() rollout GPUs.

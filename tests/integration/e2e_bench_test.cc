@@ -60,7 +60,7 @@ TEST_P(E2eBench, PrintsOneWellFormedLine) {
     EXPECT_GT(j.at("predicted").at(k).get<double>(), 0.0) << k;
   }
   EXPECT_FALSE(j.at("predicted").at("critical").get<std::string>().empty());
-  for (const char* k : {"round_trip_seconds", "host_gbps", "pack_gbps", "process_gbps"}) {
+  for (const char* k : {"round_trip_seconds", "host_gbps", "pack_gbps", "process_gbps", "host_parallelism"}) {
     EXPECT_GT(j.at("links").at(k).get<double>(), 0.0) << k;
   }
   EXPECT_GE(j.at("links").at("seconds_per_bucket").get<double>(), 0.0);
@@ -87,10 +87,16 @@ TEST(E2eBenchTrainers, PrintsShardedBesideGatherPerSize) {
     // The ranks' processing is measured for the pieces as the sharded plan cuts them too (several
     // senders' rows of each slice), which the sharded prediction takes.
     const double many = j.at("links").at("process_many_gbps").get<double>();
+    // So is the host's parallelism (the stages run at once), at least one stage at a time.
+    const double parallelism = j.at("links").at("host_parallelism").get<double>();
+    const double parallelism_many = j.at("links").at("host_parallelism_many").get<double>();
+    EXPECT_GE(parallelism, 1.0);
     if (i == 0) {
       EXPECT_EQ(many, 0.0) << "one sender: nothing else to measure";
+      EXPECT_EQ(parallelism_many, 0.0);
     } else {
       EXPECT_GT(many, 0.0);
+      EXPECT_GE(parallelism_many, 1.0);
     }
   }
 }

@@ -202,6 +202,39 @@ TEST(CostModel, OneHostAddsEveryStageAndTheRoundTrips) {
   EXPECT_NEAR(c->predicted_seconds, 5e-3 + 5.44288e-3, 1e-12);
 }
 
+// The same host doing several stages at once (Topology::host_parallelism, as measured): the host's
+// work divided by it bounds the pipeline only while that exceeds the longest chain.
+TEST(CostModel, OneHostDoingStagesAtOnceDividesItsWork) {
+  Tiny t = tiny(1024, 2, false);
+  auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{4 << 20});
+  ASSERT_TRUE(plan.ok());
+  Topology topo;
+  topo.placement = Placement::kOneHost;
+  topo.host_gbps = 8;  // 1 GB/s
+  topo.seconds_per_bucket = 1e-4;
+  CostOptions o;
+  o.stages.pack_bytes_per_second = 2e9;
+  o.stages.process_bytes_per_second = 1e9;
+  const double host = 5.44288e-3;    // every stage one at a time (above)
+  const double chain = 4.394304e-3;  // host_tx's chain: both buckets once packed, the last processed
+  topo.host_parallelism = 1.1;       // 4.948 ms: still above the chain
+  auto c = estimate_cost(*plan, t.ranks, 1, topo, o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NEAR(c->host_seconds, host, 1e-12);
+  EXPECT_NEAR(c->pipeline_seconds, host / 1.1, 1e-12);
+  EXPECT_EQ(c->critical, "host (1.10 stages at a time)");
+  topo.host_parallelism = 2;  // 2.72 ms: the chain decides
+  c = estimate_cost(*plan, t.ranks, 1, topo, o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NEAR(c->host_seconds, host, 1e-12);
+  EXPECT_NEAR(c->pipeline_seconds, chain, 1e-12);
+  EXPECT_EQ(c->critical, "host_tx (trainer 0)");
+  topo.host_parallelism = 0.5;  // never below one stage at a time
+  c = estimate_cost(*plan, t.ranks, 1, topo, o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NEAR(c->pipeline_seconds, host, 1e-12);
+}
+
 // Two sender processes on the host, each holding the rows one rank takes: they pack side by side,
 // so the host's work counts the busiest sender's packing once, beside every link's and rank's work.
 TEST(CostModel, OneHostSendersPackSideBySide) {
