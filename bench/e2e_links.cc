@@ -187,12 +187,13 @@ class Probe final : public LinkProbe {
 
   // The host's stages one at a time as the cost model adds them up (the busiest sender's packing,
   // the transport from this process, every rank's processing at the slowest rank's rate), over the
-  // time the host took doing them at once: how many stages' worth of work it does at a time.
+  // time the host took doing them at once: how many stages' worth of work it does at a time (below
+  // 1 where doing them at once costs more than one after another; the cost model takes at least 1).
   double parallelism(const std::vector<double>& together, int senders, double process_rate) const {
     if (together.empty() || process_rate <= 0) return 1;
     double one_at_a_time = median(pack_) / senders + median(big_);
     for (const auto& [r, bytes] : process_bytes_) one_at_a_time += static_cast<double>(bytes) / process_rate;
-    return std::max(1.0, one_at_a_time / median(together));
+    return one_at_a_time / median(together);
   }
 
   static double slowest_rate(const std::map<size_t, std::vector<double>>& times,
@@ -470,7 +471,7 @@ void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOpt
                                                  : links.process_bytes_per_second;
   options->stages.round_trip_seconds = links.round_trip_seconds;
   topo->host_parallelism =
-      many && links.host_parallelism_many > 0 ? links.host_parallelism_many : std::max(1.0, links.host_parallelism);
+      many && links.host_parallelism_many > 0 ? links.host_parallelism_many : links.host_parallelism;
 }
 
 std::string predicted_json(const sharding::CostReport& c) {
