@@ -38,7 +38,10 @@ struct E2eOptions {
 //     (repeated to at least 32 MiB), solved for bytes per second and seconds per bucket;
 //   pack_gbps: this process packing a new version's weights into bucket buffers, as the trainer does;
 //   process_gbps: each rank, one after another, processing its own pieces (new values each time)
-//     through a reload engine of its own, as it processes a bucket.
+//     through a reload engine of its own, as it processes a bucket;
+//   host_parallelism: those stages run at once (this process packing while another thread sends the
+//     plan's buckets and every rank processes), their one-at-a-time sum over that time
+//     (overlap_seconds); the cost model takes at least 1.
 // Each is the median over the timed rounds, and feeds the cost model (sharding/cost_model.h) for the
 // same plan: one host, one sender, FERRY_BUCKET_BYTES. One line per transport:
 //   {"bench":"e2e","case":"<transport>/<scheme>","device":"cpu","tp":T,"updates":N,"bytes":B,
@@ -47,7 +50,8 @@ struct E2eOptions {
 //    "predicted":{"control":..,"pipeline":..,"critical":"..","fill":..,"busy":..,"drain":..,
 //                 "pack":..,"process":..,"host":..},
 //    "links":{"round_trip_seconds":..,"host_gbps":..,"seconds_per_bucket":..,"pack_gbps":..,
-//             "process_gbps":..}}
+//             "process_gbps":..,"process_many_gbps":..,"host_parallelism":..,
+//             "host_parallelism_many":..,"overlap_seconds":..,"overlap_many_seconds":..}}
 // seconds and every "measured" entry: medians over the timed updates of UpdateReport's seconds and
 // its parts ("other": seconds minus pause, plan, transfer and resume: the finish round trip and the
 // ranks' last processing). "predicted": the cost model's terms (CostReport). gbps: bytes / s / 1e9.

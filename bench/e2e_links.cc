@@ -130,6 +130,8 @@ class Probe final : public LinkProbe {
     } else {  // noise swamped one of them: keep the bytes
       l.host_bytes_per_second = big_bytes / median(big_);
     }
+    l.overlap_seconds = median(overlap_one_);
+    l.overlap_many_seconds = median(overlap_many_);
     l.host_parallelism = parallelism(overlap_one_, 1, l.process_bytes_per_second);
     if (senders_ > 1) l.host_parallelism_many = parallelism(overlap_many_, senders_, l.process_many_bytes_per_second);
     return l;
@@ -338,15 +340,16 @@ class Probe final : public LinkProbe {
     return ok_status();
   }
 
-  // The host's stages at once, as an update runs them: `senders` threads each packing its share of
-  // the plan's buckets, the transport carrying the plan's buckets from another, and every rank
+  // The host's stages at once: `senders` threads each packing every senders-th of the (one-sender)
+  // plan's buckets, the transport carrying the plan's buckets from another, and every rank
   // processing its pieces as `senders` trainer ranks cut them. Times from "go" until all are done.
+  // Unlike an update, a rank's processing does not wait for the buckets to arrive, so this leans
+  // towards more overlap than an update gets.
   Status overlap(bool keep, int senders) {
     FERRY_RETURN_IF_ERROR(announce(sizes_, 1));
-    for (auto& r : ranks_) {
-      FERRY_RETURN_IF_ERROR(r.send(fmt::format("overlap {}", senders)));
-      FERRY_RETURN_IF_ERROR(expect_reply(r, "prepared"));
-    }
+    // Every rank prepares at once; each then waits for "go".
+    for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(r.send(fmt::format("overlap {}", senders)));
+    for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(expect_reply(r, "prepared"));
     const Weights w(manifest_, 1000 + (++packs_));
     const auto t0 = Clock::now();
     for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(r.send("go"));
@@ -365,14 +368,17 @@ class Probe final : public LinkProbe {
     }
     FERRY_RETURN_IF_ERROR(posted);
     for (const Status& st : packed) FERRY_RETURN_IF_ERROR(st);
-    for (auto& r : ranks_) {  // "received" and "processed", in either order
+    for (auto& r : ranks_) {  // "received" and "processed", one of each, in either order
+      bool received = false, processed = false;
       for (int k = 0; k < 2; ++k) {
         FERRY_ASSIGN_OR_RETURN(std::string frame, r.recv(Clock::now() + 120s));
         const std::string_view word = command_of(frame);
-        if (word != "received" && word != "processed") {
+        bool& seen = word == "received" ? received : processed;
+        if ((word != "received" && word != "processed") || seen) {
           return Status::internal(
               fmt::format("bench rank answered '{}' during the overlap probe", frame.substr(0, 80)));
         }
+        seen = true;
       }
     }
     if (keep) (senders == 1 ? overlap_one_ : overlap_many_).push_back(since(t0));
@@ -486,10 +492,10 @@ std::string links_json(const Links& l) {
   return fmt::format(
       "{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},"
       "\"process_gbps\":{:.3f},\"process_many_gbps\":{:.3f},\"host_parallelism\":{:.3f},"
-      "\"host_parallelism_many\":{:.3f}}}",
+      "\"host_parallelism_many\":{:.3f},\"overlap_seconds\":{:.9f},\"overlap_many_seconds\":{:.9f}}}",
       l.round_trip_seconds, l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
       l.process_bytes_per_second / 1e9, l.process_many_bytes_per_second / 1e9, l.host_parallelism,
-      l.host_parallelism_many);
+      l.host_parallelism_many, l.overlap_seconds, l.overlap_many_seconds);
 }
 
 Result<sharding::LlamaConfig> model_config(const std::string& model) {

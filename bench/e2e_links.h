@@ -48,6 +48,9 @@ struct Links {
   // The same with `senders` trainer ranks packing their shares at once and the ranks' pieces cut as
   // theirs; 0 when not measured (one sender).
   double host_parallelism_many = 0;
+  // The medians of those runs of the stages at once (seconds; 0 when not measured).
+  double overlap_seconds = 0;
+  double overlap_many_seconds = 0;
 };
 
 // How the trainer packs with FERRY_DELTA on: each part compared with its copy of the version sent
@@ -63,8 +66,10 @@ PackDeltas pack_deltas(const Settings& s);
 class LinkProbe {
  public:
   // Opens a control channel to every rank (`ranks` in rank order) and connects to each over
-  // `transport`. The packing measurement packs as the trainer does under `deltas`. `senders` > 1:
-  // the ranks' processing is measured again with their pieces as that many trainer ranks cut them.
+  // `transport`. The packing measurement packs as the trainer does under `deltas`. Every round also
+  // runs the host's stages at once (Links::host_parallelism). `senders` > 1: the ranks' processing
+  // is measured again with their pieces as that many trainer ranks cut them, and the stages at once
+  // again with that many threads packing and those pieces.
   static Result<std::unique_ptr<LinkProbe>> open(std::vector<ProbeSocket>& ranks, const std::string& transport,
                                                  const sharding::Plan& plan,
                                                  const std::vector<sharding::RankSpec>& specs,
@@ -90,7 +95,8 @@ void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOpt
 // JSON objects of a prediction's parts and of the links it came from, as the benches print them:
 // {"control":..,"pipeline":..,"critical":"..","fill":..,"busy":..,"drain":..,"pack":..,"process":..,"host":..}
 // {"round_trip_seconds":..,"host_gbps":..,"seconds_per_bucket":..,"pack_gbps":..,"process_gbps":..,
-//  "process_many_gbps":..,"host_parallelism":..,"host_parallelism_many":..}
+//  "process_many_gbps":..,"host_parallelism":..,"host_parallelism_many":..,"overlap_seconds":..,
+//  "overlap_many_seconds":..}
 std::string predicted_json(const sharding::CostReport& c);
 std::string links_json(const Links& l);
 

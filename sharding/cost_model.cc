@@ -270,7 +270,7 @@ Result<CostReport> estimate_cost(const Plan& plan, const std::vector<RankSpec>& 
   }
   // One host: every stage is work for the same cores and memory, and each rate was measured with
   // the host to itself, so the pipeline lasts at least all of its work over the number of stages
-  // the host does at once (measured; 1 on two cores). Sender processes pack side by side (each its
+  // the host does at once (measured; below 1 taken as 1). Sender processes pack side by side (each its
   // own share, on a core of its own), so packing counts once, as the busiest sender's.
   if (one_host) {
     double host = rep.pack_seconds;

@@ -38,7 +38,7 @@ struct Topology {
   double host_gbps = 0;  // kOneHost: the host transport between two processes
   // kOneHost: how many stages' worth of work the host does at a time (its cores and memory shared
   // between the senders packing, the transport's copies and the ranks processing), as measured
-  // (`ferry bench e2e`'s overlap probe); 1: one stage at a time. At least 1.
+  // (`ferry bench e2e`'s overlap probe); 1: one stage at a time. Values below 1 are taken as 1.
   double host_parallelism = 1;
   // kGpuNodes: when not empty, the GPU (index over the cluster, gpus_per_node to a node) of each
   // rollout rank, instead of the placement `colocated` gives. Ranks may share a GPU (and its links).

@@ -91,12 +91,16 @@ TEST(E2eBenchTrainers, PrintsShardedBesideGatherPerSize) {
     const double parallelism = j.at("links").at("host_parallelism").get<double>();
     const double parallelism_many = j.at("links").at("host_parallelism_many").get<double>();
     EXPECT_GT(parallelism, 0.0);
+    EXPECT_GT(j.at("links").at("overlap_seconds").get<double>(), 0.0) << "the stages at once were timed";
+    const double overlap_many = j.at("links").at("overlap_many_seconds").get<double>();
     if (i == 0) {
+      EXPECT_EQ(overlap_many, 0.0);
       EXPECT_EQ(many, 0.0) << "one sender: nothing else to measure";
       EXPECT_EQ(parallelism_many, 0.0);
     } else {
       EXPECT_GT(many, 0.0);
       EXPECT_GT(parallelism_many, 0.0);
+      EXPECT_GT(overlap_many, 0.0);
     }
   }
 }

@@ -164,6 +164,23 @@ TEST(CostModel, BalancedBeatsBroadcastByTheSenderCount) {
   EXPECT_EQ(b->senders_used, 8);
 }
 
+// One host whose transport carries 1 GB/s at 0.1 ms per bucket.
+Topology one_host() {
+  Topology topo;
+  topo.placement = Placement::kOneHost;
+  topo.host_gbps = 8;
+  topo.seconds_per_bucket = 1e-4;
+  return topo;
+}
+
+// Packing at 2 GB/s, processing at 1 GB/s.
+CostOptions host_stages() {
+  CostOptions o;
+  o.stages.pack_bytes_per_second = 2e9;
+  o.stages.process_bytes_per_second = 1e9;
+  return o;
+}
+
 // One host (a CPU machine): the trainer and two ranks are processes; 2 MiB in one bucket per rank.
 // Every stage is work for the same cores, so the pipeline is their sum; five control round trips.
 TEST(CostModel, OneHostAddsEveryStageAndTheRoundTrips) {
@@ -171,10 +188,7 @@ TEST(CostModel, OneHostAddsEveryStageAndTheRoundTrips) {
   auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{4 << 20});
   ASSERT_TRUE(plan.ok());
   ASSERT_EQ(plan->buckets.size(), 2u);
-  Topology topo;
-  topo.placement = Placement::kOneHost;
-  topo.host_gbps = 8;  // 1 GB/s
-  topo.seconds_per_bucket = 1e-4;
+  Topology topo = one_host();
   auto links = estimate_cost(*plan, t.ranks, 1, topo);
   ASSERT_TRUE(links.ok());
   const double mib = 1024.0 * 1024;
@@ -182,9 +196,7 @@ TEST(CostModel, OneHostAddsEveryStageAndTheRoundTrips) {
   EXPECT_NEAR(links->predicted_seconds, 2 * mib / 1e9 + 2e-4, 1e-12);
   EXPECT_EQ(links->busiest.front().link, "host_tx (trainer 0)");
 
-  CostOptions o;
-  o.stages.pack_bytes_per_second = 2e9;
-  o.stages.process_bytes_per_second = 1e9;
+  CostOptions o = host_stages();
   o.stages.round_trip_seconds = 1e-3;
   auto c = estimate_cost(*plan, t.ranks, 1, topo, o);
   ASSERT_TRUE(c.ok());
@@ -208,13 +220,8 @@ TEST(CostModel, OneHostDoingStagesAtOnceDividesItsWork) {
   Tiny t = tiny(1024, 2, false);
   auto plan = make_plan(t.manifest, t.ranks, {SenderInfo{}}, PlanOptions{4 << 20});
   ASSERT_TRUE(plan.ok());
-  Topology topo;
-  topo.placement = Placement::kOneHost;
-  topo.host_gbps = 8;  // 1 GB/s
-  topo.seconds_per_bucket = 1e-4;
-  CostOptions o;
-  o.stages.pack_bytes_per_second = 2e9;
-  o.stages.process_bytes_per_second = 1e9;
+  Topology topo = one_host();
+  CostOptions o = host_stages();
   const double host = 5.44288e-3;    // every stage one at a time (above)
   const double chain = 4.394304e-3;  // host_tx's chain: both buckets once packed, the last processed
   topo.host_parallelism = 1.1;       // 4.948 ms: still above the chain
@@ -222,6 +229,7 @@ TEST(CostModel, OneHostDoingStagesAtOnceDividesItsWork) {
   ASSERT_TRUE(c.ok());
   EXPECT_NEAR(c->host_seconds, host, 1e-12);
   EXPECT_NEAR(c->pipeline_seconds, host / 1.1, 1e-12);
+  EXPECT_NEAR(c->busy_seconds, host / 1.1, 1e-12);
   EXPECT_EQ(c->critical, "host (1.10 stages at a time)");
   topo.host_parallelism = 2;  // 2.72 ms: the chain decides
   c = estimate_cost(*plan, t.ranks, 1, topo, o);
@@ -233,6 +241,16 @@ TEST(CostModel, OneHostDoingStagesAtOnceDividesItsWork) {
   c = estimate_cost(*plan, t.ranks, 1, topo, o);
   ASSERT_TRUE(c.ok());
   EXPECT_NEAR(c->pipeline_seconds, host, 1e-12);
+  EXPECT_EQ(c->critical, "host (every stage, one at a time)");
+  // GPUs on nodes have no host term: the parallelism changes nothing there.
+  Topology nodes;
+  nodes.gpus_per_node = 1;
+  auto a = estimate_cost(*plan, t.ranks, 1, nodes, o);
+  nodes.host_parallelism = 4;
+  auto b = estimate_cost(*plan, t.ranks, 1, nodes, o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->predicted_seconds, b->predicted_seconds);
+  EXPECT_EQ(a->critical, b->critical);
 }
 
 // Two sender processes on the host, each holding the rows one rank takes: they pack side by side,
@@ -245,13 +263,8 @@ TEST(CostModel, OneHostSendersPackSideBySide) {
   auto plan = make_plan(t.manifest, t.ranks, halves, PlanOptions{4 << 20});
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   ASSERT_EQ(plan->buckets.size(), 2u);
-  Topology topo;
-  topo.placement = Placement::kOneHost;
-  topo.host_gbps = 8;  // 1 GB/s
-  topo.seconds_per_bucket = 1e-4;
-  CostOptions o;
-  o.stages.pack_bytes_per_second = 2e9;
-  o.stages.process_bytes_per_second = 1e9;
+  Topology topo = one_host();
+  CostOptions o = host_stages();
   auto c = estimate_cost(*plan, t.ranks, 2, topo, o);
   ASSERT_TRUE(c.ok());
   const double mib = 1024.0 * 1024;
