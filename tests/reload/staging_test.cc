@@ -210,6 +210,31 @@ TEST(Staging, RowsOfManyBorrowedPiecesProcessedTogetherEqualAPlanOrderLoad) {
   }
 }
 
+// Lent pieces of whole rows (a rank that owns its received buckets) wait for their layer, then are
+// processed straight into storage: many pieces of a few rows each, as several trainer ranks cut a
+// slice, interleaved across layers. Every byte equals a plan-order load of the same weights.
+TEST(Staging, ManyLentRowsOfEachSliceEqualAPlanOrderLoad) {
+  const tiny::Config cfg;
+  for (const Scheme scheme : {Scheme::kFp8PerChannel, Scheme::kInt4Group, Scheme::kFp8Block, Scheme::kInt8PerChannel}) {
+    SCOPED_TRACE(scheme_name(scheme));
+    auto rank = make_rank(cfg, scheme);
+    LoadOptions o = interleaved();
+    o.chunk_rows = scheme == Scheme::kFp8Block ? 128 : 8;
+    o.lend = true;
+    auto a = tiny::Weights::random(cfg, rank->spec, 8);
+    auto b = tiny::Weights::random(cfg, rank->spec, 9);
+    uint64_t v = 0;
+    for (const auto* w : {&a, &b}) {
+      auto r = load_checkpoint(*rank->engine, (*w)->checkpoint(), ++v, o);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_GT(r->direct_pieces, r->layers) << "several lent pieces of a parameter, processed in place";
+    }
+    auto fresh = make_rank(cfg, scheme);
+    ASSERT_TRUE(load_checkpoint(*fresh->engine, b->checkpoint(), 2).ok());
+    EXPECT_EQ(testing::contents(rank->storage), testing::contents(fresh->storage));
+  }
+}
+
 // The scheme's kernels, except that `name` fails its piece-by-piece processing while `*fail` is set.
 KernelFactory failing_rows_of(std::string name, const bool* fail) {
   return [name, fail](const sharding::ParamSpec& p) -> Result<std::unique_ptr<ProcessingKernel>> {
