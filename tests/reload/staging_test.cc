@@ -2,6 +2,7 @@
 // past FERRY_MAX_STAGING_BYTES the update fails with ResourceExhausted and the refused layer keeps
 // its previous weights.
 #include <cstdlib>
+#include <functional>
 
 #include "core/region_copy.h"
 #include "kernels/quantize.h"
@@ -184,29 +185,36 @@ TEST(Staging, AStagedUpdateDoesNotKeepItsStaging) {
   EXPECT_LE(rank->engine->pooled_bytes(), 1.5 * static_cast<double>(largest_layer(rank->spec)) + 64 * 4096);
 }
 
+// Loads two random versions of the tiny model under `scheme` with `o`, `check` seeing each report,
+// then expects every byte of storage to equal a rank that loaded the second in plan order.
+void expect_loads_equal_plan_order(Scheme scheme, const LoadOptions& o, uint64_t seed,
+                                   const std::function<void(const EngineReport&)>& check) {
+  SCOPED_TRACE(scheme_name(scheme));
+  const tiny::Config cfg;
+  auto rank = make_rank(cfg, scheme);
+  // Other weights the second time: it writes every byte anew, over pooled buffers of the first.
+  auto a = tiny::Weights::random(cfg, rank->spec, seed);
+  auto b = tiny::Weights::random(cfg, rank->spec, seed + 1);
+  uint64_t v = 0;
+  for (const auto* w : {&a, &b}) {
+    auto r = load_checkpoint(*rank->engine, (*w)->checkpoint(), ++v, o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    check(*r);
+  }
+  auto fresh = make_rank(cfg, scheme);
+  ASSERT_TRUE(load_checkpoint(*fresh->engine, b->checkpoint(), 2).ok());
+  EXPECT_EQ(testing::contents(rank->storage), testing::contents(fresh->storage));
+}
+
 // Borrowed buckets of pieces alternating between layers: at the end of each bucket the rows of
 // layers it leaves incomplete go into scratch, processed together on the work pool (row-local
 // schemes and fp8_block's whole bands). Every byte equals a rank loaded in plan order.
 TEST(Staging, RowsOfManyBorrowedPiecesProcessedTogetherEqualAPlanOrderLoad) {
-  const tiny::Config cfg;
   for (const Scheme scheme : {Scheme::kFp8PerChannel, Scheme::kInt4Group, Scheme::kFp8Block}) {
-    SCOPED_TRACE(scheme_name(scheme));
-    auto rank = make_rank(cfg, scheme);
     LoadOptions o = interleaved();
     o.chunk_rows = scheme == Scheme::kFp8Block ? 128 : 8;
     o.borrow_bucket_bytes = 256 << 10;
-    // Other weights the second time: it writes every byte anew, over pooled scratch of the first.
-    auto a = tiny::Weights::random(cfg, rank->spec, 6);
-    auto b = tiny::Weights::random(cfg, rank->spec, 7);
-    uint64_t v = 0;
-    for (const auto* w : {&a, &b}) {
-      auto r = load_checkpoint(*rank->engine, (*w)->checkpoint(), ++v, o);
-      ASSERT_TRUE(r.ok()) << r.status().to_string();
-      EXPECT_GT(r->piecewise_pieces, 0u);
-    }
-    auto fresh = make_rank(cfg, scheme);
-    ASSERT_TRUE(load_checkpoint(*fresh->engine, b->checkpoint(), 2).ok());
-    EXPECT_EQ(testing::contents(rank->storage), testing::contents(fresh->storage));
+    expect_loads_equal_plan_order(scheme, o, 6, [](const EngineReport& r) { EXPECT_GT(r.piecewise_pieces, 0u); });
   }
 }
 
@@ -214,24 +222,13 @@ TEST(Staging, RowsOfManyBorrowedPiecesProcessedTogetherEqualAPlanOrderLoad) {
 // processed straight into storage: many pieces of a few rows each, as several trainer ranks cut a
 // slice, interleaved across layers. Every byte equals a plan-order load of the same weights.
 TEST(Staging, ManyLentRowsOfEachSliceEqualAPlanOrderLoad) {
-  const tiny::Config cfg;
   for (const Scheme scheme : {Scheme::kFp8PerChannel, Scheme::kInt4Group, Scheme::kFp8Block, Scheme::kInt8PerChannel}) {
-    SCOPED_TRACE(scheme_name(scheme));
-    auto rank = make_rank(cfg, scheme);
     LoadOptions o = interleaved();
     o.chunk_rows = scheme == Scheme::kFp8Block ? 128 : 8;
     o.lend = true;
-    auto a = tiny::Weights::random(cfg, rank->spec, 8);
-    auto b = tiny::Weights::random(cfg, rank->spec, 9);
-    uint64_t v = 0;
-    for (const auto* w : {&a, &b}) {
-      auto r = load_checkpoint(*rank->engine, (*w)->checkpoint(), ++v, o);
-      ASSERT_TRUE(r.ok()) << r.status().to_string();
-      EXPECT_GT(r->direct_pieces, r->layers) << "several lent pieces of a parameter, processed in place";
-    }
-    auto fresh = make_rank(cfg, scheme);
-    ASSERT_TRUE(load_checkpoint(*fresh->engine, b->checkpoint(), 2).ok());
-    EXPECT_EQ(testing::contents(rank->storage), testing::contents(fresh->storage));
+    expect_loads_equal_plan_order(scheme, o, 8, [](const EngineReport& r) {
+      EXPECT_GT(r.direct_pieces, r.layers) << "several lent pieces of a parameter, processed in place";
+    });
   }
 }
 
