@@ -307,27 +307,28 @@ Status ReloadEngine::release_borrowed() {
   // them at once on the work pool: a bucket of several trainer ranks' buckets holds many small
   // pieces (a quarter of a slice each, from four), each too small for more than one thread.
   std::vector<ScratchRows> deferred;
-  defer_scratch_ = &deferred;
-  struct Undefer {
-    std::vector<ScratchRows>*& at;
-    ~Undefer() { at = nullptr; }
-  } undefer{defer_scratch_};
-  for (const Borrowed& b : borrowed) {
-    Param& p = params_[b.param];
-    Layer& layer = layers_[p.layer];
-    if (layer.processed || layer.refused) continue;
-    std::erase_if(p.lent, [](const Param::Lent& l) { return l.borrowed; });
-    for (Param::Lent& w : p.whole) {
-      if (w.borrowed) w = Param::Lent{};
+  {
+    defer_scratch_ = &deferred;
+    struct Undefer {  // at the end of the block, and on a throw
+      std::vector<ScratchRows>*& at;
+      ~Undefer() { at = nullptr; }
+    } undefer{defer_scratch_};
+    for (const Borrowed& b : borrowed) {
+      Param& p = params_[b.param];
+      Layer& layer = layers_[p.layer];
+      if (layer.processed || layer.refused) continue;
+      std::erase_if(p.lent, [](const Param::Lent& l) { return l.borrowed; });
+      for (Param::Lent& w : p.whole) {
+        if (w.borrowed) w = Param::Lent{};
+      }
+      // Rows the kernel takes on their own go into scratch, unless the input is staged already (the
+      // run of whole bands of a split piece): then into staging, as a copied piece would.
+      const bool staged = b.input < p.staging.size() && p.staging[b.input].data() != nullptr;
+      Status st = hold(layer, b.param, b.input, b.dst, b.data, b.bytes, nullptr, Device::cpu(), b.rows && !staged,
+                       false, false);
+      if (!st.ok()) refuse(layer, st);
     }
-    // Rows the kernel takes on their own go into scratch, unless the input is staged already (the
-    // run of whole bands of a split piece): then into staging, as a copied piece would.
-    const bool staged = b.input < p.staging.size() && p.staging[b.input].data() != nullptr;
-    Status st = hold(layer, b.param, b.input, b.dst, b.data, b.bytes, nullptr, Device::cpu(), b.rows && !staged, false,
-                     false);
-    if (!st.ok()) refuse(layer, st);
   }
-  defer_scratch_ = nullptr;  // (and on a throw, by `undefer`)
   // A refused layer gave its scratch back: its rows are not processed.
   std::erase_if(deferred, [&](const ScratchRows& d) { return layers_[params_[d.param].layer].refused; });
   process_scratch(deferred);
