@@ -23,6 +23,7 @@
 #include "core/asio.h"
 #include "core/log.h"
 #include "core/settings.h"
+#include "core/work_pool.h"
 #include "examples/demo/llama_config.h"
 #include "reload/engine.h"
 #include "reload/model_storage.h"
@@ -129,11 +130,12 @@ class ProcessProbe {
 
   // New values for the next run(), as every update brings.
   void refill() {
+    std::vector<std::vector<uint16_t>*> parts;
     for (auto& bucket : buckets_) {
-      for (auto& pc : bucket) {
-        for (auto& e : *pc.data) e = e2e::next_bf16(x_);
-      }
+      for (auto& pc : bucket) parts.push_back(pc.data.get());
     }
+    ++fills_;
+    run_pieces(parts.size(), [&](size_t k) { e2e::fill_bf16(*parts[k], seed_ + (fills_ << 32) + k); });
   }
 
   // One whole update of the values refill() made (begin, every bucket, finalize); its seconds.
@@ -167,7 +169,7 @@ class ProcessProbe {
 
  private:
   ProcessProbe(reload::ModelStorage storage, int rank)
-      : storage_(std::move(storage)), x_(0x2545f4914f6cdd1dull * static_cast<uint64_t>(rank + 1)) {}
+      : storage_(std::move(storage)), seed_(0x2545f4914f6cdd1dull * static_cast<uint64_t>(rank + 1)) {}
 
   struct Part {
     uint32_t param;
@@ -179,7 +181,8 @@ class ProcessProbe {
   bool lend_ = false;
   std::vector<std::vector<Part>> buckets_;
   uint64_t bytes_ = 0;
-  uint64_t x_;
+  uint64_t seed_;
+  uint64_t fills_ = 0;
   uint64_t version_ = 0;
 };
 

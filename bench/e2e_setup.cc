@@ -6,22 +6,48 @@
 
 #include <fmt/format.h>
 
+#include "core/work_pool.h"
 #include "examples/demo/llama_config.h"
 #include "sharding/llama.h"
 
 namespace ferry::e2e {
 
-uint16_t next_bf16(uint64_t& x) {
-  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-  // Sign, exponent 119..122, mantissa bits from the state.
-  return static_cast<uint16_t>(((x >> 63) << 15) | ((119 + (x >> 20) % 4) << 7) | (x & 0x7f));
+namespace {
+
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void fill_bf16(std::span<uint16_t> out, uint64_t seed) {
+  // Chunks of their own xorshift state, on the work pool: a bench's ranks and trainers make a
+  // model's worth of new values for every update, which one thread took longer to make than the
+  // update took to move and process.
+  constexpr size_t kChunk = size_t{1} << 17;
+  const size_t chunks = (out.size() + kChunk - 1) / kChunk;
+  run_pieces(chunks, [&](size_t c) {
+    uint64_t x = splitmix64(seed ^ splitmix64(c)) | 1;  // xorshift's state is never 0
+    const size_t end = std::min(out.size(), (c + 1) * kChunk);
+    for (size_t i = c * kChunk; i < end; i += 4) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      // Four values of 16 bits each: sign, exponent 119..122, mantissa.
+      for (size_t k = 0; k < 4 && i + k < end; ++k) {
+        const auto b = static_cast<uint16_t>(x >> (16 * k));
+        out[i + k] = static_cast<uint16_t>((b & 0x8000u) | ((119u + ((b >> 7) & 3u)) << 7) | (b & 0x7fu));
+      }
+    }
+  });
 }
 
 Weights::Weights(const sharding::Manifest& m, uint64_t version) {
-  uint64_t x = 0x9e3779b97f4a7c15ull * (version + 1);
+  const uint64_t seed = 0x9e3779b97f4a7c15ull * (version + 1);
   for (const auto& t : m) {
     auto& v = data.emplace_back(static_cast<size_t>(shape_numel(t.shape)));
-    for (auto& e : v) e = next_bf16(x);
+    fill_bf16(v, splitmix64(seed + data.size()));
     views.emplace_back(v.data(), DType::kBF16, t.shape);
     by_name.emplace(t.name, views.back());
   }

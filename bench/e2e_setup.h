@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,8 @@ struct Weights {
   Weights(const sharding::Manifest& m, uint64_t version);
 };
 
-// bf16 values in about [-0.06, 0.06] from a xorshift state.
-uint16_t next_bf16(uint64_t& state);
+// New bf16 values in about [-0.06, 0.06] (each seed its own), made on the work pool.
+void fill_bf16(std::span<uint16_t> out, uint64_t seed);
 
 // The middle value (the upper of the two of an even count); 0 when empty.
 double median(std::vector<double> v);
