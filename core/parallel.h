@@ -45,19 +45,8 @@ inline size_t slices_for(size_t n, size_t least) {
   return std::max<size_t>(std::min({host_threads(), size_t{8}, n / least}), 1);
 }
 
-// memcpy of host memory, in slices of at least 2 MiB on threads of their own (on_threads).
-inline void copy_parallel(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;  // (either pointer may then be null)
-  const size_t slices = slices_for(bytes, size_t{2} << 20);
-  if (slices < 2) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  const size_t step = bytes / slices / 64 * 64;
-  on_threads(slices, [&](size_t t) {
-    const size_t lo = t * step, hi = t + 1 == slices ? bytes : lo + step;
-    std::memcpy(static_cast<uint8_t*>(dst) + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
-  });
-}
+// memcpy of host memory, in slices of at least 2 MiB on the work pool's threads (run_pieces), at
+// most host_threads() and 8 at once: the copy-in of a rank's processed layer, a staged piece's rows.
+void copy_parallel(void* dst, const void* src, size_t bytes);
 
 }  // namespace ferry

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/parallel.h"
+#include "core/work_pool.h"
 
 namespace ferry::reload {
 
@@ -33,15 +35,30 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
   const std::vector<TensorView>& target = scratch ? p.piecewise_views : p.storage;
   const auto& in = p.inputs[0];
   std::map<int64_t, int64_t> banded;  // matrix -> rows its bands cover
+  std::vector<const Param::Lent*> kept;
   for (const Param::Lent& l : p.lent) {
     if (l.band >= 0) {
       banded[l.row0] += l.rows.dim(0);
-      continue;
+    } else {
+      kept.push_back(&l);
     }
-    if (Status st = p.kernel->process_rows(l.rows, l.row0, target, exec); !st.ok()) {
-      return st.with_context(fmt::format("{} rows from {}", ps.name, l.row0));
-    }
-    p.rows_done.emplace_back(l.row0, l.row0 + l.rows.dim(0));
+  }
+  // Kept row pieces write rows of their own: host ones all at once on the work pool (several trainer
+  // ranks' pieces are a quarter of a slice each from four, too small to keep every thread busy one
+  // after another); device ones in turn on the layer's stream.
+  std::vector<Status> kept_status(kept.size());
+  const auto one = [&](size_t k) {
+    kept_status[k] = p.kernel->process_rows(kept[k]->rows, kept[k]->row0, target, exec);
+  };
+  if (storage_.device().is_cpu()) {
+    run_pieces(kept.size(), one);
+  } else {
+    for (size_t k = 0; k < kept.size(); ++k) one(k);
+  }
+  for (size_t k = 0; k < kept.size(); ++k) {
+    if (!kept_status[k].ok())
+      return kept_status[k].with_context(fmt::format("{} rows from {}", ps.name, kept[k]->row0));
+    p.rows_done.emplace_back(kept[k]->row0, kept[k]->row0 + kept[k]->rows.dim(0));
     if (!scratch) ++report_.direct_pieces;
   }
   // A matrix its bands cover whole needs nothing from staging.
@@ -105,8 +122,14 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
   }
   if (uploads.bytes() > 0) FERRY_RETURN_IF_ERROR(device_synchronize(dev));  // before the uploads are freed
   if (!scratch) return ok_status();
-  // Copy-in: values go into the registered storage; its identity stays.
+  // Copy-in: values go into the registered storage; its identity stays. Host storage is copied on
+  // the work pool's threads: a rank fed by several trainer ranks copies in most of its layers, and
+  // one thread's copy would take as long as the pool's quantizing them.
   for (size_t i = 0; i < p.storage.size(); ++i) {
+    if (storage_.device().is_cpu()) {
+      copy_parallel(p.storage[i].data(), p.piecewise_views[i].data(), p.storage[i].nbytes());
+      continue;
+    }
     FERRY_RETURN_IF_ERROR(copy_bytes(p.storage[i].data(), storage_.device(), p.piecewise_views[i].data(),
                                      Device::cpu(), p.storage[i].nbytes()));
   }
