@@ -39,8 +39,8 @@ struct E2eOptions {
 //   pack_gbps: this process packing a new version's weights into bucket buffers, as the trainer does;
 //   process_gbps: each rank, one after another, processing its own pieces (new values each time)
 //     through a reload engine of its own, as it processes a bucket;
-//   host_parallelism: those stages run at once (this process packing while another thread sends the
-//     plan's buckets and every rank processes), their one-at-a-time sum over that time
+//   host_parallelism: those stages run at once (this process packing the plan's buckets and sending
+//     each as it is packed, while every rank processes), their one-at-a-time sum over that time
 //     (overlap_seconds); the cost model takes at least 1.
 // Each is the median over the timed rounds, and feeds the cost model (sharding/cost_model.h) for the
 // same plan: one host, one sender, FERRY_BUCKET_BYTES. One line per transport:

@@ -69,12 +69,17 @@ class Probe final : public LinkProbe {
   Status open(const std::string& transport) {
     FERRY_RETURN_IF_ERROR(open_control());
     FERRY_ASSIGN_OR_RETURN(tx_, transport::create_transport(transport));
+    // A connection to every rank per sender of the overlap probe, as every trainer rank has its
+    // own; the first also carries the transport's measurements alone.
+    conns_.resize(static_cast<size_t>(senders_));
     for (auto& r : ranks_) {
       FERRY_RETURN_IF_ERROR(r.send("listen"));
       std::string blob;
       FERRY_RETURN_IF_ERROR(expect_reply(r, "blob", &blob));
-      FERRY_ASSIGN_OR_RETURN(auto c, tx_->connect(blob, Clock::now() + 30s, {}));
-      conns_.push_back(std::move(c));
+      for (auto& sender : conns_) {
+        FERRY_ASSIGN_OR_RETURN(auto c, tx_->connect(blob, Clock::now() + 30s, {}));
+        sender.push_back(std::move(c));
+      }
     }
     sizes_.assign(ranks_.size(), {});
     size_t largest = 4096;
@@ -264,7 +269,7 @@ class Probe final : public LinkProbe {
             pending[r].pop_front();
           }
           const size_t slot = r * slots_ + (next[r]++ % slots_);
-          FERRY_ASSIGN_OR_RETURN(auto h, conns_[r]->post(*regions_[slot], 0, per_rank[r][k]));
+          FERRY_ASSIGN_OR_RETURN(auto h, conns_[0][r]->post(*regions_[slot], 0, per_rank[r][k]));
           pending[r].push_back(std::move(h));
         }
       }
@@ -296,7 +301,7 @@ class Probe final : public LinkProbe {
       const uint64_t version = 1000 + (++packs_);
       const Weights w(manifest_, version);
       const auto t0 = Clock::now();
-      FERRY_RETURN_IF_ERROR(pack(w, packers_[0], 0, 1));
+      FERRY_RETURN_IF_ERROR(pack(w, packers_[0]));
       if (bases_) {
         for (size_t t = 0; t < manifest_.size(); ++t) {
           bases_->record(manifest_[t].name, Region::whole(manifest_[t].shape), w.views[t], version);
@@ -314,36 +319,64 @@ class Probe final : public LinkProbe {
     dataplane::DeltaTally tally;
   };
 
-  // Packs the plan's buckets first, first + stride, ... of `w` with `pk`.
-  Status pack(const Weights& w, Packer& pk, size_t first, size_t stride) {
-    for (size_t k = first; k < plan_.buckets.size(); k += stride) {
-      const sharding::Bucket& bucket = plan_.buckets[k];
-      dataplane::BucketBuilder& b = *pk.builders[static_cast<size_t>(bucket.dst)];
-      b.reset(1, 0, 0);
-      for (const sharding::BucketPart& part : bucket.parts) {
-        const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(part.piece)];
-        const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
-        const auto [src, dst] =
-            sharding::part_regions(pc.src, sharding::piece_dst_region(pc, param), part.first_row, part.rows);
-        const auto& source = manifest_[static_cast<size_t>(pc.source)];
-        const TensorView& tensor = w.views[static_cast<size_t>(pc.source)];
-        const dataplane::DeltaBases::Base* base =
-            bases_ ? bases_->find(source.name, Region::whole(source.shape), source.dtype, source.shape) : nullptr;
-        const size_t row_bytes = part.rows > 0 ? part.bytes / static_cast<size_t>(part.rows) : 0;
-        FERRY_RETURN_IF_ERROR(dataplane::pack_part(
-            b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst, source.dtype, std::nullopt, tensor, tensor,
-            part.first_row, part.rows, row_bytes, base, {deltas_.prefer, deltas_.zstd}, pk.scratch, pk.tally));
+  // Packs every bucket of the plan of `w` with `pk`.
+  Status pack(const Weights& w, Packer& pk) {
+    for (size_t k = 0; k < plan_.buckets.size(); ++k) FERRY_RETURN_IF_ERROR(pack_one(w, pk, k));
+    return ok_status();
+  }
+
+  // Packs the plan's bucket k of `w` with `pk`.
+  Status pack_one(const Weights& w, Packer& pk, size_t k) {
+    const sharding::Bucket& bucket = plan_.buckets[k];
+    dataplane::BucketBuilder& b = *pk.builders[static_cast<size_t>(bucket.dst)];
+    b.reset(1, 0, 0);
+    for (const sharding::BucketPart& part : bucket.parts) {
+      const sharding::Piece& pc = plan_.pieces[static_cast<size_t>(part.piece)];
+      const auto& param = specs_[static_cast<size_t>(pc.dst)].params[static_cast<size_t>(pc.param)];
+      const auto [src, dst] =
+          sharding::part_regions(pc.src, sharding::piece_dst_region(pc, param), part.first_row, part.rows);
+      const auto& source = manifest_[static_cast<size_t>(pc.source)];
+      const TensorView& tensor = w.views[static_cast<size_t>(pc.source)];
+      const dataplane::DeltaBases::Base* base =
+          bases_ ? bases_->find(source.name, Region::whole(source.shape), source.dtype, source.shape) : nullptr;
+      const size_t row_bytes = part.rows > 0 ? part.bytes / static_cast<size_t>(part.rows) : 0;
+      FERRY_RETURN_IF_ERROR(dataplane::pack_part(
+          b, Device::cpu(), static_cast<uint32_t>(pc.param), src, dst, source.dtype, std::nullopt, tensor, tensor,
+          part.first_row, part.rows, row_bytes, base, {deltas_.prefer, deltas_.zstd}, pk.scratch, pk.tally));
+    }
+    return b.seal(false).status();
+  }
+
+  // Sender s of `senders`: packs every senders-th of the plan's buckets from its s-th and posts each,
+  // once packed, over a connection of its own to the bucket's rank (at most slots_ in flight to
+  // each), as a trainer rank packs and sends its own buckets; returns once every post completed.
+  Status send_share(const Weights& w, size_t s, size_t senders) {
+    std::vector<std::deque<std::unique_ptr<transport::TransferHandle>>> pending(ranks_.size());
+    std::vector<size_t> next(ranks_.size(), 0);
+    const auto deadline = Clock::now() + 300s;
+    for (size_t k = s; k < plan_.buckets.size(); k += senders) {
+      FERRY_RETURN_IF_ERROR(pack_one(w, packers_[s], k));
+      const auto r = static_cast<size_t>(plan_.buckets[k].dst);
+      if (pending[r].size() == slots_) {
+        FERRY_RETURN_IF_ERROR(pending[r].front()->wait(deadline));
+        pending[r].pop_front();
       }
-      FERRY_RETURN_IF_ERROR(b.seal(false).status());
+      // The bucket buffers are only read by the posts: the senders share them.
+      const size_t slot = r * slots_ + (next[r]++ % slots_);
+      FERRY_ASSIGN_OR_RETURN(auto h, conns_[s][r]->post(*regions_[slot], 0, plan_.buckets[k].bytes));
+      pending[r].push_back(std::move(h));
+    }
+    for (auto& p : pending) {
+      for (auto& h : p) FERRY_RETURN_IF_ERROR(h->wait(deadline));
     }
     return ok_status();
   }
 
   // The host's stages at once: `senders` threads each packing every senders-th of the (one-sender)
-  // plan's buckets, the transport carrying the plan's buckets from another, and every rank
-  // processing its pieces as `senders` trainer ranks cut them. Times from "go" until all are done.
-  // Unlike an update, a rank's processing does not wait for the buckets to arrive, so this leans
-  // towards more overlap than an update gets.
+  // plan's buckets and sending each as it is packed over connections of its own (send_share), and
+  // every rank processing its pieces as `senders` trainer ranks cut them. Times from "go" until all
+  // are done. Unlike an update, a rank's processing does not wait for the buckets to arrive, so this
+  // leans towards more overlap than an update gets.
   Status overlap(bool keep, int senders) {
     FERRY_RETURN_IF_ERROR(announce(sizes_, 1));
     // Every rank prepares at once; each then waits for "go".
@@ -352,21 +385,15 @@ class Probe final : public LinkProbe {
     const Weights w(manifest_, 1000 + (++packs_));
     const auto t0 = Clock::now();
     for (auto& r : ranks_) FERRY_RETURN_IF_ERROR(r.send("go"));
-    Status posted;
-    std::vector<Status> packed(static_cast<size_t>(senders));
+    std::vector<Status> sent(static_cast<size_t>(senders));
     {
       std::vector<std::jthread> threads;
-      threads.emplace_back([&] { posted = post(sizes_, 1); });
-      for (int s = 1; s < senders; ++s) {
-        threads.emplace_back([&, s] {
-          packed[static_cast<size_t>(s)] =
-              pack(w, packers_[static_cast<size_t>(s)], static_cast<size_t>(s), static_cast<size_t>(senders));
-        });
+      for (size_t s = 1; s < sent.size(); ++s) {
+        threads.emplace_back([&, s] { sent[s] = send_share(w, s, sent.size()); });
       }
-      packed[0] = pack(w, packers_[0], 0, static_cast<size_t>(senders));
+      sent[0] = send_share(w, 0, sent.size());
     }
-    FERRY_RETURN_IF_ERROR(posted);
-    for (const Status& st : packed) FERRY_RETURN_IF_ERROR(st);
+    for (const Status& st : sent) FERRY_RETURN_IF_ERROR(st);
     for (auto& r : ranks_) {  // "received" and "processed", one of each, in either order
       bool received = false, processed = false;
       for (int k = 0; k < 2; ++k) {
@@ -400,7 +427,7 @@ class Probe final : public LinkProbe {
   uint64_t pings_ = 0;
 
   std::unique_ptr<transport::Transport> tx_;
-  std::vector<std::unique_ptr<transport::Connection>> conns_;
+  std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;  // per sender, per rank
   std::vector<Buffer> bufs_;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
   std::vector<std::vector<size_t>> sizes_;  // per rank, the plan's bucket sizes in plan order
