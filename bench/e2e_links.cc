@@ -56,7 +56,7 @@ class Probe final : public LinkProbe {
 
   ~Probe() override {
     conns_.clear();
-    if (tx_) tx_->shutdown();
+    for (auto& tx : tx_) tx->shutdown();
     for (auto& c : channels_) c->close(Status::unavailable("probe done"));
     asio::post(io_, [this] {
       boost::system::error_code ec;
@@ -68,17 +68,21 @@ class Probe final : public LinkProbe {
 
   Status open(const std::string& transport) {
     FERRY_RETURN_IF_ERROR(open_control());
-    FERRY_ASSIGN_OR_RETURN(tx_, transport::create_transport(transport));
-    // A connection to every rank per sender of the overlap probe, as every trainer rank has its
-    // own; the first also carries the transport's measurements alone.
+    // A transport, and over it a connection to every rank, per sender of the overlap probe, as every
+    // trainer rank has its own (a transport's I/O threads serve its connections); the first also
+    // carries the transport's measurements alone.
+    for (int s = 0; s < senders_; ++s) {
+      FERRY_ASSIGN_OR_RETURN(auto tx, transport::create_transport(transport));
+      tx_.push_back(std::move(tx));
+    }
     conns_.resize(static_cast<size_t>(senders_));
     for (auto& r : ranks_) {
       FERRY_RETURN_IF_ERROR(r.send("listen"));
       std::string blob;
       FERRY_RETURN_IF_ERROR(expect_reply(r, "blob", &blob));
-      for (auto& sender : conns_) {
-        FERRY_ASSIGN_OR_RETURN(auto c, tx_->connect(blob, Clock::now() + 30s, {}));
-        sender.push_back(std::move(c));
+      for (size_t s = 0; s < conns_.size(); ++s) {
+        FERRY_ASSIGN_OR_RETURN(auto c, tx_[s]->connect(blob, Clock::now() + 30s, {}));
+        conns_[s].push_back(std::move(c));
       }
     }
     sizes_.assign(ranks_.size(), {});
@@ -89,13 +93,17 @@ class Probe final : public LinkProbe {
       largest = std::max<size_t>(largest, b.bytes);
       plan_bytes_ += b.bytes;
     }
-    // A pool of buffers per rank, as the trainer keeps.
+    // A pool of buffers per rank, as the trainer keeps. The posts only read them, so the senders
+    // share them, each registering them with its transport.
+    regions_.resize(tx_.size());
     for (size_t i = 0; i < ranks_.size() * slots_; ++i) {
       FERRY_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(largest));
       std::memset(b.data(), static_cast<int>(i + 1), b.size());
-      FERRY_ASSIGN_OR_RETURN(auto reg, tx_->register_memory(b.data(), b.size(), Device::cpu()));
+      for (size_t s = 0; s < tx_.size(); ++s) {
+        FERRY_ASSIGN_OR_RETURN(auto reg, tx_[s]->register_memory(b.data(), b.size(), Device::cpu()));
+        regions_[s].push_back(std::move(reg));
+      }
       bufs_.push_back(std::move(b));
-      regions_.push_back(std::move(reg));
     }
     // Bucket builders for packing, sized as the trainer sizes them: a set per sender packing at once.
     packers_.resize(static_cast<size_t>(senders_));
@@ -269,7 +277,7 @@ class Probe final : public LinkProbe {
             pending[r].pop_front();
           }
           const size_t slot = r * slots_ + (next[r]++ % slots_);
-          FERRY_ASSIGN_OR_RETURN(auto h, conns_[0][r]->post(*regions_[slot], 0, per_rank[r][k]));
+          FERRY_ASSIGN_OR_RETURN(auto h, conns_[0][r]->post(*regions_[0][slot], 0, per_rank[r][k]));
           pending[r].push_back(std::move(h));
         }
       }
@@ -361,9 +369,8 @@ class Probe final : public LinkProbe {
         FERRY_RETURN_IF_ERROR(pending[r].front()->wait(deadline));
         pending[r].pop_front();
       }
-      // The bucket buffers are only read by the posts: the senders share them.
       const size_t slot = r * slots_ + (next[r]++ % slots_);
-      FERRY_ASSIGN_OR_RETURN(auto h, conns_[s][r]->post(*regions_[slot], 0, plan_.buckets[k].bytes));
+      FERRY_ASSIGN_OR_RETURN(auto h, conns_[s][r]->post(*regions_[s][slot], 0, plan_.buckets[k].bytes));
       pending[r].push_back(std::move(h));
     }
     for (auto& p : pending) {
@@ -426,10 +433,10 @@ class Probe final : public LinkProbe {
   std::deque<coordinator::Mailbox> boxes_;
   uint64_t pings_ = 0;
 
-  std::unique_ptr<transport::Transport> tx_;
+  std::vector<std::unique_ptr<transport::Transport>> tx_;                   // per sender
   std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;  // per sender, per rank
   std::vector<Buffer> bufs_;
-  std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
+  std::vector<std::vector<std::unique_ptr<transport::MemoryRegion>>> regions_;  // per sender, of bufs_
   std::vector<std::vector<size_t>> sizes_;  // per rank, the plan's bucket sizes in plan order
   uint64_t plan_bytes_ = 0;
 
