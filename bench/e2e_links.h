@@ -32,11 +32,12 @@ struct Links {
   // How many stages' worth of work the host does at a time (sharding::Topology::host_parallelism):
   // the stages timed alone and added up as the cost model adds them, over their time run at once
   // (one sender packing its buckets and sending each over its connections as it is packed, while
-  // the ranks process). Below 1
-  // where doing them at once cost more than one after another (the cost model takes at least 1).
+  // the ranks process). Below 1 where doing them at once cost more than one after another (the
+  // cost model takes at least 1).
   double host_parallelism = 1;
-  // The same with `senders` trainer ranks packing and sending their shares at once, each over
-  // connections of its own, and the ranks' pieces cut as theirs; 0 when not measured (one sender).
+  // The same with `senders` trainer ranks packing and sending their shares at once, each over a
+  // transport and connections of its own, and the ranks' pieces cut as theirs; 0 when not measured
+  // (one sender).
   double host_parallelism_many = 0;
   // The medians of those runs of the stages at once (seconds; 0 when not measured).
   double overlap_seconds = 0;

@@ -1,5 +1,6 @@
-// Host work shared across threads: a large piece's copy, compare or decode is cut into slices, each
-// on a thread of its own (at most host_threads(), 8 at most).
+// Host work shared across threads: a large piece's copy, compare or decode is cut into slices (at
+// most host_threads(), 8 at most), each on a thread of its own (on_threads), or a single copy's on
+// the work pool (copy_parallel).
 #pragma once
 
 #include <algorithm>

@@ -288,6 +288,40 @@ TEST(Staging, BorrowedRowsThatFailInScratchRefuseTheirLayerUntouched) {
   EXPECT_EQ(rank->engine->census().moved, 0u);
 }
 
+// Lent rows are processed at completion straight into storage, a parameter's pieces at once on the
+// work pool: one that fails there fails the update, named with the parameter and its rows, and the
+// rows its other pieces wrote beside it are undone by the rollback.
+TEST(Staging, LentRowsThatFailAtCompletionAreNamedAndRolledBack) {
+  const tiny::Config cfg;
+  const std::string bad = "model.layers.1.mlp.down_proj.weight";
+  bool fail = false;
+  EngineOptions o;
+  o.rollback = RollbackMode::kHost;
+  o.kernel_factory = failing_rows_of(bad, &fail);
+  auto rank = make_rank(cfg, Scheme::kFp8PerChannel, std::move(o));
+  auto a = tiny::Weights::random(cfg, rank->spec, 1);
+  auto b = tiny::Weights::random(cfg, rank->spec, 2);
+  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1).ok());
+  const auto before = testing::contents(rank->storage);
+  fail = true;
+  LoadOptions opts = interleaved();
+  opts.chunk_rows = 8;  // several lent pieces of every parameter
+  opts.lend = true;
+  auto r = load_checkpoint(*rank->engine, b->checkpoint(), 2, opts);
+  ASSERT_FALSE(r.ok());
+  const std::string why = r.status().to_string();
+  EXPECT_NE(why.find("injected rows failure"), std::string::npos) << why;
+  EXPECT_NE(why.find(bad + " rows from"), std::string::npos) << why;
+  ASSERT_TRUE(rank->engine->rollback().ok());
+  EXPECT_EQ(testing::contents(rank->storage), before);
+  EXPECT_EQ(rank->engine->census().moved, 0u);
+  // The next update, nothing failing, lands whole.
+  fail = false;
+  auto again = load_checkpoint(*rank->engine, b->checkpoint(), 3, opts);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_NE(testing::contents(rank->storage), before);
+}
+
 TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
   const tiny::Config cfg;
   auto probe = make_rank(cfg, Scheme::kFp8PerTensor);
