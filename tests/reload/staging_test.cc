@@ -257,69 +257,70 @@ KernelFactory failing_rows_of(std::string name, const bool* fail) {
   };
 }
 
+constexpr char kFailingRows[] = "model.layers.1.mlp.down_proj.weight";
+
+// A fp8_per_channel rank (engine options `o`) whose kFailingRows parameter fails its piece-by-piece
+// processing in version 2, loaded with `opts` after version 1 loaded whole.
+struct FailedRows {
+  std::unique_ptr<bool> fail = std::make_unique<bool>(false);  // outlives the rank's kernels
+  std::unique_ptr<testing::Rank> rank;
+  std::map<std::string, std::vector<uint8_t>> before;  // storage holding version 1
+  std::string why;                                     // version 2's error
+};
+FailedRows load_failing_rows(EngineOptions o, const LoadOptions& opts) {
+  const tiny::Config cfg;
+  FailedRows f;
+  o.kernel_factory = failing_rows_of(kFailingRows, f.fail.get());
+  f.rank = make_rank(cfg, Scheme::kFp8PerChannel, std::move(o));
+  auto a = tiny::Weights::random(cfg, f.rank->spec, 1);
+  auto b = tiny::Weights::random(cfg, f.rank->spec, 2);
+  EXPECT_TRUE(load_checkpoint(*f.rank->engine, a->checkpoint(), 1).ok());
+  f.before = testing::contents(f.rank->storage);
+  *f.fail = true;
+  auto r = load_checkpoint(*f.rank->engine, b->checkpoint(), 2, opts);
+  EXPECT_FALSE(r.ok());
+  if (!r.ok()) f.why = r.status().to_string();
+  EXPECT_NE(f.why.find("injected rows failure"), std::string::npos) << f.why;
+  return f;
+}
+
 // A parameter whose borrowed rows fail in scratch (processed together at the end of a bucket)
 // refuses its layer, named with the parameter and its rows; the layer keeps its previous weights.
 TEST(Staging, BorrowedRowsThatFailInScratchRefuseTheirLayerUntouched) {
-  const tiny::Config cfg;
-  const std::string bad = "model.layers.1.mlp.down_proj.weight";
-  bool fail = false;
-  EngineOptions o;
-  o.kernel_factory = failing_rows_of(bad, &fail);
-  auto rank = make_rank(cfg, Scheme::kFp8PerChannel, std::move(o));
-  auto a = tiny::Weights::random(cfg, rank->spec, 1);
-  auto b = tiny::Weights::random(cfg, rank->spec, 2);
-  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1).ok());
-  const auto before = testing::contents(rank->storage);
-  fail = true;
   LoadOptions opts = interleaved();
   opts.chunk_rows = 8;
   opts.borrow_bucket_bytes = 16 << 10;
-  auto r = load_checkpoint(*rank->engine, b->checkpoint(), 2, opts);
-  ASSERT_FALSE(r.ok());
-  const std::string why = r.status().to_string();
-  EXPECT_NE(why.find("injected rows failure"), std::string::npos) << why;
-  EXPECT_NE(why.find(bad + " rows"), std::string::npos) << why;
-  EXPECT_NE(why.find("layer model.layers.1 is refused"), std::string::npos) << why;
-  const auto now = testing::contents(rank->storage);
-  for (size_t i : rank->engine->registry().layer_tensors("model.layers.1")) {
-    const auto& name = rank->engine->registry().tensors()[i].name;
-    EXPECT_EQ(now.at(name), before.at(name)) << name << " of the refused layer changed";
+  const FailedRows f = load_failing_rows({}, opts);
+  EXPECT_NE(f.why.find(std::string(kFailingRows) + " rows"), std::string::npos) << f.why;
+  EXPECT_NE(f.why.find("layer model.layers.1 is refused"), std::string::npos) << f.why;
+  const auto now = testing::contents(f.rank->storage);
+  for (size_t i : f.rank->engine->registry().layer_tensors("model.layers.1")) {
+    const auto& name = f.rank->engine->registry().tensors()[i].name;
+    EXPECT_EQ(now.at(name), f.before.at(name)) << name << " of the refused layer changed";
   }
-  EXPECT_EQ(rank->engine->census().moved, 0u);
+  EXPECT_EQ(f.rank->engine->census().moved, 0u);
 }
 
 // Lent rows are processed at completion straight into storage, a parameter's pieces at once on the
 // work pool: one that fails there fails the update, named with the parameter and its rows, and the
 // rows its other pieces wrote beside it are undone by the rollback.
 TEST(Staging, LentRowsThatFailAtCompletionAreNamedAndRolledBack) {
-  const tiny::Config cfg;
-  const std::string bad = "model.layers.1.mlp.down_proj.weight";
-  bool fail = false;
   EngineOptions o;
   o.rollback = RollbackMode::kHost;
-  o.kernel_factory = failing_rows_of(bad, &fail);
-  auto rank = make_rank(cfg, Scheme::kFp8PerChannel, std::move(o));
-  auto a = tiny::Weights::random(cfg, rank->spec, 1);
-  auto b = tiny::Weights::random(cfg, rank->spec, 2);
-  ASSERT_TRUE(load_checkpoint(*rank->engine, a->checkpoint(), 1).ok());
-  const auto before = testing::contents(rank->storage);
-  fail = true;
   LoadOptions opts = interleaved();
   opts.chunk_rows = 8;  // several lent pieces of every parameter
   opts.lend = true;
-  auto r = load_checkpoint(*rank->engine, b->checkpoint(), 2, opts);
-  ASSERT_FALSE(r.ok());
-  const std::string why = r.status().to_string();
-  EXPECT_NE(why.find("injected rows failure"), std::string::npos) << why;
-  EXPECT_NE(why.find(bad + " rows from"), std::string::npos) << why;
-  ASSERT_TRUE(rank->engine->rollback().ok());
-  EXPECT_EQ(testing::contents(rank->storage), before);
-  EXPECT_EQ(rank->engine->census().moved, 0u);
+  const FailedRows f = load_failing_rows(std::move(o), opts);
+  EXPECT_NE(f.why.find(std::string(kFailingRows) + " rows from"), std::string::npos) << f.why;
+  ASSERT_TRUE(f.rank->engine->rollback().ok());
+  EXPECT_EQ(testing::contents(f.rank->storage), f.before);
+  EXPECT_EQ(f.rank->engine->census().moved, 0u);
   // The next update, nothing failing, lands whole.
-  fail = false;
-  auto again = load_checkpoint(*rank->engine, b->checkpoint(), 3, opts);
+  *f.fail = false;
+  auto b = tiny::Weights::random(tiny::Config{}, f.rank->spec, 2);
+  auto again = load_checkpoint(*f.rank->engine, b->checkpoint(), 3, opts);
   ASSERT_TRUE(again.ok()) << again.status().to_string();
-  EXPECT_NE(testing::contents(rank->storage), before);
+  EXPECT_NE(testing::contents(f.rank->storage), f.before);
 }
 
 TEST(Staging, OverTheLimitIsRefusedAndTheLayerKeepsItsWeights) {
