@@ -31,6 +31,43 @@ using namespace std::chrono_literals;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// One sender's posts to the ranks over its connections (one per rank), at most `slots` in flight to
+// each, each from that rank's next bucket buffer of `regions` (`slots` per rank) in turn.
+class Window {
+ public:
+  Window(std::vector<std::unique_ptr<transport::Connection>>& conns,
+         std::vector<std::unique_ptr<transport::MemoryRegion>>& regions, size_t slots)
+      : conns_(conns), regions_(regions), slots_(slots), pending_(conns.size()), next_(conns.size(), 0) {}
+
+  // `bytes` to rank r, once one of its posts in flight completed if `slots` are.
+  Status post(size_t r, size_t bytes) {
+    if (pending_[r].size() == slots_) {
+      FERRY_RETURN_IF_ERROR(pending_[r].front()->wait(deadline_));
+      pending_[r].pop_front();
+    }
+    const size_t slot = r * slots_ + (next_[r]++ % slots_);
+    FERRY_ASSIGN_OR_RETURN(auto h, conns_[r]->post(*regions_[slot], 0, bytes));
+    pending_[r].push_back(std::move(h));
+    return ok_status();
+  }
+
+  // Until this side has seen every post complete.
+  Status done() {
+    for (auto& p : pending_) {
+      for (auto& h : p) FERRY_RETURN_IF_ERROR(h->wait(deadline_));
+    }
+    return ok_status();
+  }
+
+ private:
+  std::vector<std::unique_ptr<transport::Connection>>& conns_;
+  std::vector<std::unique_ptr<transport::MemoryRegion>>& regions_;
+  const size_t slots_;
+  const Clock::time_point deadline_ = Clock::now() + 300s;
+  std::vector<std::deque<std::unique_ptr<transport::TransferHandle>>> pending_;
+  std::vector<size_t> next_;
+};
+
 Status expect_reply(ProbeSocket& s, std::string_view want, std::string* rest = nullptr) {
   FERRY_ASSIGN_OR_RETURN(std::string frame, s.recv(Clock::now() + 120s));
   std::string_view r;
@@ -263,29 +300,17 @@ class Probe final : public LinkProbe {
 
   // post_all()'s buckets, until this side has seen every one complete.
   Status post(const std::vector<std::vector<size_t>>& per_rank, uint64_t rounds) {
-    std::vector<std::deque<std::unique_ptr<transport::TransferHandle>>> pending(ranks_.size());
-    std::vector<size_t> next(ranks_.size(), 0);
+    Window window(conns_[0], regions_[0], slots_);
     size_t most = 0;
     for (const auto& v : per_rank) most = std::max(most, v.size());
-    const auto deadline = Clock::now() + 300s;
     for (uint64_t round = 0; round < rounds; ++round) {
       for (size_t k = 0; k < most; ++k) {
         for (size_t r = 0; r < ranks_.size(); ++r) {
-          if (k >= per_rank[r].size()) continue;
-          if (pending[r].size() == slots_) {
-            FERRY_RETURN_IF_ERROR(pending[r].front()->wait(deadline));
-            pending[r].pop_front();
-          }
-          const size_t slot = r * slots_ + (next[r]++ % slots_);
-          FERRY_ASSIGN_OR_RETURN(auto h, conns_[0][r]->post(*regions_[0][slot], 0, per_rank[r][k]));
-          pending[r].push_back(std::move(h));
+          if (k < per_rank[r].size()) FERRY_RETURN_IF_ERROR(window.post(r, per_rank[r][k]));
         }
       }
     }
-    for (auto& p : pending) {
-      for (auto& h : p) FERRY_RETURN_IF_ERROR(h->wait(deadline));
-    }
-    return ok_status();
+    return window.done();
   }
 
   Status transport(bool keep) {
@@ -359,24 +384,12 @@ class Probe final : public LinkProbe {
   // once packed, over a connection of its own to the bucket's rank (at most slots_ in flight to
   // each), as a trainer rank packs and sends its own buckets; returns once every post completed.
   Status send_share(const Weights& w, size_t s, size_t senders) {
-    std::vector<std::deque<std::unique_ptr<transport::TransferHandle>>> pending(ranks_.size());
-    std::vector<size_t> next(ranks_.size(), 0);
-    const auto deadline = Clock::now() + 300s;
+    Window window(conns_[s], regions_[s], slots_);
     for (size_t k = s; k < plan_.buckets.size(); k += senders) {
       FERRY_RETURN_IF_ERROR(pack_one(w, packers_[s], k));
-      const auto r = static_cast<size_t>(plan_.buckets[k].dst);
-      if (pending[r].size() == slots_) {
-        FERRY_RETURN_IF_ERROR(pending[r].front()->wait(deadline));
-        pending[r].pop_front();
-      }
-      const size_t slot = r * slots_ + (next[r]++ % slots_);
-      FERRY_ASSIGN_OR_RETURN(auto h, conns_[s][r]->post(*regions_[s][slot], 0, plan_.buckets[k].bytes));
-      pending[r].push_back(std::move(h));
+      FERRY_RETURN_IF_ERROR(window.post(static_cast<size_t>(plan_.buckets[k].dst), plan_.buckets[k].bytes));
     }
-    for (auto& p : pending) {
-      for (auto& h : p) FERRY_RETURN_IF_ERROR(h->wait(deadline));
-    }
-    return ok_status();
+    return window.done();
   }
 
   // The host's stages at once: `senders` threads each packing every senders-th of the (one-sender)
@@ -452,12 +465,6 @@ class Probe final : public LinkProbe {
 
 }  // namespace
 
-PackDeltas pack_deltas(const Settings& s) {
-  // The bench's ranks share the trainer's host, where "auto" sends dense.
-  if (s.delta == "off" || s.delta == "auto") return {};
-  return {s.delta_max_bytes, s.delta == "always", static_cast<int>(s.delta_zstd)};
-}
-
 Result<std::unique_ptr<LinkProbe>> LinkProbe::open(std::vector<ProbeSocket>& ranks, const std::string& transport,
                                                    const sharding::Plan& plan,
                                                    const std::vector<sharding::RankSpec>& specs,
@@ -466,37 +473,6 @@ Result<std::unique_ptr<LinkProbe>> LinkProbe::open(std::vector<ProbeSocket>& ran
   auto p = std::make_unique<Probe>(ranks, plan, specs, manifest, in_flight, deltas, senders);
   FERRY_RETURN_IF_ERROR(p->open(transport));
   return std::unique_ptr<LinkProbe>(std::move(p));
-}
-
-void cost_inputs(const Links& links, sharding::Topology* topo, sharding::CostOptions* options, bool many) {
-  topo->placement = sharding::Placement::kOneHost;
-  topo->host_gbps = links.host_bytes_per_second * 8 / 1e9;
-  topo->seconds_per_bucket = links.seconds_per_bucket;
-  options->stages.pack_bytes_per_second = links.pack_bytes_per_second;
-  options->stages.process_bytes_per_second = many && links.process_many_bytes_per_second > 0
-                                                 ? links.process_many_bytes_per_second
-                                                 : links.process_bytes_per_second;
-  options->stages.round_trip_seconds = links.round_trip_seconds;
-  topo->host_parallelism =
-      many && links.host_parallelism_many > 0 ? links.host_parallelism_many : links.host_parallelism;
-}
-
-std::string predicted_json(const sharding::CostReport& c) {
-  return fmt::format(
-      "{{\"control\":{:.9f},\"pipeline\":{:.9f},\"critical\":\"{}\",\"fill\":{:.9f},\"busy\":{:.9f},"
-      "\"drain\":{:.9f},\"pack\":{:.9f},\"process\":{:.9f},\"host\":{:.9f}}}",
-      c.control_seconds, c.pipeline_seconds, c.critical, c.fill_seconds, c.busy_seconds, c.drain_seconds,
-      c.pack_seconds, c.process_seconds, c.host_seconds);
-}
-
-std::string links_json(const Links& l) {
-  return fmt::format(
-      "{{\"round_trip_seconds\":{:.9f},\"host_gbps\":{:.3f},\"seconds_per_bucket\":{:.9f},\"pack_gbps\":{:.3f},"
-      "\"process_gbps\":{:.3f},\"process_many_gbps\":{:.3f},\"host_parallelism\":{:.3f},"
-      "\"host_parallelism_many\":{:.3f},\"overlap_seconds\":{:.9f},\"overlap_many_seconds\":{:.9f}}}",
-      l.round_trip_seconds, l.host_bytes_per_second / 1e9, l.seconds_per_bucket, l.pack_bytes_per_second / 1e9,
-      l.process_bytes_per_second / 1e9, l.process_many_bytes_per_second / 1e9, l.host_parallelism,
-      l.host_parallelism_many, l.overlap_seconds, l.overlap_many_seconds);
 }
 
 }  // namespace ferry::e2e
