@@ -28,6 +28,7 @@
 
 #include "transport/handle.h"
 #include "transport/listen_host.h"
+#include "transport/ucx/ucx_log.h"
 
 namespace ferry::transport::ucx {
 
@@ -137,6 +138,7 @@ class Engine {
   // `listen_host`: the address its listeners bind (TransportOptions::listen_host).
   Status init(const std::string& listen_host, bool indirect_ids = true) {
     listen_host_ = listen_host;
+    route_ucx_log();  // before UCX reads its configuration, which may already log
     std::string devices;
     if (std::getenv("UCX_NET_DEVICES") == nullptr) {
       FERRY_ASSIGN_OR_RETURN(devices, listen_net_devices(listen_host));
