@@ -196,6 +196,10 @@ class RolloutWorkerImpl final : public RolloutWorker {
     wire::Envelope env;
     env.mutable_pause_ack()->set_version(p.version());
     to_wire(st, env.mutable_pause_ack()->mutable_status());
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      env.mutable_pause_ack()->set_delta_base(engine_->update_delta_base());
+    }
     reply(env);
   }
 

@@ -81,6 +81,17 @@ void UpdateMachine::record(bool ok, const std::string& error) {
 void UpdateMachine::on_pause_ack(Member& m, const wire::PauseAck& a) {
   if (phase_ != Phase::kPausing || a.version() != version_ || !participants_.count(m.id)) return;
   if (Status st = from_wire(a.status()); !st.ok()) return fail(on_rank(st, m, "pause"));
+  if (a.delta_base() != m.delta_base) {
+    // Its shadow lost the version it reported at the end of its last update (or it never held one
+    // the coordinator trusts): its senders send it dense bytes in this update, the others deltas.
+    if (m.delta_base != 0) {
+      FERRY_LOG_WARN(
+          "{} reported delta base v{} after its last update but holds {} as v{} begins; it gets dense "
+          "bytes",
+          m.describe(), m.delta_base, a.delta_base() ? fmt::format("v{}", a.delta_base()) : "none", version_);
+    }
+    m.delta_base = 0;
+  }
   if (stage_) {
     m.state = "staging";  // it serves on while the version arrives
   } else {

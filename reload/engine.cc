@@ -23,10 +23,10 @@ ShadowBaseHook& shadow_hook() {
   return hook;
 }
 
-void run_shadow_base_hook(const sharding::RankSpec& spec, uint64_t& base) {
+void run_shadow_base_hook(const sharding::RankSpec& spec, ShadowBaseAt at, uint64_t& base) {
   if (!shadow_hook_set.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(shadow_hook_mu);
-  if (shadow_hook()) shadow_hook()(spec, base);
+  if (shadow_hook()) shadow_hook()(spec, at, base);
 }
 
 // The byte ranges of `input` (the parameter of `shape`, staged whole) that no expected region
@@ -168,6 +168,12 @@ void set_shadow_base_hook_for_testing(ShadowBaseHook hook) {
   shadow_hook() = std::move(hook);
 }
 
+uint64_t ReloadEngine::update_delta_base() const {
+  uint64_t base = in_update_ && options_.delta_shadow ? shadow_base_ : 0;
+  run_shadow_base_hook(spec_, ShadowBaseAt::kReport, base);
+  return base;
+}
+
 bool ReloadEngine::lends_host_pieces() const { return storage_.device().is_cpu() && max_staging_ == 0; }
 
 Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
@@ -178,7 +184,7 @@ Status ReloadEngine::begin(uint64_t version, int senders, bool stage) {
   // Deltas of this update apply on top of what the shadow holds now; until it completes, it holds
   // no complete version.
   shadow_base_ = shadow_version_;
-  run_shadow_base_hook(spec_, shadow_base_);
+  run_shadow_base_hook(spec_, ShadowBaseAt::kBegin, shadow_base_);
   shadow_version_ = 0;
   shadow_stale_ = shadow_unwanted_;
   shadow_bypassed_ = false;

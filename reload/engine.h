@@ -111,10 +111,13 @@ struct PieceBytes {
   Device device = Device::cpu();      // kLend: where `data` is
 };
 
-// For tests of the delta path: runs as every engine begins an update, with its rank and the version
-// its shadow holds complete, which it may change, as a rank whose shadow silently lost its version
-// would. Process-wide; an empty function removes it.
-using ShadowBaseHook = std::function<void(const sharding::RankSpec& spec, uint64_t& shadow_base)>;
+// For tests of the delta path: runs with an engine's rank and a version it may change, at
+// - kBegin: as the engine begins an update, on the version its shadow holds complete, as a rank
+//   whose shadow silently lost its version would (the rank then says so: update_delta_base());
+// - kReport: on update_delta_base()'s answer, as a rank that reports a base it does not hold.
+// Process-wide; an empty function removes it.
+enum class ShadowBaseAt { kBegin, kReport };
+using ShadowBaseHook = std::function<void(const sharding::RankSpec& spec, ShadowBaseAt at, uint64_t& base)>;
 void set_shadow_base_hook_for_testing(ShadowBaseHook hook);
 
 class ReloadEngine {
@@ -167,6 +170,10 @@ class ReloadEngine {
   }
   // The version the shadow holds complete (0: none, or the shadow is off): deltas against it apply.
   uint64_t delta_base() const { return shadow_version_; }
+  // In an update: the version its delta pieces must be computed against (0: none apply). A rank
+  // says it as it begins the update, so that its senders never send it deltas against the version
+  // it reported at the end of the last one if its shadow no longer holds it.
+  uint64_t update_delta_base() const;
   // This update's pieces do not all reach the shadow (a colocated sender's direct pieces, read in
   // place on the device): after it the shadow holds no version, and the next update comes whole.
   void drop_shadow() {

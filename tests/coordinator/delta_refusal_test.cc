@@ -1,9 +1,13 @@
-// A delta against a version the rank does not hold is refused, never applied, and the rank gets a
-// dense update instead. The trainer sends a rank a delta only against the version the rank said
-// its shadow holds, so the rank's own check is the last line: here a rank's shadow silently loses
-// its version (reload::set_shadow_base_hook_for_testing) after it reported it. Its delta pieces
-// are refused with the tensor and both versions named, the update fails with nothing of it served,
-// and the next update goes dense to that replica and lands the reference's bytes.
+// A delta against a version the rank does not hold is never applied; the rank gets dense bytes
+// instead. The trainer sends a rank deltas only against a version the rank said its shadow holds,
+// both at the end of its last update and as this one begins (PauseAck.delta_base):
+// - a rank whose shadow silently lost its version after it reported it
+//   (reload::set_shadow_base_hook_for_testing, at kBegin) says so as the update begins, and gets
+//   dense bytes in that same update while the other rank gets deltas;
+// - a rank that reports a base it does not hold (kReport as well) has the rank's own check as the
+//   last line: its delta pieces are refused with the tensor and both versions named, the update
+//   fails with nothing of it served, and the next update goes dense to that replica.
+// Both land the reference's bytes.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -23,6 +27,55 @@ struct HookReset {
   ~HookReset() { reload::set_shadow_base_hook_for_testing({}); }
 };
 
+// Two updates, the second as deltas to both ranks.
+void deltas_flowing(Cluster& c, Checkpoint& ck, std::mt19937_64& rng) {
+  ASSERT_TRUE(c.update(1, ck).ok());
+  nudge(ck, 0.01, rng);
+  auto r = c.update(2, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& d : r->delta) ASSERT_GT(d.delta_bytes, 0u) << "v2 travels as deltas";
+}
+
+TEST(DeltaRefusal, ARankWhoseShadowLostItsVersionGetsDenseBytesInTheSameUpdate) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_channel");
+  HookReset reset;
+  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 21);
+  std::mt19937_64 rng(5);
+  ASSERT_NO_FATAL_FAILURE(deltas_flowing(c, ck, rng));
+
+  // Rank 1 reported that its shadow holds v2; as v3 begins, it holds something else, and says so.
+  reload::set_shadow_base_hook_for_testing([](const sharding::RankSpec& spec, reload::ShadowBaseAt at, uint64_t& base) {
+    if (spec.tp_rank == 1 && at == reload::ShadowBaseAt::kBegin) base = 77;
+  });
+  nudge(ck, 0.01, rng);
+  auto r = c.update(3, ck);
+  reload::set_shadow_base_hook_for_testing({});
+  ASSERT_TRUE(r.ok()) << "the rank that lost its base should have had dense bytes: " << r.status().to_string();
+  ASSERT_EQ(r->delta.size(), static_cast<size_t>(c.tp()));  // in plan order: by rank
+  for (int i = 0; i < c.tp(); ++i) {
+    if (i == 1) {
+      EXPECT_EQ(r->delta[1].delta_bytes, 0u) << "rank 1 holds no v2: no deltas";
+      EXPECT_GT(r->delta[1].dense_bytes, 0u);
+    } else {
+      EXPECT_GT(r->delta[i].delta_bytes, 0u) << "rank " << i << " holds v2: deltas";
+    }
+  }
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), "v3");
+  for (int i = 0; i < c.tp(); ++i) EXPECT_EQ(c.rank(i).worker->weight_version(), 3u) << "rank " << i;
+
+  // Its dense v3 gave its shadow a version again: deltas to both.
+  nudge(ck, 0.01, rng);
+  r = c.update(4, ck);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const auto& d : r->delta) EXPECT_GT(d.delta_bytes, 0u) << "v4 travels as deltas";
+  expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), "v4");
+}
+
 TEST(DeltaRefusal, ADeltaAgainstAVersionTheRankDoesNotHoldIsRefusedAndTheNextUpdateIsDense) {
   ScopedEnv transport("FERRY_TRANSPORT", "tcp");
   ScopedEnv delta("FERRY_DELTA", "on");
@@ -33,18 +86,14 @@ TEST(DeltaRefusal, ADeltaAgainstAVersionTheRankDoesNotHoldIsRefusedAndTheNextUpd
   ASSERT_TRUE(c.start().ok());
   Checkpoint ck = make_checkpoint(c.manifest(), 21);
   std::mt19937_64 rng(5);
-  ASSERT_TRUE(c.update(1, ck).ok());
-  nudge(ck, 0.01, rng);
-  auto r = c.update(2, ck);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  for (const auto& d : r->delta) ASSERT_GT(d.delta_bytes, 0u) << "v2 travels as deltas";
+  ASSERT_NO_FATAL_FAILURE(deltas_flowing(c, ck, rng));
 
-  // Rank 1 reported that its shadow holds v2; as v3 begins, it holds something else.
-  reload::set_shadow_base_hook_for_testing([](const sharding::RankSpec& spec, uint64_t& base) {
-    if (spec.tp_rank == 1) base = 77;
+  // Rank 1's shadow holds something else than v2 as v3 begins, yet it reports v2.
+  reload::set_shadow_base_hook_for_testing([](const sharding::RankSpec& spec, reload::ShadowBaseAt at, uint64_t& base) {
+    if (spec.tp_rank == 1) base = at == reload::ShadowBaseAt::kBegin ? 77 : 2;
   });
   nudge(ck, 0.01, rng);
-  r = c.update(3, ck);
+  auto r = c.update(3, ck);
   reload::set_shadow_base_hook_for_testing({});
   ASSERT_FALSE(r.ok()) << "a delta against a version the rank does not hold was applied";
   const std::string why = r.status().to_string();
