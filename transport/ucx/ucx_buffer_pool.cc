@@ -17,6 +17,7 @@ BufferPool::~BufferPool() {
 std::unique_ptr<BufferPool::Block> BufferPool::take(size_t size) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    most_out_ = std::max(most_out_, ++out_);
     auto best = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it) {
       if ((*it)->buffer.size() >= size && (best == idle_.end() || (*it)->buffer.size() < (*best)->buffer.size())) best = it;
@@ -24,11 +25,18 @@ std::unique_ptr<BufferPool::Block> BufferPool::take(size_t size) {
     if (best != idle_.end()) {
       auto b = std::move(*best);
       idle_.erase(best);
+      idle_bytes_ -= b->buffer.size();
       return b;
     }
+    ++allocations_;
   }
   auto buf = Buffer::allocate(size);
-  if (!buf.ok()) return nullptr;
+  if (!buf.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --out_;
+    --allocations_;
+    return nullptr;
+  }
   auto b = std::make_unique<Block>();
   b->buffer = std::move(*buf);
   if (engine_) b->memh = engine_->map(b->buffer.data(), b->buffer.size());
@@ -37,19 +45,25 @@ std::unique_ptr<BufferPool::Block> BufferPool::take(size_t size) {
 
 void BufferPool::give(std::unique_ptr<Block> b) {
   if (!b) return;
-  std::unique_ptr<Block> dropped;
+  std::vector<std::unique_ptr<Block>> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    --out_;
+    idle_bytes_ += b->buffer.size();
     idle_.push_back(std::move(b));
-    if (idle_.size() > kKeep) {
-      // Keep the largest: buckets are of one size, and a larger block serves a smaller bucket.
+    const size_t keep = std::max(kKeepAtLeast, most_out_);
+    while (idle_.size() > keep || (idle_.size() > kKeepAtLeast && idle_bytes_ > kKeepBytes)) {
+      // Drop the smallest: buckets are of few sizes, and a larger block serves a smaller bucket.
       auto smallest = std::min_element(idle_.begin(), idle_.end(),
                                        [](const auto& x, const auto& y) { return x->buffer.size() < y->buffer.size(); });
-      dropped = std::move(*smallest);
+      idle_bytes_ -= (*smallest)->buffer.size();
+      dropped.push_back(std::move(*smallest));
       idle_.erase(smallest);
     }
   }
-  if (dropped && engine_) engine_->unmap(dropped->memh);  // then its buffer is freed
+  for (auto& d : dropped) {
+    if (engine_) engine_->unmap(d->memh);  // then its buffer is freed
+  }
 }
 
 }  // namespace ferry::transport::ucx

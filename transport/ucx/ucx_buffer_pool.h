@@ -16,7 +16,10 @@ class Engine;
 
 // Receive buffers for rendezvous buckets, kept and reused: each is allocated and mapped with the
 // UCP context once, and UCX writes the bucket straight into it (no fresh pages, no registration per
-// bucket). At most kKeep idle ones stay.
+// bucket). Idle ones stay up to the most that were out at once (at least kKeepAtLeast; beyond
+// that, at most kKeepBytes of them): a rank holds a delivered bucket until the layers its pieces
+// belong to are complete, which with several senders interleaving their layers is many buckets,
+// and each one more than the pool kept was fresh pages for UCX to fault in, every update.
 //
 // A delivered bucket's block is handed over (ReceivedBucket::owner), so it comes back whenever its last
 // holder lets go: on any thread, possibly after the receiver stopped and the transport is gone. So
@@ -43,12 +46,22 @@ class BufferPool {
   std::unique_ptr<Block> take(size_t size);
   // Any thread.
   void give(std::unique_ptr<Block> b);
+  // Blocks allocated over the pool's life. Any thread.
+  size_t allocations() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocations_;
+  }
 
  private:
-  static constexpr size_t kKeep = 2;
+  static constexpr size_t kKeepAtLeast = 2;
+  static constexpr size_t kKeepBytes = size_t{1} << 30;
   const std::shared_ptr<Engine> engine_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<std::unique_ptr<Block>> idle_;
+  size_t idle_bytes_ = 0;
+  size_t out_ = 0;       // blocks taken and not given back yet
+  size_t most_out_ = 0;  // the most at once
+  size_t allocations_ = 0;
 };
 
 }  // namespace ferry::transport::ucx
