@@ -27,27 +27,29 @@ struct HookReset {
   ~HookReset() { reload::set_shadow_base_hook_for_testing({}); }
 };
 
-// Two updates, the second as deltas to both ranks.
-void deltas_flowing(Cluster& c, Checkpoint& ck, std::mt19937_64& rng) {
-  ASSERT_TRUE(c.update(1, ck).ok());
-  nudge(ck, 0.01, rng);
-  auto r = c.update(2, ck);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  for (const auto& d : r->delta) ASSERT_GT(d.delta_bytes, 0u) << "v2 travels as deltas";
-}
+// Two updates of one replica, the second as deltas to every rank.
+class DeltaRefusal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(c.start().ok());
+    ASSERT_TRUE(c.update(1, ck).ok());
+    nudge(ck, 0.01, rng);
+    auto r = c.update(2, ck);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (const auto& d : r->delta) ASSERT_GT(d.delta_bytes, 0u) << "v2 travels as deltas";
+  }
 
-TEST(DeltaRefusal, ARankWhoseShadowLostItsVersionGetsDenseBytesInTheSameUpdate) {
-  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
-  ScopedEnv delta("FERRY_DELTA", "on");
+  ScopedEnv transport{"FERRY_TRANSPORT", "tcp"};
+  ScopedEnv delta{"FERRY_DELTA", "on"};
   const Config cfg = kv_below_tp();
   const Layout layout = make_layout(cfg, "fp8_per_channel");
   HookReset reset;
-  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
-  ASSERT_TRUE(c.start().ok());
+  Cluster c{cfg.tp, "fp8_per_channel", cfg.llama};
   Checkpoint ck = make_checkpoint(c.manifest(), 21);
-  std::mt19937_64 rng(5);
-  ASSERT_NO_FATAL_FAILURE(deltas_flowing(c, ck, rng));
+  std::mt19937_64 rng{5};
+};
 
+TEST_F(DeltaRefusal, ARankWhoseShadowLostItsVersionGetsDenseBytesInTheSameUpdate) {
   // Rank 1 reported that its shadow holds v2; as v3 begins, it holds something else, and says so.
   reload::set_shadow_base_hook_for_testing([](const sharding::RankSpec& spec, reload::ShadowBaseAt at, uint64_t& base) {
     if (spec.tp_rank == 1 && at == reload::ShadowBaseAt::kBegin) base = 77;
@@ -76,18 +78,7 @@ TEST(DeltaRefusal, ARankWhoseShadowLostItsVersionGetsDenseBytesInTheSameUpdate) 
   expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), "v4");
 }
 
-TEST(DeltaRefusal, ADeltaAgainstAVersionTheRankDoesNotHoldIsRefusedAndTheNextUpdateIsDense) {
-  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
-  ScopedEnv delta("FERRY_DELTA", "on");
-  const Config cfg = kv_below_tp();
-  const Layout layout = make_layout(cfg, "fp8_per_channel");
-  HookReset reset;
-  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
-  ASSERT_TRUE(c.start().ok());
-  Checkpoint ck = make_checkpoint(c.manifest(), 21);
-  std::mt19937_64 rng(5);
-  ASSERT_NO_FATAL_FAILURE(deltas_flowing(c, ck, rng));
-
+TEST_F(DeltaRefusal, ADeltaAgainstAVersionTheRankDoesNotHoldIsRefusedAndTheNextUpdateIsDense) {
   // Rank 1's shadow holds something else than v2 as v3 begins, yet it reports v2.
   reload::set_shadow_base_hook_for_testing([](const sharding::RankSpec& spec, reload::ShadowBaseAt at, uint64_t& base) {
     if (spec.tp_rank == 1) base = at == reload::ShadowBaseAt::kBegin ? 77 : 2;
