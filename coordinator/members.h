@@ -22,8 +22,9 @@ struct Member {
   std::string storage_device;  // rollout ranks: "cpu", "cuda:0", ...
   uint64_t version = 0;     // the version its storage holds complete
   bool consistent = false;  // false until a complete version lands, and after an aborted update
-  // The version its delta shadow holds complete (Finalized.delta_base); 0 from the moment an update
-  // is handed out to it until that update finalizes, so a failed one leaves none.
+  // The version its delta shadow holds complete (Finalized.delta_base); 0 when its PauseAck reports
+  // another base, and from the moment an update is handed out to it until that update finalizes,
+  // so a failed one leaves none.
   uint64_t delta_base = 0;
   uint64_t max_staging_bytes = 0;  // what it may stage (0: no bound): a staged update must fit
   std::string state = "joined";

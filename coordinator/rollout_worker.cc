@@ -175,6 +175,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
       receiver_->set_senders(std::move(senders));
     }
     Status st;
+    uint64_t delta_base = 0;
     // A staged update does not pause now: the rank serves on while the version arrives into
     // staging, and pauses when told to apply it.
     staging_ = p.stage();
@@ -184,6 +185,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       st = engine_->begin(p.version(), std::max(p.senders_size(), 1), staging_);
+      if (st.ok()) delta_base = engine_->update_delta_base();
       // From here storage is being rewritten: the rank serves nothing until a complete version lands.
       if (!staging_) consistent_ = false;
       update_version_ = p.version();
@@ -196,10 +198,7 @@ class RolloutWorkerImpl final : public RolloutWorker {
     wire::Envelope env;
     env.mutable_pause_ack()->set_version(p.version());
     to_wire(st, env.mutable_pause_ack()->mutable_status());
-    if (st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      env.mutable_pause_ack()->set_delta_base(engine_->update_delta_base());
-    }
+    env.mutable_pause_ack()->set_delta_base(delta_base);
     reply(env);
   }
 

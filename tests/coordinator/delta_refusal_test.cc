@@ -17,6 +17,7 @@
 
 #include "reload/engine.h"
 #include "tests/common/scoped_env.h"
+#include "tests/common/warnings.h"
 #include "tests/coordinator/scheme_bytes.h"
 #include "tests/coordinator/version_changes.h"
 
@@ -55,8 +56,10 @@ TEST_F(DeltaRefusal, ARankWhoseShadowLostItsVersionGetsDenseBytesInTheSameUpdate
     if (spec.tp_rank == 1 && at == reload::ShadowBaseAt::kBegin) base = 77;
   });
   nudge(ck, 0.01, rng);
+  CaughtWarnings caught;
   auto r = c.update(3, ck);
   reload::set_shadow_base_hook_for_testing({});
+  EXPECT_EQ(caught.count("reported delta base v2", "holds v77 as v3 begins; it gets dense bytes"), 1u);
   ASSERT_TRUE(r.ok()) << "the rank that lost its base should have had dense bytes: " << r.status().to_string();
   ASSERT_EQ(r->delta.size(), static_cast<size_t>(c.tp()));  // in plan order: by rank
   for (int i = 0; i < c.tp(); ++i) {

@@ -17,7 +17,7 @@ BufferPool::~BufferPool() {
 std::unique_ptr<BufferPool::Block> BufferPool::take(size_t size) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    most_out_ = std::max(most_out_, ++out_);
+    ++out_;
     auto best = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it) {
       if ((*it)->buffer.size() >= size && (best == idle_.end() || (*it)->buffer.size() < (*best)->buffer.size())) best = it;
@@ -26,16 +26,19 @@ std::unique_ptr<BufferPool::Block> BufferPool::take(size_t size) {
       auto b = std::move(*best);
       idle_.erase(best);
       idle_bytes_ -= b->buffer.size();
+      most_out_ = std::max(most_out_, out_);
       return b;
     }
-    ++allocations_;
   }
   auto buf = Buffer::allocate(size);
-  if (!buf.ok()) {
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    --out_;
-    --allocations_;
-    return nullptr;
+    if (!buf.ok()) {
+      --out_;
+      return nullptr;
+    }
+    ++allocations_;
+    most_out_ = std::max(most_out_, out_);
   }
   auto b = std::make_unique<Block>();
   b->buffer = std::move(*buf);

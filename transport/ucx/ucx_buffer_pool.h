@@ -16,10 +16,12 @@ class Engine;
 
 // Receive buffers for rendezvous buckets, kept and reused: each is allocated and mapped with the
 // UCP context once, and UCX writes the bucket straight into it (no fresh pages, no registration per
-// bucket). Idle ones stay up to the most that were out at once (at least kKeepAtLeast; beyond
-// that, at most kKeepBytes of them): a rank holds a delivered bucket until the layers its pieces
-// belong to are complete, which with several senders interleaving their layers is many buckets,
-// and each one more than the pool kept was fresh pages for UCX to fault in, every update.
+// bucket). Idle ones stay up to the most that were out at once over the pool's life (at least
+// kKeepAtLeast; beyond that, at most kKeepBytes of them): a rank holds a delivered bucket until the
+// layers its pieces belong to are complete, which with several senders interleaving their layers
+// is many buckets, and each one more than the pool kept was fresh pages for UCX to fault in, every
+// update. So a pool (a receiver's, or the one a host's lanes share) keeps up to that much host
+// memory, mapped with its context, while it lives.
 //
 // A delivered bucket's block is handed over (ReceivedBucket::owner), so it comes back whenever its last
 // holder lets go: on any thread, possibly after the receiver stopped and the transport is gone. So
