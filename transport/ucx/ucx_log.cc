@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
@@ -48,15 +49,17 @@ ucs_log_func_rc_t to_ferry(const char* file, unsigned line, const char*, ucs_log
   const char* base = slash != nullptr ? slash + 1 : file;
   if (comp->file_filter != nullptr && fnmatch(comp->file_filter, base, 0) != 0) return UCS_LOG_FUNC_RC_STOP;
   const spdlog::level::level_enum to = ferry_level(level);
-  std::string message(ucs_log_get_buffer_size(), '\0');
+  const bool gone = logger_gone.load(std::memory_order_acquire);
+  if (!gone && !logger().should_log(to)) return UCS_LOG_FUNC_RC_STOP;  // not even formatted
+  std::string message(std::max<size_t>(ucs_log_get_buffer_size(), 256), '\0');
   va_list copy;
   va_copy(copy, ap);
   const int n = std::vsnprintf(message.data(), message.size(), format, copy);
   va_end(copy);
   message.resize(n < 0 ? 0 : std::min(message.size() - 1, static_cast<size_t>(n)));
-  if (logger_gone.load(std::memory_order_acquire)) {
+  if (gone) {
     std::fprintf(stderr, "[ucx] %s:%u %s\n", base, line, message.c_str());
-  } else if (logger().should_log(to)) {
+  } else {
     logger().log(to, "ucx: {}:{} {}", base, line, message);
   }
   return UCS_LOG_FUNC_RC_STOP;  // not UCX's default handler as well: it prints to stdout
