@@ -134,6 +134,7 @@ Result<EngineReport> load_checkpoint(ReloadEngine& engine, const Checkpoint& che
       return st;
     }
   }
+  if (options.stage && options.before_apply) options.before_apply(engine);
   if (options.stage) FERRY_RETURN_IF_ERROR(engine.apply_staged());
   return engine.finalize();
 }

@@ -39,6 +39,8 @@ struct LoadOptions {
   std::function<void(ReloadEngine&)> after_begin;
   // A staged update (ReloadEngine::begin's `stage`): every piece is held, then apply_staged().
   bool stage = false;
+  // Staged: called with every piece held, before apply_staged().
+  std::function<void(ReloadEngine&)> before_apply;
 };
 
 // begin(version), every piece, finalize().

@@ -3,21 +3,28 @@
 // soon as a layer is complete, and the census that proves no registered tensor moved.
 //
 // Memory: pieces that a scheme can process on their own (whole rows for per-channel schemes and
-// conversions, whole 128-row bands for fp8_block) are quantized at once into a scratch copy of the
-// parameter's storage; everything else is staged in full precision until its parameter is
-// complete. Either way a layer's registered storage is written only when the whole layer is
-// complete, so an incomplete or refused layer keeps its previous weights untouched. Staging and
-// scratch buffers are kept between updates in a pool (reload/buffer_pool.h): on the host up to what
-// updates held at their peak, at least the largest layer; on a device, the largest layer.
+// conversions, whole 128-row bands for fp8_block, whole shards for fp8_per_tensor) are quantized at
+// once straight into the parameter's registered storage; everything else is staged in full
+// precision until its parameter is complete. Staging buffers are kept between updates in a pool
+// (reload/buffer_pool.h): on the host up to what updates held at their peak, at least the largest
+// layer; on a device, the largest layer.
 //
-// No double copy: storage is never written before its layer is complete, because an update can
-// still fail afterwards (a missing piece, a dead sender, a refused layer) and an incomplete layer
-// must keep its previous weights. Instead, such row pieces are processed straight into registered
-// storage at completion, with no scratch and no copy-in, when their bytes are still there: the
-// piece that completes a layer (its bytes are valid during the call that processes the layer), and
-// pieces the caller lends with lend_piece() (kept until the layer is processed or the update ends),
-// and pieces it borrows with borrow_piece() (kept until release_borrowed(): a transport's bucket
-// during its callback, so that every layer the bucket completes is processed from it in place).
+// Writing storage before its layer is complete is safe because nobody reads it meanwhile: an
+// update pauses the rank first and leaves it inconsistent (not serving) until a complete update
+// lands, and under rollback the layer's snapshot is taken before its first row is written, so an
+// update that fails afterwards (a missing piece, a dead sender, a refused layer) is undone whole.
+// It saves a scratch copy of the storage and its copy-in at completion: a rank fed by several
+// trainer ranks, whose buckets each leave many layers incomplete, quantized three quarters of its
+// rows into scratch and copied them in. An update staged while the rank serves (begin(..., stage))
+// writes nothing before the apply: there rows go into a scratch copy of the storage instead, copied
+// in at the apply.
+//
+// Pieces whose bytes are still there when their layer completes are processed at completion, in
+// place: the piece that completes a layer (its bytes are valid during the call that processes the
+// layer), pieces the caller lends with lend_piece() (kept until the layer is processed or the update
+// ends), and pieces it borrows with borrow_piece() (kept until release_borrowed(): a transport's
+// bucket during its callback, so that every layer the bucket completes is processed from it in
+// place; rows of the layers it leaves incomplete are processed at release_borrowed(), together).
 // Of a kept piece the kernel cannot take whole (a vocabulary shard ending inside a 128-row band),
 // the run of rows it can take is processed the same way; only the rows around it are staged. A kept
 // band of one matrix of a stacked parameter (an expert's gate rows in a fused w13, from a trainer
@@ -261,7 +268,7 @@ class ReloadEngine {
     // zeroed when its staging is taken.
     std::vector<std::pair<size_t, size_t>> padding;
     std::vector<Buffer> staging;      // per input, full precision, host
-    std::vector<Buffer> piecewise;    // scratch copy of the storage, for pieces processed on arrival
+    std::vector<Buffer> piecewise;    // scratch copy of the storage, for pieces processed on arrival while serving
     std::vector<TensorView> piecewise_views;
     std::vector<std::pair<int64_t, int64_t>> rows_done;  // [begin, end) processed on arrival
     struct Lent {
@@ -319,6 +326,9 @@ class ReloadEngine {
   // A complete layer into storage (engine_process.cc); on failure the layer is refused and released.
   Status process(Layer& layer);
   Status process_layer(Layer& layer);
+  // The layer's rollback snapshot (under RollbackMode::kHost), before its storage is first written:
+  // at completion, or when rows are processed into it on arrival.
+  Status snapshot_before_write(const Layer& layer);
   Status process_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
   Result<const Buffer*> input_buffer(Param& p, uint32_t input);
   Status process_param(Param& p, const sharding::ParamSpec& spec, const kernels::Exec& exec);
@@ -341,7 +351,7 @@ class ReloadEngine {
     bool rows = false;
   };
   std::vector<Borrowed> borrowed_;
-  // Rows hold() would process into scratch now, kept for release_borrowed() to process together.
+  // Rows hold() would process on arrival now, kept for release_borrowed() to process together.
   struct ScratchRows {
     uint32_t param = 0;
     TensorView rows;
@@ -349,7 +359,7 @@ class ReloadEngine {
     Status status;
   };
   std::vector<ScratchRows>* defer_scratch_ = nullptr;
-  // `rows` into their parameters' scratch, all at once on the work pool; each that fails gets its
+  // `rows` into their parameters' storage (or its scratch copy), all at once on the work pool; each that fails gets its
   // parameter and rows in its status, each that does not counts as processed on arrival.
   void process_scratch(std::vector<ScratchRows>& rows);
   uint64_t version_ = 0;

@@ -151,8 +151,8 @@ Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamS
   // has none and processes everything.)
   // (A stale shadow missed pieces: it is not the input these rows were processed from.)
   if (shadow_base_ == 0 || shadow_stale_ || !p.delta_only || !options_.delta_shadow || p.inputs.size() != 1 ||
-      !p.piecewise.empty() ||
-      !storage_.device().is_cpu() || !p.whole.empty() || p.inputs[0].shape.empty()) {
+      !p.piecewise.empty() || !p.rows_done.empty() || !storage_.device().is_cpu() || !p.whole.empty() ||
+      p.inputs[0].shape.empty()) {
     return false;
   }
   const uint32_t param = static_cast<uint32_t>(&p - params_.data());

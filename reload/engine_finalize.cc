@@ -63,10 +63,10 @@ Result<EngineReport> ReloadEngine::finalize() {
                                          version_, unknown_.size(), names, unknown_.size() > 8 ? " ..." : ""));
   }
   if (n_missing) {
-    return Status::failed_precondition(fmt::format(
-        "update v{} never received {}{}; {} of {} layers are incomplete and keep their previous weights: {}{}", version_,
-        absent.empty() ? "every piece of a layer" : "checkpoint tensors: ", missing, n_missing, layers_.size(), layers,
-        n_missing > 4 ? ", ..." : ""));
+    return Status::failed_precondition(
+        fmt::format("update v{} never received {}{}; {} of {} layers are incomplete: {}{}", version_,
+                    absent.empty() ? "every piece of a layer" : "checkpoint tensors: ", missing, n_missing,
+                    layers_.size(), layers, n_missing > 4 ? ", ..." : ""));
   }
   if (report_.census.moved) {
     std::string names;

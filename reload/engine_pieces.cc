@@ -165,8 +165,9 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
   // completes the layer, processed within this call) are kept as they are: row pieces are
   // processed at completion straight into storage, and a piece covering a whole input is read in
   // place of its staging, by any kernel. Kept bands of one stacked matrix are processed at
-  // completion too. Other row pieces are processed now into scratch; the rest is staged in full
-  // precision.
+  // completion too. Other row pieces are processed now: straight into storage, unless the update
+  // stages while the rank serves (then into a scratch copy of the storage, copied in at the
+  // apply); the rest is staged in full precision.
   enum class Hold { kKept, kWhole, kBand, kScratch, kStaged };
   const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;
   const Hold how = rows               ? (kept ? Hold::kKept : Hold::kScratch)
@@ -179,12 +180,15 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     // scale covers, say): it never goes through host memory.
     st = stage_input(layer, p, input, on_device && data_device == storage_.device() ? data_device : Device::cpu());
   } else if (how == Hold::kScratch) {
-    st = stage_piecewise(layer, p);
+    // Storage is written before the layer completes only where nobody reads it meanwhile: the rank
+    // is paused (no staging while serving) and stays inconsistent until an update completes, or
+    // rollback restores the layer from the snapshot taken here, before the first row lands.
+    st = stage_all_ ? stage_piecewise(layer, p) : snapshot_before_write(layer);
   } else if (!completes && !borrowed) {
     st = account(layer, param, input, Held::kLent, bytes);
   }
   if (!st.ok()) {
-    // The refused layer is not partially written: its storage is only written on completion.
+    // Refused before anything of this piece was written.
     layer.refused = true;
     release(layer);
     return st;
@@ -204,7 +208,8 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, band_shape, data_device), dst.offset[0],
                                  owner != nullptr ? *owner : nullptr, borrowed, dst.offset[1]});
   } else if (how == Hold::kScratch) {
-    // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is.
+    // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is. Into
+    // storage, or its scratch copy (process_scratch()).
     ScratchRows rows{param, TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0], {}};
     if (defer_scratch_ != nullptr) {
       defer_scratch_->push_back(std::move(rows));
@@ -344,7 +349,8 @@ void ReloadEngine::process_scratch(std::vector<ScratchRows>& rows) {
   run_pieces(rows.size(), [&](size_t k) {
     ScratchRows& d = rows[k];
     Param& p = params_[d.param];
-    d.status = p.kernel->process_rows(d.rows, d.row0, p.piecewise_views, options_.exec);
+    d.status =
+        p.kernel->process_rows(d.rows, d.row0, p.piecewise.empty() ? p.storage : p.piecewise_views, options_.exec);
   });
   report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (ScratchRows& d : rows) {

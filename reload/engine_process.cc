@@ -139,7 +139,7 @@ Status ReloadEngine::process_rows(Param& p, const sharding::ParamSpec& ps, const
 Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   FERRY_ASSIGN_OR_RETURN(const bool done, process_changed_rows(p, ps, exec));
   if (done) return ok_status();
-  if (!p.piecewise.empty() || !p.lent.empty()) return process_rows(p, ps, exec);
+  if (!p.piecewise.empty() || !p.lent.empty() || !p.rows_done.empty()) return process_rows(p, ps, exec);
   const Device dev = storage_.device();
   ScratchArena scratch(dev);
   std::vector<TensorView> inputs;
@@ -176,6 +176,15 @@ Status ReloadEngine::process_param(Param& p, const sharding::ParamSpec& ps, cons
   return ok_status();
 }
 
+Status ReloadEngine::snapshot_before_write(const Layer& layer) {
+  const auto index = static_cast<uint32_t>(&layer - layers_.data());
+  if (rollback_ != RollbackMode::kHost || snapshots_.holds(index)) return ok_status();
+  // Before the first byte of this layer is overwritten: every registered tensor it owns.
+  std::vector<TensorView> views;
+  for (size_t i : registry_.layer_tensors(layer.name)) views.push_back(registry_.tensors()[i].view);
+  return snapshots_.take(index, views).with_context("rollback snapshot of layer " + layer.name);
+}
+
 Status ReloadEngine::process(Layer& layer) {
   Status st = process_layer(layer);
   if (!st.ok() && !layer.processed) {
@@ -193,12 +202,7 @@ Status ReloadEngine::process(Layer& layer) {
 Status ReloadEngine::process_layer(Layer& layer) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto index = static_cast<uint32_t>(&layer - layers_.data());
-  if (rollback_ == RollbackMode::kHost && !snapshots_.holds(index)) {
-    // Before the first byte of this layer is overwritten: every registered tensor it owns.
-    std::vector<TensorView> views;
-    for (size_t i : registry_.layer_tensors(layer.name)) views.push_back(registry_.tensors()[i].view);
-    FERRY_RETURN_IF_ERROR(snapshots_.take(index, views).with_context("rollback snapshot of layer " + layer.name));
-  }
+  FERRY_RETURN_IF_ERROR(snapshot_before_write(layer));
   kernels::Exec exec = options_.exec;
   if (streams_ != nullptr) {
     if (!forked_) FERRY_RETURN_IF_ERROR(streams_->fork());

@@ -115,7 +115,10 @@ TEST_P(RollbackTest, FailedPartialUpdateIsRestoredToTheLastCompleteVersion) {
   const auto done = first_layers_only(*rank->engine, b->checkpoint(), 2, /*lend=*/false);
   // Before the rollback the complete layers hold B: the update really wrote storage.
   for (const auto& l : done) EXPECT_EQ(layer_bytes(*rank->engine, rank->storage, l), layer_bytes(*cold_b->engine, cold_b->storage, l)) << l;
-  EXPECT_EQ(rank->engine->snapshot_layers(), done.size());
+  // A snapshot of every layer storage was written for: the complete ones, and the incomplete one
+  // where rows went into storage on arrival.
+  EXPECT_GE(rank->engine->snapshot_layers(), done.size());
+  EXPECT_LE(rank->engine->snapshot_layers(), done.size() + 1);
   EXPECT_GT(rank->engine->snapshot_bytes(), 0u);
 
   ASSERT_OK(rank->engine->rollback());
@@ -140,20 +143,17 @@ TEST_P(RollbackTest, WithoutRollbackTheCompleteLayersHoldTheNewWeights) {
   auto b = tiny::Weights::random(cfg, rank->spec, 2);
   ASSERT_OK(load_checkpoint(*rank->engine, a->checkpoint(), 1).status());
   ASSERT_OK(load_checkpoint(*cold_b->engine, b->checkpoint(), 2).status());
-  const auto state_a = contents(rank->storage);
   const auto done = first_layers_only(*rank->engine, b->checkpoint(), 2, false);
   const Status st = rank->engine->rollback();
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
   EXPECT_EQ(rank->engine->snapshot_bytes(), 0u);
-  const auto now = contents(rank->storage);
-  for (const auto& l : rank->engine->registry().layers()) {
-    const auto mine = layer_bytes(*rank->engine, rank->storage, l);
-    if (done.count(l)) {
-      EXPECT_EQ(mine, layer_bytes(*cold_b->engine, cold_b->storage, l)) << l;
-    } else {
-      for (const auto& [name, bytes] : mine) EXPECT_EQ(bytes, state_a.at(name)) << name << " of incomplete layer " << l;
-    }
+  // The incomplete layer may hold rows that arrived (processed on arrival, straight into storage):
+  // the rank stays inconsistent until a complete update lands.
+  for (const auto& l : done) {
+    EXPECT_EQ(layer_bytes(*rank->engine, rank->storage, l), layer_bytes(*cold_b->engine, cold_b->storage, l)) << l;
   }
+  ASSERT_OK(load_checkpoint(*rank->engine, b->checkpoint(), 3).status());
+  EXPECT_EQ(contents(rank->storage), contents(cold_b->storage));
 }
 
 TEST_P(RollbackTest, SnapshotsSpanFailedUpdatesUntilACompleteOne) {
@@ -350,7 +350,10 @@ TEST(Staging, PoolKeepsAtMostOneLayerBetweenUpdates) {
       ASSERT_OK(load_checkpoint(*rank->engine, a->checkpoint(), v).status());
       EXPECT_LE(rank->engine->pooled_bytes(), largest) << scheme_name(scheme);
     }
-    EXPECT_GT(rank->engine->pooled_bytes(), 0u) << scheme_name(scheme);
+    // Staged inputs are pooled; rows a kernel takes alone go straight into storage and hold nothing.
+    if (scheme == Scheme::kFp8Block) {
+      EXPECT_GT(rank->engine->pooled_bytes(), 0u) << scheme_name(scheme);
+    }
   }
 }
 
