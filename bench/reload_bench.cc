@@ -125,7 +125,7 @@ Status bench_scheme(bool json, Scheme linear) {
   uint64_t version = 0;
   // Lent: the rank owns its received buckets and lends them until their layer is processed (the
   // pieces here outlive every update). Copied: the buckets are the transport's, so every piece is
-  // copied (staged, or processed into scratch) before its layer completes.
+  // taken (staged, or its rows processed into storage) before its layer completes.
   // Borrowed: the buckets are the transport's, valid during their callback: pieces are borrowed
   // and released at the end of every FERRY_BUCKET_BYTES of them.
   enum class Mode { kLent, kCopied, kBorrowed };

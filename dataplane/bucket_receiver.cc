@@ -101,7 +101,7 @@ bool BucketReceiver::take(const Decoded& d, const transport::ReceivedBucket& buc
     }
   }
   // A host bucket the transport hands over (tcp) is lent the same way when that saves the engine
-  // its scratch and copy-in: the bucket's buffer stays alive until the pieces' layers are done.
+  // staging copies: the bucket's buffer stays alive until the pieces' layers are done.
   // Any other bucket is borrowed: valid until this call returns, a layer the bucket completes is
   // processed from it in place, and release_borrowed() below copies the rest.
   reload::PieceBytes from_bucket{reload::Intake::kBorrow, nullptr, 0, nullptr, Device::cpu()};

@@ -99,7 +99,8 @@ void init_storage(py::module_& m) {
       "would, without a trainer: a first load, or a quantized checkpoint (gptq_int4, whose inputs are named "
       "after the engine parameter with their suffix: '...qkv_proj.qweight', '.scales', '.g_idx'). Returns "
       "{'bytes', 'layers', 'moved', 'registered'}; moved is the census (0: no registered tensor moved). A load "
-      "that fails (a tensor missing, a bad g_idx) may leave the layers before it written; never load into "
+      "that fails (a tensor missing, a bad g_idx) may leave the layers before it, and rows of the one it stopped in, "
+      "written; never load into "
       "storage a RolloutWorker is serving.");
 
   py::class_<PyStorage, std::shared_ptr<PyStorage>>(m, "ModelStorage",

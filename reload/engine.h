@@ -136,8 +136,10 @@ class ReloadEngine {
   // Starts update `version` from `senders` trainer ranks: clears coverage and staging. Input from
   // one sender in plan order holds one layer at a time; several senders (a sharded trainer) each
   // send in plan order but side by side, so layers overlap: counted, not warned about.
-  // `stage`: the rank keeps serving while the update arrives, so no layer is written into storage
-  // on completion; apply_staged() writes them all once the rank paused.
+  // `stage`: the rank keeps serving while the update arrives, so nothing is written into storage
+  // before apply_staged() (rows that arrive go into a scratch copy of the storage); apply_staged()
+  // writes every layer once the rank paused. Without it, rows a kernel takes on their own are
+  // written into storage as they arrive, before their layer is complete.
   Status begin(uint64_t version, int senders = 1, bool stage = false);
   // Stage while serving: every complete layer held since begin(..., stage = true) into storage,
   // in order; from here the update goes on as one that did not stage (finalize() checks it).
@@ -203,25 +205,28 @@ class ReloadEngine {
   // trainer's tensors), whole rows or a whole input; other device pieces are staged through host.
   Status lend_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, std::shared_ptr<const void> owner,
                     const void* data, size_t bytes, Device data_device = Device::cpu());
-  // True when lending host pieces saves work: the storage is on the host (lent rows are quantized
-  // straight into it, with no scratch and no copy-in) and no staging limit is set (lent bytes count
-  // as staging, at full precision).
+  // True when lending host pieces saves work: the storage is on the host (lent pieces no kernel takes
+  // alone are read in place at completion instead of being copied into staging; lent rows are
+  // quantized straight into storage, as copied ones are) and no staging limit is set (lent bytes
+  // count as staging, at full precision).
   bool lends_host_pieces() const;
   // apply_input_piece() for host bytes that stay valid until the caller's next release_borrowed()
   // (a transport's bucket during its callback): they are kept like lent bytes, so a layer that
-  // becomes complete before then is processed straight from them into storage, with no scratch and
-  // no copy-in. Borrowed bytes are the caller's, so they do not count as staging.
+  // becomes complete before then is processed straight from them into storage, with no staging
+  // copy. Borrowed bytes are the caller's, so they do not count as staging.
   Status borrow_piece(uint32_t param, uint32_t input, const Region& dst, DType dtype, const void* data, size_t bytes);
   // Ends every borrow: what the engine still holds of borrowed bytes (their layers not yet complete)
-  // is copied now, staged or processed into scratch as apply_input_piece() would have done, and the
+  // is taken now as apply_input_piece() would have done (rows processed into storage, or into
+  // scratch while staging; the rest staged), all rows at once on the work pool, and the
   // engine never reads the borrowed bytes again. An error (the staging limit) refuses the layer it
   // names; every borrow ends either way. Called again without borrows in between, it does nothing.
   Status release_borrowed();
   // Ends the update: every layer complete, no piece for an unknown tensor, census moved 0/N;
-  // otherwise an error naming what is missing, unknown or moved. Incomplete layers keep their
-  // previous storage untouched.
+  // otherwise an error naming what is missing, unknown or moved. Rows of incomplete or refused
+  // layers may already be in storage (a paused rank's storage is read by nobody until a complete
+  // update lands); rollback() restores them.
   Result<EngineReport> finalize();
-  // Drops staging; storage keeps whatever layers were already processed.
+  // Drops staging; storage keeps whatever layers (and rows of incomplete ones) were already written.
   void abort();
   // Rollback on: copies every layer written since the last complete version back from its host
   // snapshot, in place (storage identity unchanged), ends the update, and returns the engine to

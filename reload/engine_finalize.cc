@@ -23,7 +23,8 @@ Result<EngineReport> ReloadEngine::finalize() {
   int n_missing = 0;
   for (const Layer& l : layers_) {
     if (l.processed) continue;
-    if (++n_missing <= 4) layers += fmt::format("{}{}{}", layers.empty() ? "" : ", ", l.name, l.refused ? " (refused: staging limit)" : "");
+    if (++n_missing <= 4)
+      layers += fmt::format("{}{}{}", layers.empty() ? "" : ", ", l.name, l.refused ? " (refused)" : "");
     for (uint32_t q : l.params) {
       const Param& p = params_[q];
       const sharding::ParamSpec& ps = spec_.params[q];

@@ -1,6 +1,6 @@
 // Pieces into the engine: validation, coverage, and where each piece's bytes are held until its
-// layer is complete (kept as they are, processed into scratch, or staged), with the accounting that
-// bounds staging.
+// layer is complete (kept as they are, or staged; rows a kernel takes alone are processed into
+// storage on arrival, or into scratch while staging), with the accounting that bounds staging.
 #include "reload/engine.h"
 
 #include <algorithm>
@@ -216,7 +216,12 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     } else {
       std::vector<ScratchRows> one{std::move(rows)};
       process_scratch(one);
-      return one.front().status;
+      if (!one.front().status.ok()) {
+        // Its rows are covered but not processed: the layer cannot complete correctly now.
+        layer.refused = true;
+        release(layer);
+        return one.front().status.with_context(fmt::format("layer {} is refused", layer.name));
+      }
     }
   } else if (const Device staged_on = p.staging[input].device(); !staged_on.is_cpu()) {
     TensorView staged(p.staging[input].data(), in.dtype, in.shape, staged_on);
@@ -308,7 +313,7 @@ Status ReloadEngine::release_borrowed() {
     if (first.ok()) first = st;
   };
   // Every borrowed entry of a parameter is dropped at once, then each borrowed piece is held again
-  // as a copied one would have been. Rows that go into scratch are processed afterwards, all of
+  // as a copied one would have been. Rows the kernel takes alone are processed afterwards, all of
   // them at once on the work pool: a bucket of several trainer ranks' buckets holds many small
   // pieces (a quarter of a slice each, from four), each too small for more than one thread.
   std::vector<ScratchRows> deferred;
@@ -326,7 +331,7 @@ Status ReloadEngine::release_borrowed() {
       for (Param::Lent& w : p.whole) {
         if (w.borrowed) w = Param::Lent{};
       }
-      // Rows the kernel takes on their own go into scratch, unless the input is staged already (the
+      // Rows the kernel takes on their own are processed, unless the input is staged already (the
       // run of whole bands of a split piece): then into staging, as a copied piece would.
       const bool staged = b.input < p.staging.size() && p.staging[b.input].data() != nullptr;
       Status st = hold(layer, b.param, b.input, b.dst, b.data, b.bytes, nullptr, Device::cpu(), b.rows && !staged,
@@ -334,7 +339,7 @@ Status ReloadEngine::release_borrowed() {
       if (!st.ok()) refuse(layer, st);
     }
   }
-  // A refused layer gave its scratch back: its rows are not processed.
+  // A refused layer's rows are not processed (it gave back its scratch, if it had one).
   std::erase_if(deferred, [&](const ScratchRows& d) { return layers_[params_[d.param].layer].refused; });
   process_scratch(deferred);
   for (const ScratchRows& d : deferred) {
@@ -349,6 +354,11 @@ void ReloadEngine::process_scratch(std::vector<ScratchRows>& rows) {
   run_pieces(rows.size(), [&](size_t k) {
     ScratchRows& d = rows[k];
     Param& p = params_[d.param];
+    if (stage_all_ && p.piecewise.empty()) {
+      // Staging while serving, storage is not written before the apply.
+      d.status = Status::internal("rows to process into scratch that is gone");
+      return;
+    }
     d.status =
         p.kernel->process_rows(d.rows, d.row0, p.piecewise.empty() ? p.storage : p.piecewise_views, options_.exec);
   });

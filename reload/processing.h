@@ -66,7 +66,8 @@ class ProcessingKernel {
     return 0;
   }
   // Processes rows [row0, row0 + input.dim(0)) of the parameter, `input` holding exactly those
-  // rows, into `out`, which has the layout of the storage (a scratch copy of it).
+  // rows, into `out`, which has the layout of the storage (the storage itself, or a scratch copy of
+  // it while an update is staged). It writes those rows of `out` and nothing else.
   virtual Status process_rows(const TensorView& /*input*/, int64_t /*row0*/, std::span<const TensorView> /*out*/,
                               const kernels::Exec& /*exec*/) {
     return Status::internal(name() + ": no piece-by-piece processing");

@@ -443,7 +443,7 @@ def llama_rank_spec(config: ModelConfig, tp_rank: int, tp_size: int, scheme: str
     ...
 def load_checkpoint(spec: RankSpec, storage: ModelStorage, tensors: typing.Any, version: int = 1) -> dict:
     """
-    Loads a checkpoint held in host memory (name -> tensor) into the rank's storage in place, as an update would, without a trainer: a first load, or a quantized checkpoint (gptq_int4, whose inputs are named after the engine parameter with their suffix: '...qkv_proj.qweight', '.scales', '.g_idx'). Returns {'bytes', 'layers', 'moved', 'registered'}; moved is the census (0: no registered tensor moved). A load that fails (a tensor missing, a bad g_idx) may leave the layers before it written; never load into storage a RolloutWorker is serving.
+    Loads a checkpoint held in host memory (name -> tensor) into the rank's storage in place, as an update would, without a trainer: a first load, or a quantized checkpoint (gptq_int4, whose inputs are named after the engine parameter with their suffix: '...qkv_proj.qweight', '.scales', '.g_idx'). Returns {'bytes', 'layers', 'moved', 'registered'}; moved is the census (0: no registered tensor moved). A load that fails (a tensor missing, a bad g_idx) may leave the layers before it, and rows of the one it stopped in, written; never load into storage a RolloutWorker is serving.
     """
 def load_hf_config(arg0: str) -> ModelConfig:
     ...

@@ -191,16 +191,21 @@ TEST(Update, IncompleteUpdateNamesTheLayerAndLeavesRanksInconsistentUntilTheNext
   ASSERT_TRUE(c.update(1, a).ok());
   // The bytes of the layer that will stay incomplete, on every rank. Its rows that arrive may go into
   // storage at once; the ranks stay paused and inconsistent until a complete update lands.
-  const auto layer1 = [&](int rank) {
+  const auto layer1 = [](Cluster& of, int rank) {
     std::map<std::string, std::string> out;
-    for (const auto& [name, v] : c.rank(rank).storage->tensors()) {
+    for (const auto& [name, v] : of.rank(rank).storage->tensors()) {
       if (name.starts_with("model.layers.1.")) out[name].assign(static_cast<const char*>(v.data()), v.nbytes());
     }
     return out;
   };
-  const auto before0 = layer1(0), before1 = layer1(1);
+  const auto before0 = layer1(c, 0), before1 = layer1(c, 1);
   ASSERT_FALSE(before0.empty());
   Checkpoint b(c.manifest(), 2);
+  // What a complete update to b leaves, from a replica of its own.
+  Cluster ref(2);
+  ASSERT_TRUE(ref.start().ok());
+  ASSERT_TRUE(ref.update(1, Checkpoint(ref.manifest(), 2)).ok());
+  const std::map<std::string, std::string> want[] = {layer1(ref, 0), layer1(ref, 1)};
   ASSERT_TRUE(c.trainer().start_weight_update(2, c.manifest()).ok());
   for (const auto& [name, v] : b.views) {
     if (name == "model.layers.1.self_attn.k_proj.weight") continue;
@@ -218,6 +223,15 @@ TEST(Update, IncompleteUpdateNamesTheLayerAndLeavesRanksInconsistentUntilTheNext
     EXPECT_FALSE(c.rank(i).worker->consistent());
     EXPECT_EQ(c.rank(i).worker->weight_version(), 1u);
     EXPECT_EQ(c.rank(i).resumes, 1);  // no replica resumed with a mixed model
+    // Each byte of the incomplete layer is v1's, or b's where its rows arrived.
+    const auto now = layer1(c, i), v1 = i == 0 ? before0 : before1;
+    for (const auto& [name, bytes] : now) {
+      ASSERT_EQ(bytes.size(), v1.at(name).size());
+      size_t neither = 0;
+      for (size_t k = 0; k < bytes.size(); ++k)
+        neither += bytes[k] != v1.at(name)[k] && bytes[k] != want[i].at(name)[k];
+      EXPECT_EQ(neither, 0u) << name;
+    }
   }
   auto next = c.update(3, b);
   ASSERT_TRUE(next.ok()) << next.status().to_string();
@@ -225,8 +239,9 @@ TEST(Update, IncompleteUpdateNamesTheLayerAndLeavesRanksInconsistentUntilTheNext
     EXPECT_TRUE(c.rank(i).worker->consistent());
     EXPECT_EQ(c.rank(i).worker->weight_version(), 3u);
   }
-  EXPECT_NE(layer1(0), before0);
-  EXPECT_NE(layer1(1), before1);
+  EXPECT_EQ(layer1(c, 0), want[0]);
+  EXPECT_EQ(layer1(c, 1), want[1]);
+  EXPECT_NE(want[0], before0);
 }
 
 TEST(Update, VersionsOnlyIncrease) {

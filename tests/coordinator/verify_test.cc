@@ -1,5 +1,5 @@
 // FERRY_VERIFY end to end: one payload byte of one bucket flipped between sealing and posting fails
-// the update with DataLoss and leaves the layers that bucket fed untouched, the next clean update
+// the update with DataLoss and lands none of that bucket's bytes, the next clean update
 // lands byte-exact, and without FERRY_VERIFY the same flip lands in storage unnoticed.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -192,6 +192,9 @@ TEST(Coverage, MissingShardFailsTheUpdateAndRollbackRestoresItsLayer) {
   EXPECT_EQ(msg.find("model.layers.0.p.weight"), std::string::npos) << msg;
   const auto v2 = testing::contents(f.storage);
   EXPECT_NE(v2.at("model.layers.1.r.weight"), v1.at("model.layers.1.r.weight"));  // complete: written
+  EXPECT_NE(v2.at("model.layers.0.p.weight"), v1.at("model.layers.0.p.weight"));  // a's rows, on arrival
+  EXPECT_EQ(v2.at("model.layers.0.q.weight"), v1.at("model.layers.0.q.weight"));  // staged: one scale
+  EXPECT_EQ(v2.at("model.layers.0.q.weight_scale"), v1.at("model.layers.0.q.weight_scale"));
   EXPECT_EQ(f.engine->snapshot_layers(), 2u);                                     // layer 1, and layer 0's rows from a
   ASSERT_OK(f.engine->rollback());
   EXPECT_EQ(testing::contents(f.storage), v1);
