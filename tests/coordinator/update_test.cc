@@ -223,15 +223,8 @@ TEST(Update, IncompleteUpdateNamesTheLayerAndLeavesRanksInconsistentUntilTheNext
     EXPECT_FALSE(c.rank(i).worker->consistent());
     EXPECT_EQ(c.rank(i).worker->weight_version(), 1u);
     EXPECT_EQ(c.rank(i).resumes, 1);  // no replica resumed with a mixed model
-    // Each byte of the incomplete layer is v1's, or b's where its rows arrived.
-    const auto now = layer1(c, i), v1 = i == 0 ? before0 : before1;
-    for (const auto& [name, bytes] : now) {
-      ASSERT_EQ(bytes.size(), v1.at(name).size());
-      size_t neither = 0;
-      for (size_t k = 0; k < bytes.size(); ++k)
-        neither += bytes[k] != v1.at(name)[k] && bytes[k] != want[i].at(name)[k];
-      EXPECT_EQ(neither, 0u) << name;
-    }
+    // (Its storage is not read here: the update fails as soon as one rank reports, and the other
+    // may still be taking its last buckets, rows of which go into storage as they arrive.)
   }
   auto next = c.update(3, b);
   ASSERT_TRUE(next.ok()) << next.status().to_string();
@@ -242,6 +235,7 @@ TEST(Update, IncompleteUpdateNamesTheLayerAndLeavesRanksInconsistentUntilTheNext
   EXPECT_EQ(layer1(c, 0), want[0]);
   EXPECT_EQ(layer1(c, 1), want[1]);
   EXPECT_NE(want[0], before0);
+  EXPECT_NE(want[1], before1);
 }
 
 TEST(Update, VersionsOnlyIncrease) {
