@@ -273,7 +273,7 @@ class ReloadEngine {
     // zeroed when its staging is taken.
     std::vector<std::pair<size_t, size_t>> padding;
     std::vector<Buffer> staging;      // per input, full precision, host
-    std::vector<Buffer> piecewise;    // scratch copy of the storage, for pieces processed on arrival while serving
+    std::vector<Buffer> piecewise;    // scratch copy of the storage, for rows processed on arrival while staging
     std::vector<TensorView> piecewise_views;
     std::vector<std::pair<int64_t, int64_t>> rows_done;  // [begin, end) processed on arrival
     struct Lent {
@@ -357,16 +357,17 @@ class ReloadEngine {
   };
   std::vector<Borrowed> borrowed_;
   // Rows hold() would process on arrival now, kept for release_borrowed() to process together.
-  struct ScratchRows {
+  struct ArrivalRows {
     uint32_t param = 0;
     TensorView rows;
     int64_t row0 = 0;
     Status status;
   };
-  std::vector<ScratchRows>* defer_scratch_ = nullptr;
-  // `rows` into their parameters' storage (or its scratch copy), all at once on the work pool; each that fails gets its
-  // parameter and rows in its status, each that does not counts as processed on arrival.
-  void process_scratch(std::vector<ScratchRows>& rows);
+  std::vector<ArrivalRows>* defer_rows_ = nullptr;
+  // `rows` into their parameters' storage (or its scratch copy while staging), all at once on the
+  // work pool; each that fails gets its parameter and rows in its status, each that does not counts
+  // as processed on arrival.
+  void process_on_arrival(std::vector<ArrivalRows>& rows);
   uint64_t version_ = 0;
   uint64_t complete_version_ = 0;
   bool in_update_ = false;

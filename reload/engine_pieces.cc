@@ -168,9 +168,9 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
   // completion too. Other row pieces are processed now: straight into storage, unless the update
   // stages while the rank serves (then into a scratch copy of the storage, copied in at the
   // apply); the rest is staged in full precision.
-  enum class Hold { kKept, kWhole, kBand, kScratch, kStaged };
+  enum class Hold { kKept, kWhole, kBand, kOnArrival, kStaged };
   const bool whole = dst.offset == Shape(in.shape.size(), 0) && dst.size == in.shape;
-  const Hold how = rows               ? (kept ? Hold::kKept : Hold::kScratch)
+  const Hold how = rows               ? (kept ? Hold::kKept : Hold::kOnArrival)
                    : kept && whole    ? Hold::kWhole
                    : kept && band     ? Hold::kBand
                                       : Hold::kStaged;
@@ -179,7 +179,7 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     // A device piece into device storage is staged on the device (a whole fused parameter that one
     // scale covers, say): it never goes through host memory.
     st = stage_input(layer, p, input, on_device && data_device == storage_.device() ? data_device : Device::cpu());
-  } else if (how == Hold::kScratch) {
+  } else if (how == Hold::kOnArrival) {
     // Storage is written before the layer completes only where nobody reads it meanwhile: the rank
     // is paused (no staging while serving) and stays inconsistent until an update completes, or
     // rollback restores the layer from the snapshot taken here, before the first row lands.
@@ -207,15 +207,15 @@ Status ReloadEngine::hold(Layer& layer, uint32_t param, uint32_t input, const Re
     const Shape band_shape(dst.size.begin() + 1, dst.size.end());  // [rows, cols...] of matrix dst.offset[0]
     p.lent.push_back(Param::Lent{TensorView(const_cast<void*>(data), dtype, band_shape, data_device), dst.offset[0],
                                  owner != nullptr ? *owner : nullptr, borrowed, dst.offset[1]});
-  } else if (how == Hold::kScratch) {
+  } else if (how == Hold::kOnArrival) {
     // Whole rows of a row-major tensor are contiguous: the packed piece is the input as it is. Into
-    // storage, or its scratch copy (process_scratch()).
-    ScratchRows rows{param, TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0], {}};
-    if (defer_scratch_ != nullptr) {
-      defer_scratch_->push_back(std::move(rows));
+    // storage, or its scratch copy (process_on_arrival()).
+    ArrivalRows rows{param, TensorView(const_cast<void*>(data), dtype, dst.size), dst.offset[0], {}};
+    if (defer_rows_ != nullptr) {
+      defer_rows_->push_back(std::move(rows));
     } else {
-      std::vector<ScratchRows> one{std::move(rows)};
-      process_scratch(one);
+      std::vector<ArrivalRows> one{std::move(rows)};
+      process_on_arrival(one);
       if (!one.front().status.ok()) {
         // Its rows are covered but not processed: the layer cannot complete correctly now.
         layer.refused = true;
@@ -316,13 +316,13 @@ Status ReloadEngine::release_borrowed() {
   // as a copied one would have been. Rows the kernel takes alone are processed afterwards, all of
   // them at once on the work pool: a bucket of several trainer ranks' buckets holds many small
   // pieces (a quarter of a slice each, from four), each too small for more than one thread.
-  std::vector<ScratchRows> deferred;
+  std::vector<ArrivalRows> deferred;
   {
-    defer_scratch_ = &deferred;
+    defer_rows_ = &deferred;
     struct Undefer {  // at the end of the block, and on a throw
-      std::vector<ScratchRows>*& at;
+      std::vector<ArrivalRows>*& at;
       ~Undefer() { at = nullptr; }
-    } undefer{defer_scratch_};
+    } undefer{defer_rows_};
     for (const Borrowed& b : borrowed) {
       Param& p = params_[b.param];
       Layer& layer = layers_[p.layer];
@@ -340,30 +340,25 @@ Status ReloadEngine::release_borrowed() {
     }
   }
   // A refused layer's rows are not processed (it gave back its scratch, if it had one).
-  std::erase_if(deferred, [&](const ScratchRows& d) { return layers_[params_[d.param].layer].refused; });
-  process_scratch(deferred);
-  for (const ScratchRows& d : deferred) {
+  std::erase_if(deferred, [&](const ArrivalRows& d) { return layers_[params_[d.param].layer].refused; });
+  process_on_arrival(deferred);
+  for (const ArrivalRows& d : deferred) {
     if (!d.status.ok()) refuse(layers_[params_[d.param].layer], d.status);  // its rows_done go with it
   }
   return first;
 }
 
-void ReloadEngine::process_scratch(std::vector<ScratchRows>& rows) {
+void ReloadEngine::process_on_arrival(std::vector<ArrivalRows>& rows) {
   if (rows.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   run_pieces(rows.size(), [&](size_t k) {
-    ScratchRows& d = rows[k];
+    ArrivalRows& d = rows[k];
     Param& p = params_[d.param];
-    if (stage_all_ && p.piecewise.empty()) {
-      // Staging while serving, storage is not written before the apply.
-      d.status = Status::internal("rows to process into scratch that is gone");
-      return;
-    }
     d.status =
         p.kernel->process_rows(d.rows, d.row0, p.piecewise.empty() ? p.storage : p.piecewise_views, options_.exec);
   });
   report_.process_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (ScratchRows& d : rows) {
+  for (ArrivalRows& d : rows) {
     if (!d.status.ok()) {
       d.status = d.status.with_context(fmt::format("{} rows {}+{}", spec_.params[d.param].name, d.row0, d.rows.dim(0)));
       continue;
