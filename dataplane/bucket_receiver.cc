@@ -183,14 +183,15 @@ Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst,
     FERRY_ASSIGN_OR_RETURN(const uint8_t* e, host_bytes());
     return apply_delta(encoding, e, p.encoded_bytes(), values, n, elem, changed);
   };
-  source.apply_on_device = [&](void* values, size_t, Device device) -> Status {
+  source.apply_on_device = [&](void* values, size_t, Device device, uint64_t per_row, uint8_t* row_marks) -> Status {
+    const RowMarks rows{per_row, row_marks};
     if (payload_device == device && p.values_at() != 0 && encoding == static_cast<uint32_t>(DeltaEncoding::kRuns)) {
       const Status st = apply_device_runs(encoding, encoded, p.encoded_bytes(), p.values_at(), values, device, n, elem,
-                                          delta_upload_);
+                                          delta_upload_, &rows);
       if (st.code() != StatusCode::kDataLoss) return st;
     }
     FERRY_ASSIGN_OR_RETURN(const uint8_t* e, host_bytes());
-    return apply_delta_on_device(encoding, e, p.encoded_bytes(), values, device, n, elem, delta_upload_);
+    return apply_delta_on_device(encoding, e, p.encoded_bytes(), values, device, n, elem, delta_upload_, &rows);
   };
   return engine_.take_delta_piece(p.param(), 0, dst, dtype, p.bytes(), p.base_version(), source);
 }

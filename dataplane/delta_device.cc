@@ -55,12 +55,13 @@ Status queued_then(Device device, std::initializer_list<std::tuple<void*, const 
 // copied into `upload` (pairs first, values 16-byte aligned) and decoded, checked and written into
 // `values` on the device (detail::apply_runs).
 Status runs_through_upload(Device device, void* values, size_t n, size_t elem, const uint8_t* pairs, size_t pair_bytes,
-                           uint64_t r, const uint8_t* from, uint64_t k, bool xor_values, Buffer& upload) {
+                           uint64_t r, const uint8_t* from, uint64_t k, bool xor_values, Buffer& upload,
+                           const RowMarks* rows) {
   const size_t at = round16(pair_bytes);
   const size_t value_bytes = static_cast<size_t>(k) * elem;
   FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, at + value_bytes, device));
   return queued_then(device, {{up, pairs, pair_bytes}, {up + at, from, value_bytes}}, [&] {
-    return detail::apply_runs(device.index, values, n, elem, up, pair_bytes, r, up + at, k, xor_values);
+    return detail::apply_runs(device.index, values, n, elem, up, pair_bytes, r, up + at, k, xor_values, rows);
   });
 }
 
@@ -82,14 +83,16 @@ Result<DeviceRuns> runs_on_device(int device, const uint8_t* bitmap, size_t n, s
 }
 
 Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, const uint8_t* bitmap, const void* values,
-                              bool xor_values) {
+                              bool xor_values, const RowMarks* rows) {
   FERRY_RETURN_IF_ERROR(check_elements(elem, {dst, values}));
-  return detail::apply_bitmap(device, dst, n, elem, bitmap, values, xor_values);
+  if (rows != nullptr && rows->per_row == 0) return Status::invalid_argument("device deltas: rows of 0 elements");
+  return detail::apply_bitmap(device, dst, n, elem, bitmap, values, xor_values, rows);
 }
 
 Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, void* values, Device device,
-                             size_t n, size_t elem, Buffer& upload) {
+                             size_t n, size_t elem, Buffer& upload, const RowMarks* rows) {
   if (!device.is_cuda()) return Status::invalid_argument("apply_delta_on_device: values in host memory");
+  if (rows != nullptr && rows->per_row == 0) return Status::invalid_argument("device deltas: rows of 0 elements");
   // A runs encoding goes up as it is, its pairs decoded and checked on the device. Refused there, it
   // is walked on the host below, which says why (and writes nothing).
   if ((field & 0xff) == static_cast<uint32_t>(DeltaEncoding::kRuns)) {
@@ -98,7 +101,7 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
       if (runs.runs == 0 && runs.changed == 0) return ok_status();  // nothing to write
       FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
       const Status st = runs_through_upload(device, values, n, elem, runs.pairs, runs.pair_bytes, runs.runs,
-                                            runs.values, runs.changed, runs.xor_values, upload);
+                                            runs.values, runs.changed, runs.xor_values, upload, rows);
       if (st.code() != StatusCode::kDataLoss) return st;
     }
   }
@@ -111,13 +114,14 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
   const size_t value_bytes = static_cast<size_t>(bits.changed) * elem;
   FERRY_ASSIGN_OR_RETURN(uint8_t * up, upload_room(upload, values_at + value_bytes, device));
   return queued_then(device, {{up, bits.bitmap, map_bytes}, {up + values_at, bits.values, value_bytes}}, [&] {
-    return apply_bitmap_on_device(device.index, values, n, elem, up, up + values_at, bits.xor_values);
+    return apply_bitmap_on_device(device.index, values, n, elem, up, up + values_at, bits.xor_values, rows);
   });
 }
 
 Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint64_t values_at, void* values,
-                         Device device, size_t n, size_t elem, Buffer& upload) {
+                         Device device, size_t n, size_t elem, Buffer& upload, const RowMarks* rows) {
   if (!device.is_cuda()) return Status::invalid_argument("apply_device_runs: values in host memory");
+  if (rows != nullptr && rows->per_row == 0) return Status::invalid_argument("device deltas: rows of 0 elements");
   if (field != static_cast<uint32_t>(DeltaEncoding::kRuns)) {
     return Status::invalid_argument("apply_device_runs: a runs encoding without flags only");
   }
@@ -146,7 +150,7 @@ Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_
   FERRY_RETURN_IF_ERROR(check_elements(elem, {values}));
   // Pairs and values copied on the device from wherever the payload put them.
   return runs_through_upload(device, values, n, elem, encoded + head_bytes, static_cast<size_t>(pair_bytes), r,
-                             encoded + values_at, k, /*xor_values=*/false, upload);
+                             encoded + values_at, k, /*xor_values=*/false, upload, rows);
 }
 
 }  // namespace ferry::dataplane

@@ -38,12 +38,20 @@ struct DeviceRuns {
 };
 Result<DeviceRuns> runs_on_device(int device, const uint8_t* bitmap, size_t n, size_t limit, Buffer& pairs);
 
+// The rows a delta's write changed, noted as it writes: its n elements are rows of `per_row`, and
+// `marks` (host memory, ceil(n / per_row) bytes) gets a 1 for each row an element of which the
+// delta writes; other bytes are left as they were. A rank re-processes only those rows then.
+struct RowMarks {
+  uint64_t per_row = 0;
+  uint8_t* marks = nullptr;
+};
+
 // Writes a delta into `dst` (device memory of `device`, n elements of `elem` bytes): element i takes
 // the next of `values` (or XORs it in, with `xor_values`) when bit i of `bitmap` is set. `bitmap`
 // (ceil(n / 8) bytes, bits past n clear) and `values` (as many as the bitmap marks) are device
-// memory. Returns once written. `elem` must be 1, 2, 4 or 8.
+// memory. Returns once written (and `rows`, when given, marked). `elem` must be 1, 2, 4 or 8.
 Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, const uint8_t* bitmap, const void* values,
-                              bool xor_values);
+                              bool xor_values, const RowMarks* rows = nullptr);
 
 // apply_delta() (delta.h) for `values` in device memory: the encoding (a piece's encoding field
 // and bytes, on the host) is checked and decoded on the host into the bitmap of its changed
@@ -51,7 +59,7 @@ Status apply_bitmap_on_device(int device, void* dst, size_t n, size_t elem, cons
 // memory there, grown as needed), and apply_bitmap_on_device() writes them. DataLoss, and nothing
 // written, for an encoding that does not describe n elements.
 Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, void* values, Device device,
-                             size_t n, size_t elem, Buffer& upload);
+                             size_t n, size_t elem, Buffer& upload, const RowMarks* rows = nullptr);
 
 // apply_delta_on_device() for a runs encoding without flags that lies in device memory of `device`
 // (a device bucket's payload), its values from `values_at` (the sender's word, untrusted): only its
@@ -59,7 +67,7 @@ Status apply_delta_on_device(uint32_t field, const uint8_t* encoded, size_t enco
 // there. DataLoss, and nothing written, when the device refuses it or `values_at` does not fit;
 // the caller then walks it on the host, which says why. InvalidArgument for another encoding.
 Status apply_device_runs(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint64_t values_at, void* values,
-                         Device device, size_t n, size_t elem, Buffer& upload);
+                         Device device, size_t n, size_t elem, Buffer& upload, const RowMarks* rows = nullptr);
 
 namespace detail {
 // The CUDA side (cuda/delta_kernels.cu), or Unavailable (delta_device_unavailable.cc).
@@ -76,13 +84,13 @@ Status copy_in_order(int device, void* dst, const void* src, size_t bytes);
 // Waits for everything queued on `device`'s legacy default stream.
 Status wait_in_order(int device);
 Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
-                    bool xor_values);
+                    bool xor_values, const RowMarks* rows);
 // apply_bitmap() for a runs encoding's r pairs of varints (`pairs`, pair_bytes, device memory: the
 // host found their ends, the device decodes and checks them) and its k `values` (device memory):
 // DataLoss, and nothing written, unless every varint is at most 10 bytes, every length at least 1,
 // the runs end within n elements and cover k.
 Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t* pairs, uint64_t pair_bytes, uint64_t r,
-                  const void* values, uint64_t k, bool xor_values);
+                  const void* values, uint64_t k, bool xor_values, const RowMarks* rows);
 }  // namespace detail
 
 }  // namespace ferry::dataplane

@@ -9,11 +9,14 @@ Status unavailable() { return Status::unavailable("device deltas: ferry was buil
 Status scan_changes(int, const void*, const void*, uint64_t, size_t, bool, void*, void*, uint64_t*) {
   return unavailable();
 }
-Status apply_bitmap(int, void*, uint64_t, size_t, const uint8_t*, const void*, bool) { return unavailable(); }
+Status apply_bitmap(int, void*, uint64_t, size_t, const uint8_t*, const void*, bool, const RowMarks*) {
+  return unavailable();
+}
 Status find_runs(int, const uint8_t*, uint64_t, uint64_t, uint8_t*, DeviceRuns*) { return unavailable(); }
 Status copy_in_order(int, void*, const void*, size_t) { return unavailable(); }
 Status wait_in_order(int) { return unavailable(); }
-Status apply_runs(int, void*, uint64_t, size_t, const uint8_t*, uint64_t, uint64_t, const void*, uint64_t, bool) {
+Status apply_runs(int, void*, uint64_t, size_t, const uint8_t*, uint64_t, uint64_t, const void*, uint64_t, bool,
+                  const RowMarks*) {
   return unavailable();
 }
 

@@ -165,8 +165,11 @@ class ReloadEngine {
   using DeltaApply =
       std::function<Status(uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed)>;
   // A delta as the engine may take it: applied onto host values, or onto `bytes` of values in the
-  // memory of `device` (a device shadow's; returns once written).
-  using DeltaApplyOnDevice = std::function<Status(void* values, size_t bytes, Device device)>;
+  // memory of `device` (a device shadow's; returns once written). The values are rows of `per_row`
+  // elements: `row_marks` (host memory, a byte per row, cleared) gets a 1 for each row the delta
+  // writes in.
+  using DeltaApplyOnDevice =
+      std::function<Status(void* values, size_t bytes, Device device, uint64_t per_row, uint8_t* row_marks)>;
   struct DeltaSource {
     DeltaApply apply;
     DeltaApplyOnDevice apply_on_device;

@@ -144,19 +144,21 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
 // again: those rows are left as they are, and only the changed rows are processed, from the
 // shadow, straight into storage; under fp8_block the 128-row blocks they fall in, under
 // fp8_per_tensor the changed rows alone when their shards' scales come out as stored, else the
-// whole shards (a scale sees every element of its shard). Device storage and pieces processed on
-// arrival take the whole path.
+// whole shards (a scale sees every element of its shard). Device storage does the same from a
+// shadow on its device (FERRY_DELTA_SHADOW=device); from a host shadow, and for pieces processed
+// on arrival, the whole path is taken.
 Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   // (shadow_base_: storage holds that version processed; a first update, or one after a failure,
   // has none and processes everything.)
   // (A stale shadow missed pieces: it is not the input these rows were processed from.)
   if (shadow_base_ == 0 || shadow_stale_ || !p.delta_only || !options_.delta_shadow || p.inputs.size() != 1 ||
-      !p.piecewise.empty() || !p.rows_done.empty() || !storage_.device().is_cpu() || !p.whole.empty() ||
-      p.inputs[0].shape.empty()) {
+      !p.piecewise.empty() || !p.rows_done.empty() || !p.whole.empty() || p.inputs[0].shape.empty()) {
     return false;
   }
   const uint32_t param = static_cast<uint32_t>(&p - params_.data());
   if (shadow_.size() <= param || shadow_[param].empty() || shadow_[param][0].data() == nullptr) return false;
+  const Buffer& shadow = shadow_[param][0];
+  if (shadow.device() != storage_.device()) return false;  // rows of a host shadow for device storage
   const auto& in = p.inputs[0];
   // The changed runs, merged; then each widened to what its processing rewrites (blocks, shards)
   // and merged again, each widened run keeping the changed runs inside it.
@@ -194,7 +196,7 @@ Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamS
   for (const auto& w : rows) {
     Shape s = in.shape;
     s[0] = w.r1 - w.r0;
-    TensorView v(shadow_[param][0].data_as<uint8_t>() + dtype_bytes(in.dtype, w.r0 * per_row), in.dtype, s);
+    TensorView v(shadow.data_as<uint8_t>() + dtype_bytes(in.dtype, w.r0 * per_row), in.dtype, s, shadow.device());
     // Only what the change reaches (a per-tensor shard whose scale held: its changed rows), else
     // the run whole.
     const std::span<const std::pair<int64_t, int64_t>> inside(runs.data() + w.first, w.last - w.first);

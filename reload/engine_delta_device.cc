@@ -3,8 +3,12 @@
 // writes it: dataplane/delta_device.h), in the shadow's own memory when the region is one run of
 // it, else in a packed device copy of the region. The complete new values are then lent to apply()
 // where they lie, as a device bucket's piece would be, so the parameter is processed from device
-// memory and the result is byte-identical to a dense update's.
+// memory and the result is byte-identical to a dense update's. The rows the delta writes in are
+// marked on the device as it writes them: only those are processed again, as on the host
+// (engine_delta.cc).
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -30,9 +34,28 @@ Status ReloadEngine::take_device_delta(uint32_t param, uint32_t input, const Reg
     target = packed->data_as<uint8_t>();
     owner = std::shared_ptr<const void>(packed, packed->data());
   }
-  FERRY_RETURN_IF_ERROR(delta.apply_on_device(target, bytes, device).with_context(name));
-  // (Device storage processes its parameters whole: no changed rows are noted.) The shadow's own
-  // bytes stay put until the update ends (every region is written once per update).
+  // The rows of the piece the delta writes in, marked on the device as it writes them, noted as
+  // the host path notes its runs: only those rows are processed again (process_changed_rows).
+  const uint64_t rows = dst.rank() > 0 ? static_cast<uint64_t>(dst.size[0]) : 0;
+  const uint64_t per_row = rows > 0 ? static_cast<uint64_t>(dst.numel()) / rows : 0;
+  std::vector<uint8_t> marks(per_row > 0 ? rows : 0);
+  FERRY_RETURN_IF_ERROR(
+      delta.apply_on_device(target, bytes, device, per_row > 0 ? per_row : 1, per_row > 0 ? marks.data() : nullptr)
+          .with_context(name));
+  if (per_row > 0) {
+    std::vector<std::pair<uint64_t, uint64_t>> runs;  // of elements, whole rows
+    for (uint64_t r = 0; r < rows;) {
+      if (marks[r] == 0) {
+        ++r;
+        continue;
+      }
+      const uint64_t r0 = r;
+      while (r < rows && marks[r] != 0) ++r;
+      runs.emplace_back(r0 * per_row, (r - r0) * per_row);
+    }
+    note_changed_rows(params_[param], dst, runs);
+  }
+  // The shadow's own bytes stay put until the update ends (every region is written once per update).
   static const std::shared_ptr<const void> kUntilTheUpdateEnds;
   Status st;
   {

@@ -67,7 +67,7 @@ run() {  # run NAME CMD...: appends to tests.log, remembers failures
 if want tests; then
 for t in kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test \
          kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test dataplane_delta_device_test core_buffer_test dataplane_bucket_test \
-         reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test reload_band_test; do
+         reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test reload_band_test reload_delta_test; do
   [ -x "$bin/$t" ] && run "$bin/$t"
 done
 [ -x "$bin/transport_conformance_test" ] && run "$bin/transport_conformance_test" --gtest_filter='*cuda_ipc*:*nccl*'
@@ -130,7 +130,8 @@ fi
 # compute-sanitizer on the CUDA paths (the tests compare CUDA against the CPU bit for bit).
 if want sanitizer && command -v compute-sanitizer > /dev/null; then
   for t in "kernels_quantize_test --gtest_filter=*Cuda*:*PerTensorLargerThanL2*:*PerTensorOnePiece*" "kernels_gptq_test --gtest_filter=*Cuda*" \
-           "kernels_gemm_test --gtest_filter=*Cuda*" "kernels_engine_layout_test --gtest_filter=*Cuda*" "reload_gpu_test" "reload_band_test"; do
+           "kernels_gemm_test --gtest_filter=*Cuda*" "kernels_engine_layout_test --gtest_filter=*Cuda*" "reload_gpu_test" "reload_band_test" \
+           "dataplane_delta_device_test" "reload_delta_test --gtest_filter=*OnTheGpu*"; do
     set -- $t
     [ -x "$bin/$1" ] || continue
     echo "=== compute-sanitizer memcheck $t" >> "$out/sanitizer.log"

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "dataplane/cuda/delta_blocks.cuh"
@@ -57,8 +58,11 @@ __global__ void write_changes(const T* before, const T* after, uint64_t n, const
   }
 }
 
+// `rows` (when not null): a byte per row of `per_row` elements, set for each row the thread writes
+// in (the first and last of its byte's elements decide, unless a row ends between them).
 template <typename T, bool Xor>
-__global__ void apply_bits(T* dst, const uint8_t* bitmap, uint64_t bytes, const uint64_t* offsets, const T* values) {
+__global__ void apply_bits(T* dst, const uint8_t* bitmap, uint64_t bytes, const uint64_t* offsets, const T* values,
+                           uint8_t* rows, uint64_t per_row) {
   const uint64_t byte = static_cast<uint64_t>(blockIdx.x) * kScanThreads + threadIdx.x;
   const uint32_t m = byte < bytes ? bitmap[byte] : 0;
   uint32_t total = 0;
@@ -69,6 +73,15 @@ __global__ void apply_bits(T* dst, const uint8_t* bitmap, uint64_t bytes, const 
       dst[i] ^= values[at++];
     } else {
       dst[i] = values[at++];
+    }
+  }
+  if (rows != nullptr && m != 0) {
+    const uint64_t first = (byte * 8 + static_cast<uint64_t>(__ffs(m) - 1)) / per_row;
+    const uint64_t last = (byte * 8 + static_cast<uint64_t>(31 - __clz(m))) / per_row;
+    if (first == last) {
+      rows[first] = 1;
+    } else {
+      for (uint32_t b = m; b != 0; b &= b - 1) rows[(byte * 8 + static_cast<uint64_t>(__ffs(b) - 1)) / per_row] = 1;
     }
   }
 }
@@ -123,7 +136,7 @@ Status wait_in_order(int device) {
 }
 
 Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_t* bitmap, const void* values,
-                    bool xor_values) {
+                    bool xor_values, const RowMarks* rows) {
   if (n == 0) return ok_status();
   const ScopedDevice on(device);
   if (!on.ok()) return Status::internal("device deltas: cuda:" + std::to_string(device) + " could not be made current");
@@ -133,11 +146,19 @@ Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_
   FERRY_RETURN_IF_ERROR(blocks_for(bytes, &blocks));
   Offsets<uint32_t> o;
   FERRY_RETURN_IF_ERROR(block_offsets_of<uint32_t>(Bits{bitmap}, bytes, blocks, UINT32_MAX, st, o));
+  // The rows' marks on the device, cleared, then brought back to the host's after the write.
+  const uint64_t row_count = rows != nullptr ? (n + rows->per_row - 1) / rows->per_row : 0;
+  DeviceScratch marks;
+  if (row_count > 0) {
+    FERRY_RETURN_IF_ERROR(marks.allocate(row_count, st));
+    FERRY_CUDA_CHECK(cudaMemsetAsync(marks.p, 0, row_count, st));
+  }
   FERRY_RETURN_IF_ERROR(by_width(elem, [&](auto t) -> Status {
     using T = decltype(t);
     const auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(blocks), kScanThreads, 0, st>>>(static_cast<T*>(dst), bitmap, bytes, o.offsets,
-                                                                     static_cast<const T*>(values));
+      kernel<<<static_cast<unsigned>(blocks), kScanThreads, 0, st>>>(
+          static_cast<T*>(dst), bitmap, bytes, o.offsets, static_cast<const T*>(values), static_cast<uint8_t*>(marks.p),
+          row_count > 0 ? rows->per_row : 1);
     };
     if (xor_values) {
       launch(apply_bits<T, true>);
@@ -147,7 +168,12 @@ Status apply_bitmap(int device, void* dst, uint64_t n, size_t elem, const uint8_
     FERRY_CUDA_LAUNCH_CHECK();
     return ok_status();
   }));
+  std::vector<uint8_t> marked(row_count);
+  if (row_count > 0) {
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(marked.data(), marks.p, row_count, cudaMemcpyDeviceToHost, st));
+  }
   FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
+  for (uint64_t i = 0; i < row_count; ++i) rows->marks[i] |= marked[i];
   return ok_status();
 }
 

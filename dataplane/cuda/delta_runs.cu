@@ -184,7 +184,7 @@ __global__ void write_pairs(Pair pair, uint64_t r, const uint64_t* offsets, uint
 }  // namespace
 
 Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t* pairs, uint64_t pair_bytes, uint64_t r,
-                  const void* values, uint64_t k, bool xor_values) {
+                  const void* values, uint64_t k, bool xor_values, const RowMarks* rows) {
   if (r == 0) {
     if (k != 0) return Status::data_loss("delta piece: no runs, " + std::to_string(k) + " values");
     return ok_status();
@@ -243,7 +243,7 @@ Status apply_runs(int device, void* dst, uint64_t n, size_t elem, const uint8_t*
   }
   runs_to_bitmap<<<static_cast<unsigned>(word_blocks), kScanThreads, 0, st>>>(ends, decoded, r, words, bitmap);
   FERRY_CUDA_LAUNCH_CHECK();
-  return apply_bitmap(device, dst, n, elem, reinterpret_cast<const uint8_t*>(bitmap), values, xor_values);
+  return apply_bitmap(device, dst, n, elem, reinterpret_cast<const uint8_t*>(bitmap), values, xor_values, rows);
 }
 
 Status find_runs(int device, const uint8_t* bitmap, uint64_t n, uint64_t limit, uint8_t* pairs, DeviceRuns* found) {

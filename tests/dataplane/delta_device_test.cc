@@ -5,9 +5,12 @@
 // walk of them. Skips without a device.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
@@ -153,6 +156,64 @@ TEST(DeltaOnDevice, EncodingsApplyInDeviceMemoryAsOnTheHost) {
   EXPECT_EQ(to_host(d, 200), Bytes(200, 7)) << "a refused delta wrote";
 }
 
+// The rows a delta writes in are marked as it is written, whichever way it reaches the device (a
+// bitmap or runs encoding from the host, a runs encoding in device memory): exactly the rows of
+// `per_row` elements that hold a changed element, at rows shorter and longer than a bitmap byte's 8
+// elements and not aligned to it, changes at the first and last element; marks already set stay.
+TEST(DeltaOnDevice, TheRowsADeltaWritesInAreMarked) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(23);
+  const size_t n = 50'021;
+  for (size_t elem : {1, 2, 4}) {
+    const Bytes old = random_bytes(n * elem, rng);
+    for (const uint64_t per_row : {uint64_t{1}, uint64_t{5}, uint64_t{8}, uint64_t{100}, uint64_t{4096}}) {
+      for (double rate : {0.0, 0.0005, 0.03, 0.5}) {
+        Bytes now = old;
+        for (size_t e = 0; e < n; ++e) {
+          if (static_cast<double>(rng() % 1'000'000) < rate * 1e6) now[e * elem + rng() % elem] ^= 0x21;
+        }
+        if (rate > 0) {
+          now[0] ^= 1;
+          now[(n - 1) * elem] ^= 1;
+        }
+        const size_t rows = (n + per_row - 1) / per_row;
+        std::vector<uint8_t> want(rows, 0);
+        for (size_t e = 0; e < n; ++e) {
+          if (std::memcmp(old.data() + e * elem, now.data() + e * elem, elem) != 0) want[e / per_row] = 1;
+        }
+        want[rows - 1] = 1;                              // set before: stays
+        for (const bool prefer_delta : {true, false}) {  // runs, and a bitmap where it is smaller
+          Bytes enc;
+          const DeltaChoice c = encode_delta(old.data(), now.data(), n, elem, prefer_delta, enc);
+          if (c.encoding == DeltaEncoding::kDense) continue;
+          const auto field = static_cast<uint32_t>(c.encoding);
+          const std::string what =
+              fmt::format("elem {} per_row {} rate {} {}", elem, per_row, rate, encoding_name(c.encoding));
+          Buffer d = on_device(old), upload;
+          std::vector<uint8_t> marks(rows, 0);
+          marks[rows - 1] = 1;
+          const RowMarks marked{per_row, marks.data()};
+          ASSERT_TRUE(
+              apply_delta_on_device(field, enc.data(), enc.size(), d.data(), Device::cuda(0), n, elem, upload, &marked)
+                  .ok())
+              << what;
+          EXPECT_TRUE(to_host(d, old.size()) == now) << what;
+          EXPECT_TRUE(marks == want) << what;
+          if (c.encoding != DeltaEncoding::kRuns) continue;
+          Buffer payload = on_device(enc), e = on_device(old);
+          std::fill(marks.begin(), marks.end(), 0);
+          marks[rows - 1] = 1;
+          ASSERT_TRUE(apply_device_runs(field, payload.data_as<uint8_t>(), enc.size(), enc.size() - c.changed * elem,
+                                        e.data(), Device::cuda(0), n, elem, upload, &marked)
+                          .ok())
+              << what << " in device memory";
+          EXPECT_TRUE(marks == want) << what << " in device memory";
+        }
+      }
+    }
+  }
+}
+
 // The trainer's runs from its compare's bitmap, found on the device, against the pairs of varints a
 // plain loop writes here: byte for byte, at every change rate, with runs that cross 64-element words
 // and blocks of words, end at the last element or cover the piece; written only when they would be
@@ -252,7 +313,7 @@ Status runs_on_device(const Bytes& enc, uint32_t flags, const Bytes& old, size_t
   Buffer pairs = on_device(Bytes(runs.pairs, runs.pairs + runs.pair_bytes));
   Buffer values = on_device(Bytes(runs.values, runs.values + runs.changed * elem));
   const Status st = detail::apply_runs(0, d.data(), n, elem, pairs.data_as<uint8_t>(), runs.pair_bytes, runs.runs,
-                                       values.data(), runs.changed, runs.xor_values);
+                                       values.data(), runs.changed, runs.xor_values, nullptr);
   *result = to_host(d, old.size());
   return st;
 }

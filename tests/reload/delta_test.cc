@@ -196,27 +196,39 @@ TEST(DeltaShadow, TheShadowIsKeptOnlyWhileASenderMaySendDeltas) {
 
 // Row-local schemes re-process only the rows a delta changed: a version that changes one element
 // of one parameter leaves every other row as it was, and storage ends byte-identical to a cold
-// engine loaded with that version densely.
-class DeltaRows : public ::testing::TestWithParam<bool> {};
+// engine loaded with that version densely. Host storage with its shadow on the host, and storage
+// on a GPU with its shadow there (FERRY_DELTA_SHADOW=device), the delta's rows marked as it is
+// written on the device; that case skips without a device.
+struct RowsCase {
+  bool amax_moves;
+  bool on_device;
+};
+class DeltaRows : public ::testing::TestWithParam<RowsCase> {};
 
 TEST_P(DeltaRows, OnlyTheRowsADeltaChangedAreProcessedAgain) {
   // What each scheme processes again for one changed element in row 128 of layer 0's up_proj,
   // which is rows [256, 512) of the fused gate_up (tiny config: intermediate 256, hidden 128): the
   // row alone where every row's codes and scale are its own, its 128-row block under fp8_block
   // (rows 384-511), and under fp8_per_tensor the row alone while the up shard's scale holds, the
-  // whole shard (all 256 rows) once the element becomes its amax (a scale sees every element).
+  // whole shard (all 256 rows) once the element becomes its amax (a scale sees every element); on
+  // the GPU the whole shard either way (keeping a shard's scale is the CPU kernels' alone).
   // kNone first: its kept rows (one row processed) are the others' baseline.
-  const bool amax_moves = GetParam();
-  const std::vector<std::pair<Scheme, uint64_t>> processed = {{Scheme::kNone, 1},
-                                                              {Scheme::kFp8PerChannel, 1},
-                                                              {Scheme::kInt4Group, 1},
-                                                              {Scheme::kFp8Block, 128},
-                                                              {Scheme::kFp8PerTensor, amax_moves ? 256u : 1u}};
+  const bool amax_moves = GetParam().amax_moves;
+  const bool on_device = GetParam().on_device;
+  if (on_device && !cuda_device_available()) GTEST_SKIP() << "no CUDA device here";
+  EngineOptions options = shadow(true);
+  options.shadow_on_device = on_device;
+  const std::vector<std::pair<Scheme, uint64_t>> processed = {
+      {Scheme::kNone, 1},
+      {Scheme::kFp8PerChannel, 1},
+      {Scheme::kInt4Group, 1},
+      {Scheme::kFp8Block, 128},
+      {Scheme::kFp8PerTensor, amax_moves || on_device ? 256u : 1u}};
   std::optional<uint64_t> kept_by_rows;
   for (const auto& [scheme, rows_processed] : processed) {
     SCOPED_TRACE(scheme_name(scheme));
     const tiny::Config cfg;
-    auto rank = make_rank(cfg, scheme, shadow(true));
+    auto rank = make_rank(cfg, scheme, options, EngineLayout::kFerry, on_device ? Device::cuda(0) : Device::cpu());
     auto cold = make_rank(cfg, scheme);
     auto w = tiny::Weights::random(cfg, rank->spec, 1);
     ASSERT_OK(load_checkpoint(*rank->engine, w->checkpoint(), 1).status());
@@ -253,17 +265,27 @@ TEST_P(DeltaRows, OnlyTheRowsADeltaChangedAreProcessedAgain) {
         const size_t n = dtype_bytes(src.dtype(), s.src.numel());
         std::vector<uint8_t> now(n);
         ASSERT_OK(pack_region(src, s.src, now.data(), n));
-        ASSERT_OK(rank->engine->take_delta_piece(
-            i, 0, dst, src.dtype(), n, 1,
-            [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
-              const size_t elem = dtype_bytes(src.dtype(), 1);
-              changed->clear();
-              for (size_t e = 0; e < bytes / elem; ++e) {
-                if (std::memcmp(values + e * elem, now.data() + e * elem, elem) != 0) changed->emplace_back(e, 1);
-              }
-              std::memcpy(values, now.data(), bytes);
-              return ok_status();
-            }));
+        const size_t elem = dtype_bytes(src.dtype(), 1);
+        ReloadEngine::DeltaSource delta;
+        delta.apply = [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
+          changed->clear();
+          for (size_t e = 0; e < bytes / elem; ++e) {
+            if (std::memcmp(values + e * elem, now.data() + e * elem, elem) != 0) changed->emplace_back(e, 1);
+          }
+          std::memcpy(values, now.data(), bytes);
+          return ok_status();
+        };
+        // On the device: the old values come back to compare, the rows they differ in are marked.
+        delta.apply_on_device = [&](void* values, size_t bytes, Device device, uint64_t per_row,
+                                    uint8_t* marks) -> Status {
+          std::vector<uint8_t> old(bytes);
+          FERRY_RETURN_IF_ERROR(copy_bytes(old.data(), Device::cpu(), values, device, bytes));
+          for (size_t e = 0; e < bytes / elem; ++e) {
+            if (std::memcmp(old.data() + e * elem, now.data() + e * elem, elem) != 0) marks[e / per_row] = 1;
+          }
+          return copy_bytes(values, device, now.data(), Device::cpu(), bytes);
+        };
+        ASSERT_OK(rank->engine->take_delta_piece(i, 0, dst, src.dtype(), n, 1, delta));
       }
     }
     auto r = rank->engine->finalize();
@@ -279,9 +301,13 @@ TEST_P(DeltaRows, OnlyTheRowsADeltaChangedAreProcessedAgain) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Changes, DeltaRows, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
-  return info.param ? std::string("AmaxMoves") : std::string("ScalesHold");
-});
+INSTANTIATE_TEST_SUITE_P(Changes, DeltaRows,
+                         ::testing::Values(RowsCase{false, false}, RowsCase{true, false}, RowsCase{false, true},
+                                           RowsCase{true, true}),
+                         [](const ::testing::TestParamInfo<RowsCase>& info) {
+                           return std::string(info.param.amax_moves ? "AmaxMoves" : "ScalesHold") +
+                                  (info.param.on_device ? "OnTheGpu" : "");
+                         });
 
 }  // namespace
 }  // namespace ferry::reload

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_copy.h"
 #include "examples/tiny_decoder/model.h"
 #include "reload/engine.h"
 #include "reload/model_storage.h"
@@ -29,11 +30,11 @@ struct Rank {
 };
 
 inline std::unique_ptr<Rank> make_rank(const tiny::Config& cfg, Scheme scheme, EngineOptions o = {},
-                                       EngineLayout layout = EngineLayout::kFerry) {
+                                       EngineLayout layout = EngineLayout::kFerry, Device device = Device::cpu()) {
   auto spec = tiny::rank_spec(cfg, scheme);
   EXPECT_TRUE(spec.ok()) << spec.status().to_string();
   spec->layout = layout;
-  auto storage = ModelStorage::allocate(*spec, Device::cpu());
+  auto storage = ModelStorage::allocate(*spec, device);
   EXPECT_TRUE(storage.ok()) << storage.status().to_string();
   auto r = std::make_unique<Rank>(Rank{*spec, std::move(*storage), nullptr});
   auto e = ReloadEngine::create(r->spec, r->storage, std::move(o));
@@ -49,7 +50,14 @@ inline std::map<std::string, std::pair<const void*, size_t>> identities(const Mo
   return out;
 }
 
+// A tensor's bytes, from host or device memory.
 inline std::vector<uint8_t> bytes_of(const TensorView& v) {
+  if (!v.device().is_cpu()) {
+    std::vector<uint8_t> out(v.nbytes());
+    const Status st = copy_bytes(out.data(), Device::cpu(), v.data(), v.device(), out.size());
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return out;
+  }
   const auto* p = static_cast<const uint8_t*>(v.data());
   return {p, p + v.nbytes()};
 }
