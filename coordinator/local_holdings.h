@@ -6,8 +6,9 @@
 #pragma once
 
 #include <cstddef>
-#include <map>
+#include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -27,12 +28,14 @@ class LocalHoldings {
 
   // For an update of `manifest`: `holdings` (owns / holds; both empty: every tensor whole) or,
   // when not empty, `layout` (then `holdings` must be empty). `who` names this trainer rank in errors.
+  // The same manifest, holdings and layout as the last reset keep what was worked out from them
+  // (updates after the first only clear what was sent).
   Status reset(const sharding::Manifest& manifest, const sharding::SenderInfo& holdings,
                const sharding::SourceLayout& layout, std::string who);
   // The parts `tensor`, sent under `name`, backs; each name once per update.
   Result<std::vector<Part>> take(const std::string& name, const TensorView& tensor);
   // The names not sent yet, in the order their first tensor comes in `source_order`.
-  std::vector<std::string> wanted(const std::vector<int>& source_order) const;
+  std::vector<std::reference_wrapper<const std::string>> wanted(const std::vector<int>& source_order) const;
 
  private:
   struct Entry {
@@ -41,13 +44,24 @@ class LocalHoldings {
     int64_t row;  // first row in the local tensor
     bool alone;   // the local tensor is the box itself (sent under the checkpoint name)
   };
+  struct Local {
+    std::string name;
+    std::vector<Entry> entries;
+  };
+  Status build(const sharding::Manifest& manifest, const sharding::SenderInfo& holdings,
+               const sharding::SourceLayout& layout);
   Status add(const std::string& local, const std::string& name, const Region* box, int64_t row, bool alone);
 
-  const sharding::Manifest* manifest_ = nullptr;
-  std::map<std::string, size_t> index_;
-  std::map<std::string, std::vector<Entry>> by_local_;
-  std::map<std::string, bool> sent_;
-  std::vector<std::vector<std::string>> locals_of_;  // per manifest tensor, the local names holding it
+  // What the last reset was given (`built_`: and worked out without error).
+  sharding::Manifest manifest_;
+  sharding::SenderInfo holdings_;
+  sharding::SourceLayout layout_;
+  bool built_ = false;
+  std::unordered_map<std::string, size_t> index_;     // manifest name -> index
+  std::unordered_map<std::string, size_t> by_local_;  // local name -> locals_
+  std::vector<Local> locals_;
+  std::vector<char> sent_;                      // per local: sent in this update
+  std::vector<std::vector<size_t>> locals_of_;  // per manifest tensor, the locals holding it
   std::string who_;
 };
 

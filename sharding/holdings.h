@@ -19,6 +19,7 @@ namespace ferry::sharding {
 struct Holding {
   std::string name;  // manifest tensor
   Region region;     // the box of the global tensor held
+  bool operator==(const Holding&) const = default;
 };
 
 // One distinct box of a tensor and the senders holding it.

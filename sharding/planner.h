@@ -51,6 +51,7 @@ struct SenderInfo {
   // means every tensor of the manifest, whole.
   std::vector<std::string> owns;
   std::vector<Holding> holds;
+  bool operator==(const SenderInfo&) const = default;
 };
 
 // Where a piece lands in its destination parameter: its slice's destination region, narrowed to

@@ -21,11 +21,13 @@ struct LocalBox {
   Holding box;        // the checkpoint tensor and the box of it held
   std::string local;  // the local tensor holding it
   int64_t row = 0;    // the box's first row in the local tensor
+  bool operator==(const LocalBox&) const = default;
 };
 
 struct SourceLayout {
   std::vector<LocalBox> boxes;
   bool empty() const { return boxes.empty(); }
+  bool operator==(const SourceLayout&) const = default;
 };
 
 // A Megatron-Core trainer rank's place: its TP rank of the attention and dense layers, and, for

@@ -37,8 +37,43 @@ TEST(LocalHoldings, AFusedLocalTensorYieldsEachBoxAtItsRows) {
   std::vector<int> order(manifest.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   const auto wanted = h.wanted(order);
-  EXPECT_EQ(wanted.front(), "embedding.word_embeddings.weight");
-  EXPECT_EQ(std::count(wanted.begin(), wanted.end(), "decoder.layers.0.self_attention.linear_qkv.weight"), 0);
+  EXPECT_EQ(wanted.front().get(), "embedding.word_embeddings.weight");
+  EXPECT_EQ(
+      std::count_if(wanted.begin(), wanted.end(),
+                    [](const std::string& w) { return w == "decoder.layers.0.self_attention.linear_qkv.weight"; }),
+      0);
+}
+
+// The next update's reset with the same manifest, holdings and layout keeps what was worked out and
+// only forgets what was sent; other holdings, another layout or another manifest are worked out
+// afresh (a name the old ones held is refused, the new ones' are taken).
+TEST(LocalHoldings, ANewUpdateForgetsWhatWasSentAndFollowsChangedHoldings) {
+  const auto cfg = testutil::llama_config(128, 4, 2, 256, 300, 1);
+  const auto manifest = sharding::llama_manifest(cfg);
+  LocalHoldings h;
+  std::vector<uint16_t> buf(300 * 128);
+  const std::string qkv = "decoder.layers.0.self_attention.linear_qkv.weight";
+  const TensorView local(buf.data(), DType::kBF16, {128, 128});
+  const auto layout = sharding::megatron_layout(cfg, 0, 2);
+  ASSERT_TRUE(layout.ok());
+  for (int update = 0; update < 2; ++update) {
+    ASSERT_TRUE(h.reset(manifest, {}, *layout, "trainer rank 0 of 2").ok());
+    EXPECT_TRUE(h.take(qkv, local).ok()) << "update " << update;
+    EXPECT_FALSE(h.take(qkv, local).ok()) << "update " << update;
+  }
+  // Holdings of whole tensors instead: the layout's local names are gone, the checkpoint's are taken.
+  const auto& embed = manifest[0];
+  sharding::SenderInfo whole;
+  whole.owns = {embed.name};
+  ASSERT_TRUE(h.reset(manifest, whole, {}, "trainer rank 0 of 2").ok());
+  EXPECT_THAT(h.take(qkv, local).status().message(), HasSubstr("not in this update's manifest"));
+  EXPECT_TRUE(h.take(embed.name, TensorView(buf.data(), DType::kBF16, embed.shape)).ok());
+  ASSERT_EQ(h.wanted({0}).size(), 0u);
+  // A manifest without that tensor: refused where it was taken before, and the error says why.
+  const sharding::Manifest rest(manifest.begin() + 1, manifest.end());
+  EXPECT_THAT(h.reset(rest, whole, {}, "trainer rank 0 of 2").message(), HasSubstr("which is not in the manifest"));
+  EXPECT_FALSE(h.take(embed.name, TensorView(buf.data(), DType::kBF16, embed.shape)).ok())
+      << "holdings that failed to reset take nothing";
 }
 
 TEST(LocalHoldings, ErrorsNameTheLocalTensorTheBoxAndTheShape) {
