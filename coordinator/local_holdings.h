@@ -34,7 +34,8 @@ class LocalHoldings {
                const sharding::SourceLayout& layout, std::string who);
   // The parts `tensor`, sent under `name`, backs; each name once per update.
   Result<std::vector<Part>> take(const std::string& name, const TensorView& tensor);
-  // The names not sent yet, in the order their first tensor comes in `source_order`.
+  // The names not sent yet, in the order their first tensor comes in `source_order`: references
+  // into this object, valid until the next reset().
   std::vector<std::reference_wrapper<const std::string>> wanted(const std::vector<int>& source_order) const;
 
  private:

@@ -14,6 +14,11 @@
 #include "reload/engine.h"
 
 namespace ferry::reload {
+namespace {
+// The most runs of changed rows a parameter in device storage is processed in, one launch each.
+constexpr size_t kDeviceRuns = 8;
+}  // namespace
+
 Result<TensorView> ReloadEngine::shadow_view(uint32_t param, uint32_t input, bool allocate) {
   if (shadow_.size() != params_.size()) shadow_.resize(params_.size());
   auto& per_input = shadow_[param];
@@ -145,8 +150,8 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
 // shadow, straight into storage; under fp8_block the 128-row blocks they fall in, under
 // fp8_per_tensor the changed rows alone when their shards' scales come out as stored, else the
 // whole shards (a scale sees every element of its shard). Device storage does the same from a
-// shadow on its device (FERRY_DELTA_SHADOW=device); from a host shadow, and for pieces processed
-// on arrival, the whole path is taken.
+// shadow on its device (FERRY_DELTA_SHADOW=device) in up to kDeviceRuns runs; past that, from a host
+// shadow, and for pieces processed on arrival, the whole path is taken.
 Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec) {
   // (shadow_base_: storage holds that version processed; a first update, or one after a failure,
   // has none and processes everything.)
@@ -185,6 +190,9 @@ Result<bool> ReloadEngine::process_changed_rows(Param& p, const sharding::ParamS
       rows.push_back({w0, w1, i, i + 1});
     }
   }
+  // On a GPU each run is a kernel launch: past a few runs (a norm's changed elements are as many
+  // one-element rows) the whole parameter in one launch costs less.
+  if (!storage_.device().is_cpu() && rows.size() > kDeviceRuns) return false;
   for (const auto& w : rows) {
     Region region = Region::whole(in.shape);
     region.offset[0] = w.r0;

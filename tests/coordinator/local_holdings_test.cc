@@ -61,6 +61,16 @@ TEST(LocalHoldings, ANewUpdateForgetsWhatWasSentAndFollowsChangedHoldings) {
     EXPECT_TRUE(h.take(qkv, local).ok()) << "update " << update;
     EXPECT_FALSE(h.take(qkv, local).ok()) << "update " << update;
   }
+  // Another rank's layout, the same names: its own boxes.
+  const auto other = sharding::megatron_layout(cfg, 1, 2);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(h.reset(manifest, {}, *layout, "trainer rank 0 of 2").ok());
+  auto first = h.take(qkv, local);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(h.reset(manifest, {}, *other, "trainer rank 1 of 2").ok());
+  auto second = h.take(qkv, local);
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE((*first)[0].box.to_string(), (*second)[0].box.to_string()) << "the first layout's boxes were kept";
   // Holdings of whole tensors instead: the layout's local names are gone, the checkpoint's are taken.
   const auto& embed = manifest[0];
   sharding::SenderInfo whole;

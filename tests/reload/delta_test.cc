@@ -194,11 +194,81 @@ TEST(DeltaShadow, TheShadowIsKeptOnlyWhileASenderMaySendDeltas) {
   EXPECT_EQ(rank->engine->delta_base(), 0u);
 }
 
+// Loads a random version 1 of the tiny model, then version 2 (version 1 with `change` made to the
+// bytes of layer 0's up_proj, rows [256, 512) of the fused gate_up: 256 rows of 128 bf16) with
+// every slice of every parameter as a delta, onto host storage with its shadow on the host or
+// storage on a GPU with its shadow there (FERRY_DELTA_SHADOW=device). Storage must end
+// byte-identical to a cold engine loaded with version 2 densely; `kept` gets the report's rows
+// left as they were. On the device the rows a piece's delta changes are marked here, as the data
+// plane's kernel marks them (TheRowsADeltaWritesInAreMarked, dataplane_delta_device_test).
+void delta_v2(Scheme scheme, bool on_device, const std::function<void(std::vector<uint8_t>&)>& change, uint64_t* kept) {
+  EngineOptions options = shadow(true);
+  options.shadow_on_device = on_device;
+  const tiny::Config cfg;
+  auto rank = make_rank(cfg, scheme, options, EngineLayout::kFerry, on_device ? Device::cuda(0) : Device::cpu());
+  auto cold = make_rank(cfg, scheme);
+  auto w = tiny::Weights::random(cfg, rank->spec, 1);
+  ASSERT_OK(load_checkpoint(*rank->engine, w->checkpoint(), 1).status());
+  Checkpoint v2;
+  std::map<std::string, std::vector<uint8_t>> bytes;
+  for (const auto& [name, t] : w->checkpoint()) {
+    auto& b = bytes[name];
+    b.assign(static_cast<const uint8_t*>(t.data()), static_cast<const uint8_t*>(t.data()) + t.nbytes());
+    v2.emplace(name, TensorView(b.data(), t.dtype(), t.shape()));
+  }
+  std::string moved;
+  for (auto& [name, b] : bytes) {
+    if (name.find("layers.0.mlp.up_proj.weight") != std::string::npos) {
+      change(b);
+      moved = name;
+      break;
+    }
+  }
+  ASSERT_FALSE(moved.empty());
+  ASSERT_OK(load_checkpoint(*cold->engine, v2, 2).status());
+  // Every slice of every parameter as a delta: its new values over the old ones.
+  ASSERT_OK(rank->engine->begin(2));
+  for (uint32_t i = 0; i < rank->spec.params.size(); ++i) {
+    const auto& p = rank->spec.params[i];
+    for (const auto& s : p.slices) {
+      const TensorView src = v2.at(s.source);
+      const Region dst = sharding::slice_dst_region(s, p);
+      const size_t n = dtype_bytes(src.dtype(), s.src.numel());
+      std::vector<uint8_t> now(n);
+      ASSERT_OK(pack_region(src, s.src, now.data(), n));
+      const size_t elem = dtype_bytes(src.dtype(), 1);
+      ReloadEngine::DeltaSource delta;
+      delta.apply = [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
+        changed->clear();
+        for (size_t e = 0; e < bytes / elem; ++e) {
+          if (std::memcmp(values + e * elem, now.data() + e * elem, elem) != 0) changed->emplace_back(e, 1);
+        }
+        std::memcpy(values, now.data(), bytes);
+        return ok_status();
+      };
+      // On the device: the old values come back to compare, the rows they differ in are marked.
+      delta.apply_on_device = [&](void* values, size_t bytes, Device device, uint64_t per_row,
+                                  uint8_t* marks) -> Status {
+        std::vector<uint8_t> old(bytes);
+        FERRY_RETURN_IF_ERROR(copy_bytes(old.data(), Device::cpu(), values, device, bytes));
+        for (size_t e = 0; e < bytes / elem; ++e) {
+          if (std::memcmp(old.data() + e * elem, now.data() + e * elem, elem) != 0) marks[e / per_row] = 1;
+        }
+        return copy_bytes(values, device, now.data(), Device::cpu(), bytes);
+      };
+      ASSERT_OK(rank->engine->take_delta_piece(i, 0, dst, src.dtype(), n, 1, delta));
+    }
+  }
+  auto r = rank->engine->finalize();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(contents(rank->storage) == contents(cold->storage)) << "storage differs from a dense load of v2";
+  EXPECT_EQ(r->census.moved, 0u);
+  *kept = r->kept_rows;
+}
+
 // Row-local schemes re-process only the rows a delta changed: a version that changes one element
-// of one parameter leaves every other row as it was, and storage ends byte-identical to a cold
-// engine loaded with that version densely. Host storage with its shadow on the host, and storage
-// on a GPU with its shadow there (FERRY_DELTA_SHADOW=device), the delta's rows marked as it is
-// written on the device; that case skips without a device.
+// of one parameter leaves every other row as it was, on the host and on a GPU (that case skips
+// without a device).
 struct RowsCase {
   bool amax_moves;
   bool on_device;
@@ -216,89 +286,56 @@ TEST_P(DeltaRows, OnlyTheRowsADeltaChangedAreProcessedAgain) {
   const bool amax_moves = GetParam().amax_moves;
   const bool on_device = GetParam().on_device;
   if (on_device && !cuda_device_available()) GTEST_SKIP() << "no CUDA device here";
-  EngineOptions options = shadow(true);
-  options.shadow_on_device = on_device;
   const std::vector<std::pair<Scheme, uint64_t>> processed = {
       {Scheme::kNone, 1},
       {Scheme::kFp8PerChannel, 1},
       {Scheme::kInt4Group, 1},
       {Scheme::kFp8Block, 128},
       {Scheme::kFp8PerTensor, amax_moves || on_device ? 256u : 1u}};
+  const auto change = [amax_moves](std::vector<uint8_t>& b) {
+    const size_t e = b.size() / 4;  // an element of the middle row
+    if (amax_moves) {
+      b[2 * e] = 0x48, b[2 * e + 1] = 0x42;  // 50.0 in bf16: far above every other weight
+    } else {
+      b[2 * e] ^= 0x40;  // the mantissa's top bit
+    }
+  };
   std::optional<uint64_t> kept_by_rows;
   for (const auto& [scheme, rows_processed] : processed) {
     SCOPED_TRACE(scheme_name(scheme));
-    const tiny::Config cfg;
-    auto rank = make_rank(cfg, scheme, options, EngineLayout::kFerry, on_device ? Device::cuda(0) : Device::cpu());
-    auto cold = make_rank(cfg, scheme);
-    auto w = tiny::Weights::random(cfg, rank->spec, 1);
-    ASSERT_OK(load_checkpoint(*rank->engine, w->checkpoint(), 1).status());
-    // Version 2: one element of the first layer's first linear weight moves.
-    Checkpoint v2;
-    std::map<std::string, std::vector<uint8_t>> bytes;
-    for (const auto& [name, t] : w->checkpoint()) {
-      auto& b = bytes[name];
-      b.assign(static_cast<const uint8_t*>(t.data()), static_cast<const uint8_t*>(t.data()) + t.nbytes());
-      v2.emplace(name, TensorView(b.data(), t.dtype(), t.shape()));
-    }
-    std::string moved;
-    for (auto& [name, b] : bytes) {
-      if (name.find("layers.0.mlp.up_proj.weight") != std::string::npos) {
-        const size_t e = b.size() / 4;  // an element of the middle row
-        if (amax_moves) {
-          b[2 * e] = 0x48, b[2 * e + 1] = 0x42;  // 50.0 in bf16: far above every other weight
-        } else {
-          b[2 * e] ^= 0x40;  // the mantissa's top bit
-        }
-        moved = name;
-        break;
-      }
-    }
-    ASSERT_FALSE(moved.empty());
-    ASSERT_OK(load_checkpoint(*cold->engine, v2, 2).status());
-    // Every slice of every parameter as a delta: its new values over the old ones.
-    ASSERT_OK(rank->engine->begin(2));
-    for (uint32_t i = 0; i < rank->spec.params.size(); ++i) {
-      const auto& p = rank->spec.params[i];
-      for (const auto& s : p.slices) {
-        const TensorView src = v2.at(s.source);
-        const Region dst = sharding::slice_dst_region(s, p);
-        const size_t n = dtype_bytes(src.dtype(), s.src.numel());
-        std::vector<uint8_t> now(n);
-        ASSERT_OK(pack_region(src, s.src, now.data(), n));
-        const size_t elem = dtype_bytes(src.dtype(), 1);
-        ReloadEngine::DeltaSource delta;
-        delta.apply = [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
-          changed->clear();
-          for (size_t e = 0; e < bytes / elem; ++e) {
-            if (std::memcmp(values + e * elem, now.data() + e * elem, elem) != 0) changed->emplace_back(e, 1);
-          }
-          std::memcpy(values, now.data(), bytes);
-          return ok_status();
-        };
-        // On the device: the old values come back to compare, the rows they differ in are marked.
-        delta.apply_on_device = [&](void* values, size_t bytes, Device device, uint64_t per_row,
-                                    uint8_t* marks) -> Status {
-          std::vector<uint8_t> old(bytes);
-          FERRY_RETURN_IF_ERROR(copy_bytes(old.data(), Device::cpu(), values, device, bytes));
-          for (size_t e = 0; e < bytes / elem; ++e) {
-            if (std::memcmp(old.data() + e * elem, now.data() + e * elem, elem) != 0) marks[e / per_row] = 1;
-          }
-          return copy_bytes(values, device, now.data(), Device::cpu(), bytes);
-        };
-        ASSERT_OK(rank->engine->take_delta_piece(i, 0, dst, src.dtype(), n, 1, delta));
-      }
-    }
-    auto r = rank->engine->finalize();
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_TRUE(contents(rank->storage) == contents(cold->storage)) << "storage differs from a dense load of v2";
-    EXPECT_EQ(r->census.moved, 0u);
+    uint64_t kept = 0;
+    delta_v2(scheme, on_device, change, &kept);
+    if (HasFatalFailure()) return;
     // Every scheme leaves the unchanged parameters as they were, and of the changed one all rows
     // but those its change reaches.
-    EXPECT_GT(r->kept_rows, 100u) << "rows without a change are left as they were";
-    if (scheme == Scheme::kNone) kept_by_rows = r->kept_rows + 1;
+    EXPECT_GT(kept, 100u) << "rows without a change are left as they were";
+    if (scheme == Scheme::kNone) kept_by_rows = kept + 1;
     ASSERT_TRUE(kept_by_rows.has_value());
-    EXPECT_EQ(r->kept_rows, *kept_by_rows - rows_processed) << "rows processed again";
+    EXPECT_EQ(kept, *kept_by_rows - rows_processed) << "rows processed again";
   }
+}
+
+// On a GPU each run of changed rows is a kernel launch: a parameter whose changes fall in more
+// runs than a few (8) is processed whole there, in one, and still lands a dense load's bytes; on
+// the host only its changed rows are processed.
+TEST(DeltaRowsOnTheGpu, AParameterChangedInManyRunsIsProcessedWhole) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device here";
+  // One element in each of `runs` rows of up_proj, two rows apart.
+  const auto rows_apart = [](int runs) {
+    return [runs](std::vector<uint8_t>& b) {
+      const size_t row = b.size() / 256;
+      for (int k = 0; k < runs; ++k) b[static_cast<size_t>(2 * k) * row] ^= 0x40;
+    };
+  };
+  uint64_t host8 = 0, gpu8 = 0, host20 = 0, gpu20 = 0;
+  delta_v2(Scheme::kFp8PerChannel, false, rows_apart(8), &host8);
+  delta_v2(Scheme::kFp8PerChannel, true, rows_apart(8), &gpu8);
+  delta_v2(Scheme::kFp8PerChannel, false, rows_apart(20), &host20);
+  delta_v2(Scheme::kFp8PerChannel, true, rows_apart(20), &gpu20);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(host20, host8 - 12) << "the host processes the 20 changed rows";
+  EXPECT_EQ(gpu8, host8) << "8 runs: the GPU processes their rows alone";
+  EXPECT_EQ(gpu20, host20 - (512 - 20)) << "20 runs: the GPU processes the fused gate_up's 512 rows whole";
 }
 
 INSTANTIATE_TEST_SUITE_P(Changes, DeltaRows,
