@@ -43,6 +43,16 @@ Bytes random_bytes(size_t size, std::mt19937_64& rng) {
   return b;
 }
 
+// `old` (n elements of `elem` bytes) with about `rate` of its elements changed: one byte of each
+// XORed with `flip`.
+Bytes changed_at(const Bytes& old, size_t n, size_t elem, double rate, std::mt19937_64& rng, uint8_t flip = 0x21) {
+  Bytes now = old;
+  for (size_t e = 0; e < n; ++e) {
+    if (static_cast<double>(rng() % 1'000'000) < rate * 1e6) now[e * elem + rng() % elem] ^= flip;
+  }
+  return now;
+}
+
 Bytes to_host(const Buffer& b, size_t bytes) {
   Bytes out(bytes);
   EXPECT_TRUE(copy_bytes(out.data(), Device::cpu(), b.data(), Device::cuda(0), bytes).ok());
@@ -59,10 +69,7 @@ TEST(DeltaOnDevice, TheCompareWritesEveryChangedElementInOrder) {
         for (bool xor_values : {false, true}) {
           Bytes before(n * elem), after;
           for (auto& b : before) b = static_cast<uint8_t>(rng());
-          after = before;
-          for (size_t e = 0; e < n; ++e) {
-            if (static_cast<double>(rng() % 1'000'000) < rate * 1e6) after[e * elem + rng() % elem] ^= 0x80;
-          }
+          after = changed_at(before, n, elem, rate, rng, 0x80);
           // The reference: a loop over the elements.
           Bytes bitmap((n + 7) / 8, 0), values;
           for (size_t e = 0; e < n; ++e) {
@@ -130,10 +137,7 @@ TEST(DeltaOnDevice, EncodingsApplyInDeviceMemoryAsOnTheHost) {
       const size_t n = 70'001;
       Bytes before(n * elem);
       for (auto& b : before) b = static_cast<uint8_t>(rng());
-      Bytes after = before;
-      for (size_t e = 0; e < n; ++e) {
-        if (static_cast<double>(rng() % 1'000'000) < rate * 1e6) after[e * elem + rng() % elem] ^= 0x21;
-      }
+      const Bytes after = changed_at(before, n, elem, rate, rng);
       for (int flags = 0; flags < 3; ++flags) {  // plain, XOR, XOR in a zstd frame
         Bytes enc;
         const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, true, enc, flags > 0);
@@ -170,10 +174,7 @@ TEST(DeltaOnDevice, TheRowsADeltaWritesInAreMarked) {
     const Bytes old = random_bytes(n * elem, rng);
     for (const uint64_t per_row : {uint64_t{1}, uint64_t{5}, uint64_t{8}, uint64_t{100}, uint64_t{4096}}) {
       for (double rate : {0.0, 0.0005, 0.03, 0.5}) {
-        Bytes now = old;
-        for (size_t e = 0; e < n; ++e) {
-          if (static_cast<double>(rng() % 1'000'000) < rate * 1e6) now[e * elem + rng() % elem] ^= 0x21;
-        }
+        Bytes now = changed_at(old, n, elem, rate, rng);
         if (rate > 0) {
           now[0] ^= 1;
           now[(n - 1) * elem] ^= 1;
@@ -435,10 +436,7 @@ TEST(DeltaOnDevice, EncodingsInDeviceMemoryApplyThereFromTheirValuesPlace) {
   for (size_t elem : {1, 2, 4, 8}) {
     const Bytes old = random_bytes(n * elem, rng);
     for (double rate : {0.0, 0.001, 0.03}) {
-      Bytes now = old;
-      for (size_t e = 0; e < n; ++e) {
-        if (static_cast<double>(rng() % 1'000'000) < rate * 1e6) now[e * elem + rng() % elem] ^= 0x21;
-      }
+      const Bytes now = changed_at(old, n, elem, rate, rng);
       Bytes enc;
       const DeltaChoice c = encode_delta(old.data(), now.data(), n, elem, /*prefer_delta=*/true, enc);
       ASSERT_EQ(c.encoding, DeltaEncoding::kRuns) << "elem " << elem << " rate " << rate;
