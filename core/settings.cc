@@ -76,6 +76,10 @@ constexpr SettingInfo kSettings[] = {
      "(device) in its GPU's memory, where only the changed elements then cross to the device (off: every update to "
      "this rank is sent whole)",
      "host device off", &Settings::delta_shadow},
+    {"FERRY_TCP_MAX_MBIT", SettingType::kInt, "0",
+     "sender: the most each tcp data connection sends, in Mbit/s, paced by the kernel (SO_MAX_PACING_RATE), so that "
+     "updates leave room on a link they share; 0: no cap",
+     "", &Settings::tcp_max_mbit, 0, 100'000'000},
     {"FERRY_STAGE", SettingType::kChoice, "off",
      "trainer: ranks receive each update into staging while they serve, and pause only to apply it "
      "(needs host memory for a rank's full-precision input, within FERRY_MAX_STAGING_BYTES)",

@@ -50,6 +50,7 @@ struct Settings {
   int64_t delta_zstd = 0;                          // FERRY_DELTA_ZSTD, 0 (off) to 19
   std::string delta_shadow = "host";               // FERRY_DELTA_SHADOW
   std::string delta_copy = "host";                 // FERRY_DELTA_COPY
+  int64_t tcp_max_mbit = 0;                        // FERRY_TCP_MAX_MBIT, 0 (no cap) to 100,000,000
   std::string stage = "off";                       // FERRY_STAGE
 
   // Where each value that is not its default came from, by variable name.

@@ -66,25 +66,32 @@ inline uint8_t* scan_bitmap(Scratch& memory, size_t n) {
 // checked.
 inline constexpr size_t kRunsSlack = 64;
 
-// The compare the scans use: 64 bytes at a time where the CPU has AVX-512BW (wide_scan_available),
-// else 16 (SSE2, every x86-64) or an element at a time. The results are the same; use_wide_scan(false)
-// makes this process use the narrow one (tests of both), and returns whether the wide one was in use.
-bool wide_scan_available();
-bool use_wide_scan(bool on);
+// The compares the scans may use, one per CPU level: 64 bytes a side at a time where the CPU has
+// AVX-512 (BW and VBMI2), 32 where it has AVX2, else 16 (SSE2, every x86-64) or an element at a
+// time. The wide ones close the changed values up without a branch per element. The results are
+// the same; the fastest one the CPU has is in use unless use_scan() chose another (tests of each).
+enum class ScanKind : uint8_t { kNarrow, kAvx2, kAvx512 };
+// Those this CPU runs, the fastest first (kNarrow last, always).
+std::vector<ScanKind> scans_available();
+// Makes this process scan with `kind` (one of scans_available()); returns the one in use before.
+ScanKind use_scan(ScanKind kind);
+const char* scan_name(ScanKind kind);
 
 // Scans n elements of `elem` bytes of `before` and `after`: the changed ones' bits into `bitmap`
 // (element i as bit i % 8 of byte i / 8; bits past n clear; scan_bitmap() gives room) and their new
-// values (with `xor_values`, new XOR old), in order, to `values`. Returns how many changed. A piece
-// of a Mi elements or more is scanned on up to 8 threads.
+// values (with `xor_values`, new XOR old), in order, to `values` (room for n values: the wide
+// compares store whole vectors there, never past that room). Returns how many changed. A piece of
+// 256 Ki elements or more is scanned in slices of at least 128 Ki on up to 8 of the work pool's
+// threads (core/work_pool.h), the caller's among them.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values);
 
 // The runs of the n bits of `bitmap` (padded with clear bits to whole 64-bit words) as varint pairs
 // (skip, length) into `runs` (room for limit + kRunsSlack bytes): their count and the bytes written,
-// or nullopt once those pass `limit`. A large bitmap is cut into slices of whole words, each
-// encoded on a thread of its own: a slice's first run is kept apart (its skip depends on where the
-// slice before ended, and a run across the border is one run), as is its last (the next slice's
-// first may continue it); the pairs between go as they are.
+// or nullopt once those pass `limit`. A large bitmap is cut into slices of whole words (as the
+// compare's), each encoded on a thread of the work pool: a slice's first run is kept apart (its skip depends on where
+// the slice before ended, and a run across the border is one run), as is its last (the next slice's first may continue
+// it); the pairs between go as they are.
 std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs);
 
 // Past the first `count` varints from p (a varint ends at its first byte under 0x80); nullptr when

@@ -10,6 +10,7 @@ TransportOptions transport_options(const Settings& settings) {
   o.bucket_bytes = settings.bucket_bytes;
   o.buckets_in_flight = settings.buckets_in_flight;
   o.timeout = std::chrono::milliseconds(settings.timeout_ms);
+  o.tcp_max_rate = static_cast<uint64_t>(settings.tcp_max_mbit) * 1'000'000 / 8;
   return o;
 }
 

@@ -51,14 +51,17 @@ struct TransportOptions {
   // FERRY_TIMEOUT_MS: a shm connection that makes no progress for this long fails
   // (DeadlineExceeded).
   std::chrono::milliseconds timeout{30000};
+  // The most a tcp connection this instance opens sends, in bytes per second, paced by the kernel
+  // (FERRY_TCP_MAX_MBIT); 0: no cap.
+  uint64_t tcp_max_rate = 0;
 
   // The largest bucket a receiver takes from a connection admitted without a limit of its own
   // (Admission::max_bucket_bytes 0); a peer announcing a larger one is refused.
   uint64_t max_received_bucket() const { return bucket_bytes * 4 + (uint64_t{64} << 20); }
 };
 
-// TransportOptions from a snapshot of the settings: listen_host, bucket_bytes, buckets_in_flight and
-// timeout_ms.
+// TransportOptions from a snapshot of the settings: listen_host, bucket_bytes, buckets_in_flight,
+// timeout_ms and tcp_max_mbit.
 TransportOptions transport_options(const Settings& settings);
 // The same from load_settings() (the environment): for processes' edges only (tools, tests, benches);
 // no library calls it.

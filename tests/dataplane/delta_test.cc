@@ -3,6 +3,7 @@
 // describe the piece. Large pieces on several threads: delta_threads_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string_view>
@@ -19,22 +20,19 @@ namespace {
 
 using namespace delta_ref;  // NOLINT: the references
 
-// The compares a CPU may use (delta_scan.h): 64 bytes at a time where it has AVX-512BW, and the
-// narrow one every x86-64 has; each test below that scans runs under both.
-std::vector<bool> compares_here() {
-  if (detail::wide_scan_available()) return {true, false};
-  return {false};
-}
+// The compares a CPU may use (delta_scan.h): 64 bytes at a time where it has AVX-512, 32 with AVX2,
+// and the narrow one every x86-64 has; each test below that scans runs under each this CPU has.
+std::vector<detail::ScanKind> compares_here() { return detail::scans_available(); }
 struct UseCompare {
-  explicit UseCompare(bool wide) : was(detail::use_wide_scan(wide)) {}
-  ~UseCompare() { detail::use_wide_scan(was); }
-  bool was;
+  explicit UseCompare(detail::ScanKind kind) : was(detail::use_scan(kind)) {}
+  ~UseCompare() { detail::use_scan(was); }
+  detail::ScanKind was;
 };
 
 TEST(Delta, RoundTripsAtEveryChangeRate) {
-  for (const bool wide : compares_here()) {
-    SCOPED_TRACE(wide ? "64 bytes per compare" : "16 bytes per compare");
-    const UseCompare compare(wide);
+  for (const detail::ScanKind kind : compares_here()) {
+    SCOPED_TRACE(detail::scan_name(kind));
+    const UseCompare compare(kind);
     for (size_t elem : {1, 2, 4, 8, 3}) {
       for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
         const size_t n = 40'003;  // not a multiple of 8: the bitmap's last byte is partial
@@ -66,9 +64,9 @@ TEST(Delta, RoundTripsAtEveryChangeRate) {
 // FERRY_DELTA_ZSTD: the values as XORs with the old ones, the encoding in a zstd frame when that
 // saves an eighth; applied, the piece is exactly the new values at every rate and width.
 TEST(Delta, XorValuesInAZstdFrameRoundTrip) {
-  for (const bool wide : compares_here()) {
-    SCOPED_TRACE(wide ? "64 bytes per compare" : "16 bytes per compare");
-    const UseCompare compare(wide);
+  for (const detail::ScanKind kind : compares_here()) {
+    SCOPED_TRACE(detail::scan_name(kind));
+    const UseCompare compare(kind);
     for (size_t elem : {1, 2, 4, 8}) {
       for (double rate : {0.0, 0.001, 0.03, 0.3, 1.0}) {
         const size_t n = 40'003;
@@ -114,6 +112,55 @@ TEST(Delta, XorValuesInAZstdFrameRoundTrip) {
                           got.data(), n, 2)
                   .ok());
   EXPECT_TRUE(got == after);
+}
+
+// The wide compares close the changed values up with a whole vector stored per group: every
+// pattern of changes among 8 elements gives the bitmap and the values, in order, an element-by-
+// element loop here gives, and no store lands past the piece's room for its values (n values) or
+// its bitmap, under every compare this CPU has, for 1, 2 and 4 bytes, with and without XORs.
+TEST(Delta, EveryPatternOfChangesInAGroupClosesUpInOrder) {
+  constexpr uint8_t kGuard = 0xa5;
+  for (const detail::ScanKind kind : compares_here()) {
+    SCOPED_TRACE(detail::scan_name(kind));
+    const UseCompare compare(kind);
+    for (size_t elem : {1, 2, 4}) {
+      for (bool xor_values : {false, true}) {
+        // Every pattern among 8 elements (group g changes as the bits of g % 256) in blocks of
+        // 8 Ki elements, rare changes between them (the scan's loop for those), and a tail.
+        const size_t n = 18 * 1024 + 37;
+        const auto changes = [](size_t e) {
+          if (e >= 18 * 1024) return e % 3 == 0;
+          if (e >= 8 * 1024 && e < 16 * 1024) return e % 101 == 0;
+          return (e / 8 % 256 >> e % 8 & 1) != 0;
+        };
+        std::mt19937_64 rng(elem);
+        Bytes before(n * elem), after;
+        for (auto& b : before) b = static_cast<uint8_t>(rng());
+        after = before;
+        Bytes want_bitmap((n + 7) / 8, 0), want_values;
+        for (size_t e = 0; e < n; ++e) {
+          if (!changes(e)) continue;
+          after[e * elem + rng() % elem] ^= static_cast<uint8_t>(1 + rng() % 255);
+          want_bitmap[e / 8] |= static_cast<uint8_t>(1u << e % 8);
+          for (size_t i = 0; i < elem; ++i) {
+            want_values.push_back(xor_values ? after[e * elem + i] ^ before[e * elem + i] : after[e * elem + i]);
+          }
+        }
+        Bytes bitmap((n + 63) / 64 * 8 + 16 + 64, kGuard), values(n * elem + 64, kGuard);
+        const uint64_t k =
+            detail::scan_parallel(before.data(), after.data(), n, elem, xor_values, bitmap.data(), values.data());
+        ASSERT_EQ(k * elem, want_values.size()) << elem;
+        EXPECT_TRUE(std::equal(want_values.begin(), want_values.end(), values.begin())) << elem << " " << xor_values;
+        EXPECT_TRUE(std::equal(want_bitmap.begin(), want_bitmap.end(), bitmap.begin())) << elem;
+        EXPECT_TRUE(std::all_of(values.begin() + static_cast<ptrdiff_t>(n * elem), values.end(),
+                                [](uint8_t b) { return b == kGuard; }))
+            << "a store past the values' room, " << elem << " bytes";
+        EXPECT_TRUE(std::all_of(bitmap.begin() + static_cast<ptrdiff_t>((n + 63) / 64 * 8), bitmap.end(),
+                                [](uint8_t b) { return b == kGuard; }))
+            << "a store past the bitmap's room, " << elem << " bytes";
+      }
+    }
+  }
 }
 
 TEST(Delta, PicksTheSmallerEncoding) {

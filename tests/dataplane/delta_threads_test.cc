@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/parallel.h"
 #include "dataplane/delta.h"
 #include "dataplane/delta_scan.h"
 #include "tests/dataplane/delta_reference.h"
@@ -17,6 +18,14 @@ namespace ferry::dataplane {
 namespace {
 
 using namespace delta_ref;  // NOLINT: the references
+
+// The codec's work spread over `threads` (FERRY_THREADS), whatever this machine's cores: every
+// slicing the scans may take, on any host.
+struct WithThreads {
+  explicit WithThreads(size_t threads) : was(host_threads()) { set_host_threads(threads); }
+  ~WithThreads() { set_host_threads(was); }
+  size_t was;
+};
 
 // A piece large enough to be compared by several threads: runs that cross the threads' slices
 // come out whole, and the encoding is the one an element-by-element scan gives.
@@ -49,21 +58,23 @@ TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
     }
   }
   const Bytes want = reference_runs(before, after, elem, true);
-  // Under each compare this CPU has (64 bytes at a time with AVX-512BW, and the narrow one).
-  for (const bool wide : {true, false}) {
-    if (wide && !detail::wide_scan_available()) continue;
-    SCOPED_TRACE(wide ? "64 bytes per compare" : "16 bytes per compare");
-    const bool was = detail::use_wide_scan(wide);
-    Bytes enc;
-    const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, false, enc, /*xor_values=*/true);
-    detail::use_wide_scan(was);
-    ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);
-    EXPECT_EQ(c.changed, count_changed(before, after, elem));
-    EXPECT_TRUE(enc == want) << "encoded " << enc.size() << " bytes";
-    Bytes got = before;
-    ASSERT_TRUE(
-        apply_delta(static_cast<uint32_t>(c.encoding) | kDeltaXor, enc.data(), enc.size(), got.data(), n, elem).ok());
-    EXPECT_TRUE(got == after);
+  // On each thread count, under each compare this CPU has (AVX-512, AVX2, and the narrow one).
+  for (size_t threads = 1; threads <= 8; ++threads) {
+    const WithThreads spread(threads);
+    for (const detail::ScanKind kind : detail::scans_available()) {
+      SCOPED_TRACE(std::string(detail::scan_name(kind)) + " on " + std::to_string(threads) + " threads");
+      const detail::ScanKind was = detail::use_scan(kind);
+      Bytes enc;
+      const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, false, enc, /*xor_values=*/true);
+      detail::use_scan(was);
+      ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);
+      EXPECT_EQ(c.changed, count_changed(before, after, elem));
+      EXPECT_TRUE(enc == want) << "encoded " << enc.size() << " bytes";
+      Bytes got = before;
+      ASSERT_TRUE(
+          apply_delta(static_cast<uint32_t>(c.encoding) | kDeltaXor, enc.data(), enc.size(), got.data(), n, elem).ok());
+      EXPECT_TRUE(got == after);
+    }
   }
 }
 
@@ -96,7 +107,10 @@ TEST(Delta, RunsFoundOnSeveralThreadsAreTheRunsOfOneScan) {
   // One run over several whole slices (from 4 threads up), and a few lone changes.
   for (size_t e = n * 3 / 10; e < n * 85 / 100; ++e) change(e);
   for (size_t e : {size_t{0}, size_t{64}, n - 1}) change(e);
-  for (bool prefer : {false, true}) {
+  for (size_t threads = 1; threads <= 8; ++threads) {
+    const WithThreads spread(threads);
+    const bool prefer = threads % 2 == 0;
+    SCOPED_TRACE(std::to_string(threads) + " threads");
     Bytes enc;
     const DeltaChoice c = encode_delta(before.data(), after.data(), n, elem, prefer, enc);
     ASSERT_EQ(c.encoding, DeltaEncoding::kRuns);

@@ -1,6 +1,11 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <list>
@@ -31,6 +36,20 @@ using asio::ip::tcp;
 void tune(tcp::socket& s) {
   boost::system::error_code ec;
   s.set_option(tcp::no_delay(true), ec);
+}
+
+// Caps what a sending connection puts on the wire (bytes per second): the kernel paces its
+// segments (TCP's own pacing, or the fq qdisc's), under any qdisc and without privilege. A kernel
+// that refuses it fails the connect, naming the setting: a cap asked for is never silently dropped.
+Status pace(tcp::socket& s, uint64_t bytes_per_second) {
+  if (bytes_per_second == 0) return ok_status();
+  // An unsigned long from Linux 5.0 on; a 32-bit value before, which covers 34 Gbit/s.
+  const unsigned long rate = static_cast<unsigned long>(bytes_per_second);
+  if (setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate) == 0) return ok_status();
+  const uint32_t rate32 = static_cast<uint32_t>(std::min<uint64_t>(bytes_per_second, UINT32_MAX));
+  if (setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate32, sizeof rate32) == 0) return ok_status();
+  return Status::unavailable(
+      fmt::format("FERRY_TCP_MAX_MBIT: the kernel refused to pace a connection: {}", std::strerror(errno)));
 }
 
 Status net_error(std::string_view what, const boost::system::error_code& ec) {
@@ -305,19 +324,21 @@ class TcpTransport final : public Transport {
     auto socket = std::make_shared<tcp::socket>(io_);
     auto state = std::make_shared<CompletionState>();
     auto frame = std::make_shared<std::string>(credential_frame(credential));
-    asio::post(io_, [this, socket, state, host, port, frame] {
+    asio::post(io_, [this, socket, state, host, port, frame, rate = options_.tcp_max_rate] {
       boost::system::error_code ec;
       tcp::resolver resolver(io_);
       auto eps = resolver.resolve(host, port, ec);
       if (ec) return state->complete(net_error("resolve " + host, ec));
-      asio::async_connect(*socket, eps, [socket, state, host, port, frame](boost::system::error_code e, const tcp::endpoint&) {
-        if (e) return state->complete(net_error(fmt::format("connect to {}:{}", host, port), e));
-        tune(*socket);
-        // The credential goes first; buckets follow it on the same stream.
-        asio::async_write(*socket, asio::buffer(*frame), [state, frame](boost::system::error_code w, size_t) {
-          state->complete(w ? net_error("send the credential", w) : ok_status());
-        });
-      });
+      asio::async_connect(
+          *socket, eps, [socket, state, host, port, frame, rate](boost::system::error_code e, const tcp::endpoint&) {
+            if (e) return state->complete(net_error(fmt::format("connect to {}:{}", host, port), e));
+            tune(*socket);
+            if (Status paced = pace(*socket, rate); !paced.ok()) return state->complete(paced);
+            // The credential goes first; buckets follow it on the same stream.
+            asio::async_write(*socket, asio::buffer(*frame), [state, frame](boost::system::error_code w, size_t) {
+              state->complete(w ? net_error("send the credential", w) : ok_status());
+            });
+          });
     });
     Status st = state->wait(deadline);
     if (!st.ok()) {
