@@ -16,7 +16,9 @@
 //    "changed_fraction":F,"dense":{..},"delta":{..},"dense_staged":{..},"delta_staged":{..},
 //    "wire_ratio":dense wire/delta wire,"speedup":dense s/delta s,
 //    "window_over_apply":delta_staged window/delta_staged apply}
-// where each case is {"wire_bytes":..,"seconds":..,"pause_window":..,"apply":..}: medians over the
+// where each case is {"wire_bytes":..,"seconds":..,"pause_window":..,"apply":..,"staged":..,"sending":..,
+// "compare":..,"copy":..} (sending: the trainer's transfer; compare and copy: its delta work within it,
+// UpdateReport::compare_seconds and copy_seconds): medians over the
 // timed updates.
 #pragma once
 

@@ -333,6 +333,8 @@ class TrainerImpl final : public Trainer {
     }
     rep.delta_copy_bytes = sender_->delta_copy_bytes();
     rep.compared_bytes = sender_->compared_bytes();
+    rep.compare_seconds = sender_->compare_seconds();
+    rep.copy_seconds = sender_->copy_seconds();
     rep.shadow_bytes = r.shadow_bytes();
     rep.moved = r.moved();
     rep.registered = r.registered();

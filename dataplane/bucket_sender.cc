@@ -74,7 +74,17 @@ struct BucketSender::Destination {
   bool carried_bytes = false;        // payload went over a connection that reserved less
   uint64_t delta_base = 0;           // the version the rank keeps for deltas (0: none)
   bool deltas = false;               // takes deltas this update (FERRY_DELTA and its link)
+  bool open_compared = false;        // the open bucket holds parts compared for deltas
 };
+
+namespace {
+// A bucket holding parts compared for deltas is sent at the end of a tensor once the parts it holds
+// were this share of a bucket's dense bytes: delta buckets are a twentieth as heavy, and by the
+// bucket rule alone a rank would get its first only after a bucket's worth of the model was
+// compared, and apply the rest after the trainer's last compare (sharding/buckets.h counts the dense
+// bytes; the ranks count the buckets the trainer says it sent).
+constexpr uint64_t kDeltaBucketShare = 8;
+}  // namespace
 
 BucketSender::BucketSender(BucketSenderSettings settings, std::function<void()> on_posted)
     : settings_(settings), on_posted_(std::move(on_posted)), exporter_(std::make_unique<transport::IpcExporter>()) {
@@ -322,6 +332,7 @@ Status BucketSender::placed(Destination& d, int64_t rows, uint64_t row_bytes) {
 
 Status BucketSender::flush(Destination& d) {
   d.cutter.sent();
+  d.open_compared = false;
   if (d.open < 0) return ok_status();
   const size_t k = static_cast<size_t>(d.open);
   d.open = -1;
@@ -471,8 +482,14 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
       bytes_ += static_cast<uint64_t>(part.rows) * pr.row_bytes;
       row += part.rows;
       FERRY_RETURN_IF_ERROR(placed(d, part.rows, pr.row_bytes));
+      d.open_compared = d.open_compared || (base != nullptr && d.open >= 0);
     }
     ++pieces_sent_[source];
+  }
+  for (Destination& d : dests_) {
+    if (d.open_compared && d.cutter.bytes() >= d.cutter.bucket_bytes() / kDeltaBucketShare) {
+      FERRY_RETURN_IF_ERROR(flush(d).with_context(name));
+    }
   }
   // The copy deltas are computed against next time: what this sender holds of the tensor now, when
   // it is on the host (a device tensor's bytes are, once a piece travelled as host bytes). A device
@@ -480,11 +497,13 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
   // ranks' shadows miss those pieces too, and a copy would cost every byte once more.
   // A copy kept on the device (FERRY_DELTA_COPY=device) is taken there, from the tensor itself.
   if (bases_ && keep_bases_ && (any_bytes || pieces_given_[source] == 0)) {
+    const auto copy_start = std::chrono::steady_clock::now();
     if (bases_->keeps_on(tensor_in.device())) {
       bases_->record(name, held, tensor_in, version_);
     } else if (tensor.device().is_cpu()) {
       bases_->record(name, held, tensor, version_);
     }
+    scratch_.copy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
   }
   return ok_status();
 }

@@ -107,6 +107,9 @@ class BucketSender {
   // Bytes this update compared against the kept copies: each part once, however many ranks (of
   // identical replicas) take it.
   uint64_t compared_bytes() const { return scratch_.compared_bytes; }
+  // This update's time comparing and encoding deltas, and keeping the copies for the next one.
+  double compare_seconds() const { return scratch_.compare_seconds; }
+  double copy_seconds() const { return scratch_.copy_seconds; }
   std::vector<uint64_t> buckets() const;  // posted this update, per destination
 
  private:

@@ -1,6 +1,7 @@
 #include "dataplane/piece_pack.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/device_copy.h"
@@ -171,8 +172,11 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
                  const DeltaOptions& delta, PackScratch& scratch, DeltaTally& tally) {
   const size_t bytes = static_cast<size_t>(rows) * row_bytes;
   if (base != nullptr && base->values.device().is_cuda()) {
-    return pack_device_delta(bucket, bucket_device, param, src, dst, dtype, tensor, bytes, *base, delta, scratch,
-                             tally);
+    const auto compare_start = std::chrono::steady_clock::now();
+    const Status st =
+        pack_device_delta(bucket, bucket_device, param, src, dst, dtype, tensor, bytes, *base, delta, scratch, tally);
+    scratch.compare_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - compare_start).count();
+    return st;
   }
   if (base != nullptr) {
     // The new elements: read in place when the box is one run of the host tensor.
@@ -192,8 +196,10 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
                              Device::cpu(), tally);
       }
     }
+    const auto compare_start = std::chrono::steady_clock::now();
     FERRY_ASSIGN_OR_RETURN(const PartDelta pd,
                            encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
+    scratch.compare_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - compare_start).count();
     scratch.compared_bytes += bytes;
     // (Kept while the tensor's encodings stay small: an encoding as large as its part, a delta
     // preferred over dense bytes, is compared again instead.)

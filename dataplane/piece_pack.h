@@ -52,12 +52,15 @@ struct PackScratch {
   const DeltaBases::Base* encoded_of = nullptr;
   std::vector<EncodedPart> encoded_parts;
   uint64_t compared_bytes = 0;  // bytes compared against kept copies (host or device), each part once
+  double compare_seconds = 0;   // spent comparing and encoding those parts
+  double copy_seconds = 0;      // spent keeping the copies the next update compares against
 
   // A new update: no encoding kept, nothing compared yet.
   void begin_update() {
     encoded_of = nullptr;
     encoded_parts = {};
     compared_bytes = 0;
+    compare_seconds = copy_seconds = 0;
   }
 };
 

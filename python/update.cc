@@ -236,6 +236,11 @@ void init_update(py::module_& m) {
                     "memory the ranks keep as delta shadows, host or device (FERRY_DELTA_SHADOW), summed")
       .def_readonly("compared_bytes", &UpdateReport::compared_bytes,
                     "bytes this trainer compared against its copies: each part once, however many replicas take it")
+      .def_readonly("compare_seconds", &UpdateReport::compare_seconds,
+                    "this trainer's time comparing and encoding deltas (each part once)")
+      .def_readonly(
+          "copy_seconds", &UpdateReport::copy_seconds,
+          "this trainer's time keeping its copies of the tensors sent, which the next update compares against")
       .def_property_readonly("wire_bytes", &UpdateReport::wire_bytes, "payload bytes this trainer sent, over ranks")
       .def_property_readonly(
           "delta_bytes",

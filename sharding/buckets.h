@@ -55,6 +55,7 @@ class BucketCutter {
     pieces_ = 0;
   }
   bool empty() const { return pieces_ == 0; }
+  uint64_t bytes() const { return bytes_; }  // placed in the open bucket
   uint64_t bucket_bytes() const { return bucket_bytes_; }
 
  private:

@@ -290,6 +290,44 @@ TEST(DeltaBound, TensorsPastTheBoundTravelWholeAndTheRestAsDeltas) {
   EXPECT_EQ(warnings.count("FERRY_DELTA_MAX_BYTES=" + std::to_string(bound)), 1u) << "one warning names the bound";
 }
 
+// A bucket holding compared parts is sent at the end of a tensor once its parts were an eighth of
+// a bucket's dense bytes, so that ranks apply while the trainer compares the rest: with buckets as
+// large as a rank's whole share and some, a dense update sends one per rank and a delta update
+// several.
+// The report says what the compares and the kept copies cost the trainer.
+TEST(DeltaBuckets, ABucketOfComparedPartsGoesOnceItHoldsAnEighthOfABucket) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_channel");
+  uint64_t total = 0;
+  for (const auto& t : sharding::llama_manifest(cfg.llama)) total += dtype_bytes(t.dtype, shape_numel(t.shape));
+  // A rank's share, with room for what every rank holds whole (norms, replicated KV heads).
+  ScopedEnv bucket("FERRY_BUCKET_BYTES", std::to_string(total * 3 / (2 * static_cast<uint64_t>(cfg.tp))));
+  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 7);
+  std::mt19937_64 rng(9);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) nudge(ck, 0.01, rng);
+    auto r = c.update(v, ck);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status().to_string();
+    expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), fmt::format("v{}", v));
+    ASSERT_EQ(r->buckets.size(), static_cast<size_t>(cfg.tp));
+    EXPECT_GT(r->copy_seconds, 0.0) << "v" << v << ": copies are kept for the next update";
+    for (size_t rank = 0; rank < r->buckets.size(); ++rank) {
+      if (v == 1) {
+        EXPECT_EQ(r->buckets[rank], 1u) << "rank " << rank << ": a dense update's bucket holds its whole share";
+        EXPECT_EQ(r->compare_seconds, 0.0) << "nothing to compare against yet";
+      } else {
+        EXPECT_GE(r->buckets[rank], 4u) << "v" << v << ", rank " << rank << ": compared parts held back";
+        EXPECT_LE(r->buckets[rank], 10u) << "v" << v << ", rank " << rank;
+        EXPECT_GT(r->compare_seconds, 0.0) << "v" << v;
+      }
+    }
+  }
+}
+
 // A runs piece says where its values begin (PieceHeader.values_at), so that a rank can hand a
 // device payload's encoding to its GPU without reading the pairs on the host: in every bucket sent,
 // every runs piece without flags gives the place the codec's own parse finds, and no other piece
