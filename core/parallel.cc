@@ -29,7 +29,7 @@ void set_host_threads(size_t threads) { chosen().store(threads, std::memory_orde
 
 void copy_parallel(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;  // (either pointer may then be null)
-  const size_t slices = slices_for(bytes, size_t{2} << 20);
+  const size_t slices = slices_for(bytes, size_t{512} << 10);
   if (slices < 2) {
     std::memcpy(dst, src, bytes);
     return;

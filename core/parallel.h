@@ -46,8 +46,9 @@ inline size_t slices_for(size_t n, size_t least) {
   return std::max<size_t>(std::min({host_threads(), size_t{8}, n / least}), 1);
 }
 
-// memcpy of host memory, in slices of at least 2 MiB on the work pool's threads (run_pieces), at
-// most host_threads() and 8 at once: the copy-in of a rank's processed layer, a staged piece's rows.
+// memcpy of host memory, in slices of at least 512 KiB on the work pool's threads (run_pieces), at
+// most host_threads() and 8 at once: the copy-in of a rank's processed layer, a staged piece's rows,
+// the copy a sender keeps for deltas.
 void copy_parallel(void* dst, const void* src, size_t bytes);
 
 }  // namespace ferry

@@ -7,6 +7,7 @@
 
 #include "core/device_copy.h"
 #include "core/parallel.h"
+#include "core/work_pool.h"
 
 namespace ferry {
 namespace {
@@ -114,8 +115,9 @@ Status unpack_region_on_device(const TensorView& tensor, const Region& region, c
 
 namespace {
 
-// A host region's runs copied to (`to_packed`) or from a packed buffer. A large region is shared
-// out across threads: a single run (whole rows) by copy_parallel, many runs in slices of runs.
+// A host region's runs copied to (`to_packed`) or from a packed buffer. A region of 2 MiB or more
+// is shared out on the work pool: a single run (whole rows) by copy_parallel, many runs (a rank's
+// columns of a row-parallel weight) in slices of runs of at least 1 MiB.
 Status copy_region_on_host(const TensorView& tensor, const Region& region, uint8_t* packed, size_t bytes,
                            bool to_packed) {
   FERRY_RETURN_IF_ERROR(host_only(tensor));
@@ -127,8 +129,8 @@ Status copy_region_on_host(const TensorView& tensor, const Region& region, uint8
       std::memcpy(base + t_off, packed + p_off, n);
     }
   };
-  constexpr size_t kLarge = size_t{16} << 20;
-  if (bytes < 2 * kLarge) return for_each_run(tensor, region, bytes, copy);
+  constexpr size_t kSlice = size_t{1} << 20;
+  if (bytes < 2 * kSlice) return for_each_run(tensor, region, bytes, copy);
   struct Run {
     size_t t_off, p_off, n;
   };
@@ -145,8 +147,8 @@ Status copy_region_on_host(const TensorView& tensor, const Region& region, uint8
     }
     return ok_status();
   }
-  const size_t slices = std::min(slices_for(bytes, kLarge), runs.size());
-  on_threads(slices, [&](size_t t) {
+  const size_t slices = std::min(slices_for(bytes, kSlice), runs.size());
+  run_pieces(slices, [&](size_t t) {
     for (size_t i = runs.size() * t / slices; i < runs.size() * (t + 1) / slices; ++i) {
       copy(runs[i].t_off, runs[i].p_off, runs[i].n);
     }

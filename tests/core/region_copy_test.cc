@@ -43,7 +43,8 @@ TEST(RegionCopy, LargeBoxesCopiedOnSeveralThreadsAsOnePassWould) {
   };
   for (const Box& b :
        {Box{"small, one pass", 3, 5, 7, 11}, Box{"whole rows: one large run", 1000, 2500, 0, 8192},
-        Box{"a rank's columns: many runs", 0, 4096, 4096, 4096}, Box{"odd columns and rows", 17, 4001, 1001, 5003}}) {
+        Box{"a rank's columns: many runs", 0, 4096, 4096, 4096}, Box{"odd columns and rows", 17, 4001, 1001, 5003},
+        Box{"2.75 MiB of columns: slices of 1 MiB", 0, 1024, 4096, 1408}}) {
     SCOPED_TRACE(b.what);
     const Region region{{b.r0, b.c0}, {b.rows, b.cols}};
     const Bytes want = reference_pack(m, cols_all, 2, b.r0, b.rows, b.c0, b.cols);
@@ -62,7 +63,7 @@ TEST(RegionCopy, LargeBoxesCopiedOnSeveralThreadsAsOnePassWould) {
 }
 
 TEST(RegionCopy, CopyParallelCopiesEveryByte) {
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{40} << 20, (size_t{100} << 20) + 13}) {
+  for (size_t bytes : {size_t{0}, size_t{1}, (size_t{3} << 20) + 7, size_t{40} << 20, (size_t{100} << 20) + 13}) {
     Bytes src(bytes), dst(bytes + 2, 0xee);
     for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
     copy_parallel(dst.data() + 1, src.data(), bytes);
