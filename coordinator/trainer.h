@@ -99,8 +99,9 @@ struct UpdateReport {
   // Bytes this trainer compared against its copies: each part once, however many replicas take it
   // (their ranks' elements in `delta` count it again for each).
   uint64_t compared_bytes = 0;
-  // This trainer's time comparing and encoding them (each part once), and keeping its copies of the
-  // tensors it sent for the next update's compare: the work a delta update costs at the sending end.
+  // This trainer's time comparing and encoding them (each part once; compared on a GPU, the copy of
+  // the encoding into the bucket too), and keeping its copies of the tensors it sent for the next
+  // update's compare: the work a delta update costs at the sending end.
   double compare_seconds = 0;
   double copy_seconds = 0;
   uint64_t wire_bytes() const {

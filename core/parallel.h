@@ -40,10 +40,10 @@ void on_threads(size_t count, Fn&& fn) {
   fn(count - 1);
 }
 
-// How many slices of at least `least` units `n` units are cut into: at most host_threads(), 8 at
-// most (1 when n is under two slices).
-inline size_t slices_for(size_t n, size_t least) {
-  return std::max<size_t>(std::min({host_threads(), size_t{8}, n / least}), 1);
+// How many slices of at least `least` units `n` units are cut into: at most host_threads(), and
+// `most` (1 when n is under two slices).
+inline size_t slices_for(size_t n, size_t least, size_t most = 8) {
+  return std::max<size_t>(std::min({host_threads(), most, n / least}), 1);
 }
 
 // memcpy of host memory, in slices of at least 512 KiB on the work pool's threads (run_pieces), at

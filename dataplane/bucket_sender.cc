@@ -78,8 +78,8 @@ struct BucketSender::Destination {
 };
 
 namespace {
-// A bucket holding parts compared for deltas is sent at the end of a tensor once the parts it holds
-// were this share of a bucket's dense bytes: delta buckets are a twentieth as heavy, and by the
+// A bucket holding parts compared for deltas is sent at the end of a tensor once what it holds
+// (dense parts too) was this share of a bucket's dense bytes: delta buckets are a twentieth as heavy, and by the
 // bucket rule alone a rank would get its first only after a bucket's worth of the model was
 // compared, and apply the rest after the trainer's last compare (sharding/buckets.h counts the dense
 // bytes; the ranks count the buckets the trainer says it sent).
@@ -262,6 +262,7 @@ Status BucketSender::connect_all(const std::vector<std::vector<wire::Endpoint>>&
     // A bucket a failed update left open (finish() sends nothing then) goes back to the pool.
     if (d.open >= 0) d.free.push_back(static_cast<size_t>(d.open));
     d.open = -1;
+    d.open_compared = false;
     d.cutter = sharding::BucketCutter(plan_->bucket_bytes);
     // Transports that move device memory only (nccl, cuda_ipc) send buckets built on their device.
     const Device where = transport::bucket_device(d.transport->capabilities());

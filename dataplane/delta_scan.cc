@@ -24,7 +24,7 @@ namespace {
 ScanKind best_scan() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("popcnt")) {
+      __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt")) {
     return ScanKind::kAvx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt")) return ScanKind::kAvx2;
@@ -63,11 +63,16 @@ template <size_t E>
 constexpr CloseUp<E> kCloseUp{};
 
 // The changed ones among the first CloseUp<E>::kElements elements of `x`, marked in `m`, stored
-// closed up at `v` (16 bytes written), `v` moved past them.
+// closed up at `v`, `v` moved past them. As many bytes are written as those elements take (8 for
+// 1-byte elements, else 16): never past their own room.
 template <size_t E>
 __attribute__((target("avx2,popcnt"))) inline void close_up(__m128i x, unsigned m, uint8_t*& v) {
   const __m128i s = _mm_load_si128(reinterpret_cast<const __m128i*>(kCloseUp<E>.shuffle[m]));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(v), _mm_shuffle_epi8(x, s));
+  if constexpr (E == 1) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(v), _mm_shuffle_epi8(x, s));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(v), _mm_shuffle_epi8(x, s));
+  }
   v += static_cast<size_t>(__builtin_popcount(m)) * E;
 }
 
@@ -285,6 +290,9 @@ uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t 
 // A slice of a compare or of a bitmap's runs, at least: about 40 us of one core's compare, several
 // times what handing it to the work pool costs.
 constexpr size_t kSliceElements = size_t{1} << 17;
+// The most slices a compare or its runs take: a sender's compare is the delta update's largest
+// share of work, and up to 16 cores (FERRY_THREADS) take it.
+constexpr size_t kMaxScanSlices = 16;
 
 // The runs of set bits of a bitmap of n bits (padded with clear bits to whole 64-bit words),
 // [first, first + length) in order: `visit(first, length)` for each, until it returns false.
@@ -337,7 +345,10 @@ std::vector<ScanKind> scans_available() {
   return kinds;
 }
 
-ScanKind use_scan(ScanKind kind) { return scan_in_use.exchange(kind); }
+ScanKind use_scan(ScanKind kind) {
+  // None this CPU lacks: the narrower ones are its too.
+  return scan_in_use.exchange(std::min(kind, kBestScan));
+}
 
 const char* scan_name(ScanKind kind) {
   switch (kind) {
@@ -348,12 +359,12 @@ const char* scan_name(ScanKind kind) {
   return "unknown";
 }
 
-// One slice per half Mi elements, at most host_threads() (FERRY_THREADS; 8 at most), each a multiple of 8
-// elements so that each writes bitmap bytes of its own; the values of every slice are then closed
+// Slices of at least kSliceElements, at most host_threads() (FERRY_THREADS) and kMaxScanSlices, each
+// a multiple of 8 elements so that each writes bitmap bytes of its own; the values of every slice are then closed
 // up in order.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values) {
-  const size_t slices = slices_for(n, kSliceElements);
+  const size_t slices = slices_for(n, kSliceElements, kMaxScanSlices);
   if (slices < 2) return scan_any(before, after, n, elem, xor_values, bitmap, values);
   const size_t step = (n / slices) & ~size_t{7};
   std::vector<uint64_t> counts(slices, 0);
@@ -371,7 +382,7 @@ uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, si
 }
 
 std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs) {
-  const size_t slices = slices_for(n, kSliceElements);
+  const size_t slices = slices_for(n, kSliceElements, kMaxScanSlices);
   if (slices < 2) {
     uint8_t* w = runs;
     uint64_t r = 0, at = 0;
@@ -394,7 +405,7 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
   };
   // The calling thread's, taken here (a lambda run on another thread would name that thread's own,
   // and an allocation failing there would end the process), and given back past 64 MiB on any exit.
-  thread_local std::vector<Scratch> memory_of_this_thread(8);
+  thread_local std::vector<Scratch> memory_of_this_thread(kMaxScanSlices);
   std::vector<Scratch>& memory = memory_of_this_thread;
   struct TrimAll {
     std::vector<Scratch>& m;

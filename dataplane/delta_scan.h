@@ -81,8 +81,8 @@ const char* scan_name(ScanKind kind);
 // (element i as bit i % 8 of byte i / 8; bits past n clear; scan_bitmap() gives room) and their new
 // values (with `xor_values`, new XOR old), in order, to `values` (room for n values: the wide
 // compares store whole vectors there, never past that room). Returns how many changed. A piece of
-// 256 Ki elements or more is scanned in slices of at least 128 Ki on up to 8 of the work pool's
-// threads (core/work_pool.h), the caller's among them.
+// 256 Ki elements or more is scanned in slices of at least 128 Ki on up to 16 of the work pool's
+// threads (core/work_pool.h, within host_threads()), the caller's among them.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values);
 

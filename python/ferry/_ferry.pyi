@@ -265,6 +265,16 @@ class UpdateReport:
         bytes this trainer compared against its copies: each part once, however many replicas take it
         """
     @property
+    def compare_seconds(self) -> float:
+        """
+        this trainer's time comparing and encoding deltas (each part once)
+        """
+    @property
+    def copy_seconds(self) -> float:
+        """
+        this trainer's time keeping its copies of the tensors sent, which the next update compares against
+        """
+    @property
     def wire_bytes(self) -> int:
         """
         payload bytes this trainer sent, over ranks

@@ -163,6 +163,30 @@ TEST(Delta, EveryPatternOfChangesInAGroupClosesUpInOrder) {
   }
 }
 
+// Every element changed: the values run level with the elements scanned, so a vector's store may
+// reach no further than its own elements (a piece's last vector ends at the room's end); under every
+// compare, for every width, lengths ending on and off a vector.
+TEST(Delta, EveryElementChangedStoresNothingPastTheValuesRoom) {
+  constexpr uint8_t kGuard = 0x3c;
+  for (const detail::ScanKind kind : compares_here()) {
+    SCOPED_TRACE(detail::scan_name(kind));
+    const UseCompare compare(kind);
+    for (size_t elem : {1, 2, 4}) {
+      for (size_t n : {size_t{32}, size_t{40}, size_t{64 * 5 + 3}, size_t{4096 + 24}, size_t{40'003}}) {
+        auto [before, after] = pair_with_changes(n, elem, n, n + elem);
+        Bytes bitmap((n + 63) / 64 * 8 + 16, 0), values(n * elem + 64, kGuard);
+        const uint64_t k =
+            detail::scan_parallel(before.data(), after.data(), n, elem, false, bitmap.data(), values.data());
+        ASSERT_EQ(k, n) << elem << " bytes, " << n;
+        EXPECT_TRUE(std::equal(after.begin(), after.end(), values.begin())) << elem << " bytes, " << n;
+        EXPECT_TRUE(std::all_of(values.begin() + static_cast<ptrdiff_t>(n * elem), values.end(),
+                                [](uint8_t b) { return b == kGuard; }))
+            << "a store past the values' room, " << elem << " bytes, " << n;
+      }
+    }
+  }
+}
+
 TEST(Delta, PicksTheSmallerEncoding) {
   const size_t n = 8192, elem = 2;
   // A few scattered changes: runs are smaller than a bitmap of every element.

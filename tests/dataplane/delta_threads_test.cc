@@ -3,6 +3,7 @@
 // what one element-by-element pass gives (tests/dataplane/delta_reference.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -46,12 +47,12 @@ TEST(Delta, LargePiecesEncodeAsOneScanWould) {
 }
 
 // The same with XOR values, and runs across the threads' actual slice boundaries for every thread
-// count the scan may take (2 to 8: each slice (n / threads) rounded down to a multiple of 8): the
+// count the scan may take (2 to 16: each slice (n / threads) rounded down to a multiple of 8): the
 // values of every slice are closed up in order.
 TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
   const size_t n = (size_t{9} << 20) + 5, elem = 2;
   auto [before, after] = pair_with_changes(n, elem, n / 1000, 23);
-  for (size_t threads = 2; threads <= 8; ++threads) {
+  for (size_t threads = 2; threads <= 16; ++threads) {
     const size_t step = (n / threads) & ~size_t{7};
     for (size_t t = 1; t < threads; ++t) {
       for (size_t e = t * step - 8; e < t * step + 8; ++e) after[e * elem + 1] ^= 0x01;
@@ -59,7 +60,7 @@ TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
   }
   const Bytes want = reference_runs(before, after, elem, true);
   // On each thread count, under each compare this CPU has (AVX-512, AVX2, and the narrow one).
-  for (size_t threads = 1; threads <= 8; ++threads) {
+  for (size_t threads = 1; threads <= 16; ++threads) {
     const WithThreads spread(threads);
     for (const detail::ScanKind kind : detail::scans_available()) {
       SCOPED_TRACE(std::string(detail::scan_name(kind)) + " on " + std::to_string(threads) + " threads");
@@ -74,6 +75,37 @@ TEST(Delta, LargeXorPiecesEncodeAsOneScanWouldAcrossEverySlice) {
       ASSERT_TRUE(
           apply_delta(static_cast<uint32_t>(c.encoding) | kDeltaXor, enc.data(), enc.size(), got.data(), n, elem).ok());
       EXPECT_TRUE(got == after);
+    }
+  }
+}
+
+// A slice whose every element changed, of 1-byte elements, ahead of one whose first elements
+// changed: the first slice's values end exactly where the second's room begins, and a store past
+// them would overwrite the second's first values while its thread writes them. On 2 to 16 threads,
+// under each compare this CPU has.
+TEST(Delta, AWhollyChangedSliceLeavesTheNextSlicesValuesAlone) {
+  const size_t n = (size_t{512} << 10) + 21, elem = 1;
+  for (size_t threads = 2; threads <= 16; ++threads) {
+    const WithThreads spread(threads);
+    const size_t step = (n / std::min<size_t>(threads, n >> 17)) & ~size_t{7};
+    Bytes before(n, 0), after(n, 0);
+    for (size_t e = 0; e < step; ++e) after[e] = static_cast<uint8_t>(1 + e % 251);
+    for (size_t e = step; e < n; e += step) {
+      for (size_t k = e; k < std::min(n, e + 5); ++k) after[k] = static_cast<uint8_t>(7 + k % 13);
+    }
+    Bytes want;
+    for (size_t e = 0; e < n; ++e) {
+      if (after[e] != before[e]) want.push_back(after[e]);
+    }
+    for (const detail::ScanKind kind : detail::scans_available()) {
+      SCOPED_TRACE(std::string(detail::scan_name(kind)) + " on " + std::to_string(threads) + " threads");
+      const detail::ScanKind was = detail::use_scan(kind);
+      Bytes bitmap((n + 63) / 64 * 8 + 16, 0), values(n + 64, 0xee);
+      const uint64_t k =
+          detail::scan_parallel(before.data(), after.data(), n, elem, false, bitmap.data(), values.data());
+      detail::use_scan(was);
+      ASSERT_EQ(k, want.size());
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), values.begin()));
     }
   }
 }

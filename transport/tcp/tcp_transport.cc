@@ -39,15 +39,29 @@ void tune(tcp::socket& s) {
 }
 
 // Caps what a sending connection puts on the wire (bytes per second): the kernel paces its
-// segments (TCP's own pacing, or the fq qdisc's), under any qdisc and without privilege. A kernel
-// that refuses it fails the connect, naming the setting: a cap asked for is never silently dropped.
+// segments (TCP's own pacing from Linux 4.13, or the fq qdisc's), without privilege. A rate that
+// fits 32 bits goes as 32 bits, which every kernel reads whole; a larger one as 64 (Linux 5.0 on),
+// read back, since an older kernel would keep its low 32 bits only. A kernel that refuses it, or
+// keeps less, fails the connect, naming the setting: a cap asked for is never silently changed.
 Status pace(tcp::socket& s, uint64_t bytes_per_second) {
   if (bytes_per_second == 0) return ok_status();
-  // An unsigned long from Linux 5.0 on; a 32-bit value before, which covers 34 Gbit/s.
-  const unsigned long rate = static_cast<unsigned long>(bytes_per_second);
-  if (setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate) == 0) return ok_status();
-  const uint32_t rate32 = static_cast<uint32_t>(std::min<uint64_t>(bytes_per_second, UINT32_MAX));
-  if (setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate32, sizeof rate32) == 0) return ok_status();
+  int rc;
+  if (bytes_per_second < UINT32_MAX) {
+    const uint32_t rate = static_cast<uint32_t>(bytes_per_second);
+    rc = setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate);
+  } else {
+    const uint64_t rate = bytes_per_second;
+    rc = setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate);
+    uint64_t kept = 0;
+    socklen_t len = sizeof kept;
+    if (rc == 0 && (getsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &kept, &len) != 0 ||
+                    len != sizeof kept || kept != rate)) {
+      return Status::unavailable(fmt::format(
+          "FERRY_TCP_MAX_MBIT: this kernel does not pace a connection at {} bytes per second (at most 34,359 Mbit/s)",
+          bytes_per_second));
+    }
+  }
+  if (rc == 0) return ok_status();
   return Status::unavailable(
       fmt::format("FERRY_TCP_MAX_MBIT: the kernel refused to pace a connection: {}", std::strerror(errno)));
 }
