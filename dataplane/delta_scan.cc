@@ -173,6 +173,8 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt"))) inline void avx51
 }
 
 // 64 bytes of each side per compare (AVX-512). Returns the elements scanned, a multiple of 64 / E.
+// (scan_avx2's block loop again: each loop is compiled for its own instruction set, so that its
+// vector function inlines; one loop shared by both would be compiled for neither.)
 template <size_t E, bool Xor>
 __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt"))) size_t scan_avx512(const uint8_t* before,
                                                                                   const uint8_t* after, size_t n,

@@ -253,6 +253,13 @@ TEST(DeltaReplicas, EachPartIsComparedOnceForEveryReplica) {
   }
 }
 
+// The bytes of every tensor of the model's checkpoint.
+uint64_t manifest_bytes(const Config& cfg) {
+  uint64_t total = 0;
+  for (const auto& t : sharding::llama_manifest(cfg.llama)) total += dtype_bytes(t.dtype, shape_numel(t.shape));
+  return total;
+}
+
 // FERRY_DELTA_MAX_BYTES bounds the trainer's copies: the tensors that fit keep travelling as deltas,
 // those past the bound travel whole every update, one warning names the bound, and every update
 // still lands the reference's bytes.
@@ -261,8 +268,7 @@ TEST(DeltaBound, TensorsPastTheBoundTravelWholeAndTheRestAsDeltas) {
   ScopedEnv delta("FERRY_DELTA", "on");
   const Config cfg = kv_below_tp();
   const Layout layout = make_layout(cfg, "fp8_per_channel");
-  uint64_t total = 0;
-  for (const auto& t : sharding::llama_manifest(cfg.llama)) total += dtype_bytes(t.dtype, shape_numel(t.shape));
+  const uint64_t total = manifest_bytes(cfg);
   const uint64_t bound = total / 2;
   ScopedEnv max_bytes("FERRY_DELTA_MAX_BYTES", std::to_string(bound));
   CaughtWarnings warnings;  // before the cluster: it outlives every thread that logs
@@ -300,8 +306,7 @@ TEST(DeltaBuckets, ABucketOfComparedPartsGoesOnceItHoldsAnEighthOfABucket) {
   ScopedEnv delta("FERRY_DELTA", "on");
   const Config cfg = kv_below_tp();
   const Layout layout = make_layout(cfg, "fp8_per_channel");
-  uint64_t total = 0;
-  for (const auto& t : sharding::llama_manifest(cfg.llama)) total += dtype_bytes(t.dtype, shape_numel(t.shape));
+  const uint64_t total = manifest_bytes(cfg);
   // A rank's share, with room for what every rank holds whole (norms, replicated KV heads).
   ScopedEnv bucket("FERRY_BUCKET_BYTES", std::to_string(total * 3 / (2 * static_cast<uint64_t>(cfg.tp))));
   Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
