@@ -1,0 +1,100 @@
+// What a sending trainer keeps and how it sends deltas, end to end (FERRY_DELTA=on over tcp): the
+// bound on its copies (FERRY_DELTA_MAX_BYTES), and buckets of deltas sent before the bucket rule
+// would send them. Every update's storage against a dense update's reference (scheme_bytes.h).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tests/common/scoped_env.h"
+#include "tests/common/warnings.h"
+#include "tests/coordinator/scheme_bytes.h"
+#include "tests/coordinator/version_changes.h"
+
+namespace ferry::testutil {
+namespace {
+
+// The bytes of every tensor of the model's checkpoint.
+uint64_t manifest_bytes(const Config& cfg) {
+  uint64_t total = 0;
+  for (const auto& t : sharding::llama_manifest(cfg.llama)) total += dtype_bytes(t.dtype, shape_numel(t.shape));
+  return total;
+}
+
+// FERRY_DELTA_MAX_BYTES bounds the trainer's copies: the tensors that fit keep travelling as deltas,
+// those past the bound travel whole every update, one warning names the bound, and every update
+// still lands the reference's bytes.
+TEST(DeltaBound, TensorsPastTheBoundTravelWholeAndTheRestAsDeltas) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_channel");
+  const uint64_t total = manifest_bytes(cfg);
+  const uint64_t bound = total / 2;
+  ScopedEnv max_bytes("FERRY_DELTA_MAX_BYTES", std::to_string(bound));
+  CaughtWarnings warnings;  // before the cluster: it outlives every thread that logs
+  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 5);
+  std::mt19937_64 rng(3);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) nudge(ck, 0.01, rng);
+    auto r = c.update(v, ck);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status().to_string();
+    EXPECT_GT(r->delta_copy_bytes, 0u) << "v" << v;
+    EXPECT_LE(r->delta_copy_bytes, bound) << "v" << v;
+    uint64_t dense = 0, deltas = 0;
+    for (const auto& d : r->delta) {
+      dense += d.dense_bytes;
+      deltas += d.delta_bytes;
+    }
+    if (v > 1) {
+      EXPECT_GT(deltas, 0u) << "v" << v << ": the tensors within the bound travel as deltas";
+      EXPECT_GT(dense, 0u) << "v" << v << ": the tensors past the bound travel whole";
+    }
+    expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), fmt::format("v{}", v));
+  }
+  EXPECT_EQ(warnings.count("FERRY_DELTA_MAX_BYTES=" + std::to_string(bound)), 1u) << "one warning names the bound";
+}
+
+// A bucket holding compared parts is sent at the end of a tensor once its parts were an eighth of
+// a bucket's dense bytes, so that ranks apply while the trainer compares the rest: with buckets as
+// large as a rank's whole share and some, a dense update sends one per rank and a delta update
+// several.
+// The report says what the compares and the kept copies cost the trainer.
+TEST(DeltaBuckets, ABucketOfComparedPartsGoesOnceItHoldsAnEighthOfABucket) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp");
+  ScopedEnv delta("FERRY_DELTA", "on");
+  const Config cfg = kv_below_tp();
+  const Layout layout = make_layout(cfg, "fp8_per_channel");
+  const uint64_t total = manifest_bytes(cfg);
+  // A rank's share, with room for what every rank holds whole (norms, replicated KV heads).
+  ScopedEnv bucket("FERRY_BUCKET_BYTES", std::to_string(total * 3 / (2 * static_cast<uint64_t>(cfg.tp))));
+  Cluster c(cfg.tp, "fp8_per_channel", cfg.llama);
+  ASSERT_TRUE(c.start().ok());
+  Checkpoint ck = make_checkpoint(c.manifest(), 7);
+  std::mt19937_64 rng(9);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) nudge(ck, 0.01, rng);
+    auto r = c.update(v, ck);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status().to_string();
+    expect_storage(c, expected_storage(cfg, layout, Scheme::kFp8PerChannel, ck), fmt::format("v{}", v));
+    ASSERT_EQ(r->buckets.size(), static_cast<size_t>(cfg.tp));
+    EXPECT_GT(r->copy_seconds, 0.0) << "v" << v << ": copies are kept for the next update";
+    for (size_t rank = 0; rank < r->buckets.size(); ++rank) {
+      if (v == 1) {
+        EXPECT_EQ(r->buckets[rank], 1u) << "rank " << rank << ": a dense update's bucket holds its whole share";
+        EXPECT_EQ(r->compare_seconds, 0.0) << "nothing to compare against yet";
+      } else {
+        EXPECT_GE(r->buckets[rank], 4u) << "v" << v << ", rank " << rank << ": compared parts held back";
+        EXPECT_LE(r->buckets[rank], 10u) << "v" << v << ", rank " << rank;
+        EXPECT_GT(r->compare_seconds, 0.0) << "v" << v;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferry::testutil
