@@ -351,7 +351,12 @@ Status BucketSender::flush(Destination& d) {
   if (sealed_hook_set && b.device().is_cpu()) {
     const sharding::RankSpec& rank = (*ranks_)[static_cast<size_t>(&d - dests_.data())];
     std::lock_guard<std::mutex> lock(sealed_hook_mu);
-    if (sealed_hook()) sealed_hook()(rank.replica, rank.tp_rank, b.data(), *size);
+    if (sealed_hook()) {
+      if (Status st = sealed_hook()(rank.replica, rank.tp_rank, b.data(), *size); !st.ok()) {
+        d.free.push_back(k);
+        return st;
+      }
+    }
   }
   auto handle = d.conn->post(*d.regions[k], 0, *size);
   if (!handle.ok()) {
@@ -419,46 +424,54 @@ Result<bool> BucketSender::send_direct(Destination& d, const sharding::Piece& pi
   return true;
 }
 
+struct BucketSender::Route {
+  sharding::Piece piece;
+  Region dst;
+  const DeltaBases::Base* base = nullptr;
+};
+
 Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, const TensorView& tensor_in,
                           const Region& held) {
   const std::string& name = meta.name;
   TensorView tensor = tensor_in;
   Buffer host;  // a device tensor's bytes for pieces that travel as bytes
   bool any_bytes = false;
+  // This sender's pieces of the tensor, each as it lies in the local tensor (its box of the global
+  // tensor less the held box's origin; one outside `held` lies in another box this sender holds).
+  std::vector<Route> routes;
+  const bool at_origin = std::all_of(held.offset.begin(), held.offset.end(), [](int64_t o) { return o == 0; });
   for (int pi : plan_->by_source[source]) {
     const sharding::Piece& global = plan_->pieces[static_cast<size_t>(pi)];
     if (global.sender != identity_.index) continue;
     const sharding::ParamSpec& param = (*ranks_)[static_cast<size_t>(global.dst)].params[static_cast<size_t>(global.param)];
-    const Region dst_full = sharding::piece_dst_region(global, param);
-    // The piece as it lies in the local tensor: its box of the global tensor, less the held box's
-    // origin. A piece outside `held` lies in another box this sender holds of the tensor.
-    // A tensor held whole (one trainer) reads the plan's piece as it is; only a box off the origin
-    // needs a shifted copy.
-    const bool at_origin = std::all_of(held.offset.begin(), held.offset.end(), [](int64_t o) { return o == 0; });
-    std::optional<sharding::Piece> shifted;
+    Route r{global, sharding::piece_dst_region(global, param)};
     if (!at_origin) {
-      shifted = global;
-      for (size_t k = 0; k < shifted->src.offset.size(); ++k) shifted->src.offset[k] -= held.offset[k];
+      for (size_t k = 0; k < r.piece.src.offset.size(); ++k) r.piece.src.offset[k] -= held.offset[k];
     }
-    const sharding::Piece& piece = at_origin ? global : *shifted;
-    if (!piece.src.inside(tensor_in.shape())) continue;
+    if (!r.piece.src.inside(tensor_in.shape())) continue;
+    const Destination& d = dests_[static_cast<size_t>(r.piece.dst)];
+    // A delta needs the rank to hold the version this sender last recorded the tensor at.
+    r.base = bases_ && d.deltas && d.delta_base != 0 ? bases_->find(name, held, tensor_in.dtype(), tensor_in.shape())
+                                                     : nullptr;
+    if (r.base != nullptr && r.base->version != d.delta_base) r.base = nullptr;
+    // A copy kept on the device is compared there (the tensor never crosses to the host whole).
+    if (r.base != nullptr && r.base->values.device().is_cuda() && r.base->values.device() != tensor_in.device())
+      r.base = nullptr;
+    routes.push_back(std::move(r));
+  }
+  FERRY_ASSIGN_OR_RETURN(DeltaBases::Base* const kept, compare_boxes(name, tensor_in, held, routes, host, tensor));
+  for (const Route& r : routes) {
+    const sharding::Piece& piece = r.piece;
     Destination& d = dests_[static_cast<size_t>(piece.dst)];
     if (tensor_in.device().is_cuda() && d.direct) {
-      auto sent = send_direct(d, piece, dst_full, tensor_in);
+      auto sent = send_direct(d, piece, r.dst, tensor_in);
       if (!sent.ok()) return sent.status().with_context(name);
       if (*sent) {
         ++pieces_sent_[source];
         continue;
       }
     }
-    // A delta needs the rank to hold the version this sender last recorded the tensor at.
-    const DeltaBases::Base* base = bases_ && d.deltas && d.delta_base != 0
-                                       ? bases_->find(name, held, tensor_in.dtype(), tensor_in.shape())
-                                       : nullptr;
-    if (base != nullptr && base->version != d.delta_base) base = nullptr;
-    // A copy kept on the device is compared there (the tensor never crosses to the host whole).
-    if (base != nullptr && base->values.device().is_cuda() && base->values.device() != tensor_in.device())
-      base = nullptr;
+    const DeltaBases::Base* base = r.base;
     const bool device_delta = base != nullptr && base->values.device().is_cuda();
     // Into a device bucket, rows that are contiguous runs are copied straight from the tensor (no
     // delta goes into a device bucket).
@@ -474,7 +487,7 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
     const sharding::PieceRows pr = sharding::piece_rows(piece.src.size, piece.bytes);
     for (int64_t row = 0; row < pr.rows;) {
       FERRY_ASSIGN_OR_RETURN(const Part part, next_part(d, pr.rows - row, pr.row_bytes, /*payload=*/true));
-      const auto [src, dst] = sharding::part_regions(piece.src, dst_full, row, part.rows);
+      const auto [src, dst] = sharding::part_regions(piece.src, r.dst, row, part.rows);
       FERRY_RETURN_IF_ERROR(pack_part(*part.bucket, d.bucket_device, static_cast<uint32_t>(piece.param), src, dst,
                                       meta.dtype, runs, tensor_in, tensor, row, part.rows, pr.row_bytes, base,
                                       DeltaOptions{settings_.delta == DeltaMode::kAlways, settings_.delta_zstd},
@@ -497,7 +510,10 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
   // tensor read in place (direct reads) or copied device to device (nccl, cuda_ipc) keeps none: its
   // ranks' shadows miss those pieces too, and a copy would cost every byte once more.
   // A copy kept on the device (FERRY_DELTA_COPY=device) is taken there, from the tensor itself.
-  if (bases_ && keep_bases_ && (any_bytes || pieces_given_[source] == 0)) {
+  // A copy the compare brought up to date (compare_boxes) is the new version already.
+  if (kept != nullptr) {
+    kept->version = version_;
+  } else if (bases_ && keep_bases_ && (any_bytes || pieces_given_[source] == 0)) {
     const auto copy_start = std::chrono::steady_clock::now();
     if (bases_->keeps_on(tensor_in.device())) {
       bases_->record(name, held, tensor_in, version_);
@@ -507,6 +523,44 @@ Status BucketSender::send(size_t source, const sharding::SourceTensor& meta, con
     scratch_.copy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
   }
   return ok_status();
+}
+
+// The boxes of the tensor that go to some rank as deltas against a copy on the host, compared
+// together (TensorScan; pack_part encodes their parts from the scan). When they are every piece
+// compared against the copy and tile the tensor, the compare also brings the copy up to date, and
+// returns it: its version is 0 until send() stamps the new one, so that an update that fails before
+// leaves a copy no delta is computed against (the coordinator sends the ranks of a failed update
+// dense bytes anyway; this keeps the copy from passing for the version before whatever a rank
+// reports). A device tensor's bytes are copied to the host first (`host`, viewed as `tensor`).
+Result<DeltaBases::Base*> BucketSender::compare_boxes(const std::string& name, const TensorView& tensor_in,
+                                                      const Region& held, const std::vector<Route>& routes,
+                                                      Buffer& host, TensorView& tensor) {
+  scratch_.scan.clear();
+  std::vector<Region> boxes;
+  bool every = true;  // every piece compared against the copy is among them
+  for (const Route& r : routes) {
+    if (r.base == nullptr || r.base->values.device().is_cuda()) continue;
+    // A piece a direct read may take (or leave to travel as bytes) is compared alone, if at all.
+    if (tensor_in.device().is_cuda() && dests_[static_cast<size_t>(r.piece.dst)].direct) {
+      every = false;
+      continue;
+    }
+    boxes.push_back(r.piece.src);
+  }
+  if (boxes.empty()) return nullptr;
+  if (!tensor.device().is_cpu()) FERRY_RETURN_IF_ERROR(host_copy(tensor_in, host, tensor).with_context(name));
+  DeltaBases::Base* base = bases_->find_to_update(name, held, tensor_in.dtype(), tensor_in.shape());
+  const uint64_t was = base->version;
+  const bool keep = every && keep_bases_;
+  if (keep) base->version = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const bool kept = scratch_.scan.compare(tensor, static_cast<uint8_t*>(base->values.data()), boxes,
+                                          settings_.delta_zstd > 0, keep, was);
+  scratch_.compare_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  scratch_.compared_bytes += scratch_.scan.compared_bytes();
+  if (kept) return base;
+  base->version = was;  // left as it was
+  return nullptr;
 }
 
 std::vector<size_t> BucketSender::unsent() const {

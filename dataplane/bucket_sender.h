@@ -55,10 +55,11 @@ struct BucketSenderSettings {
 // the bucket size, at least its largest row, and the header's room.
 size_t bucket_capacity(const sharding::Plan& plan, size_t dst);
 
-// For tests of the receive path: runs on every bucket in host memory after it is sealed and before
-// it is posted, with its destination rank, its bytes and their size; it may change the bytes, as a
-// faulty link would. Process-wide, for every BucketSender; an empty function removes it.
-using SealedBucketHook = std::function<void(int replica, int tp_rank, uint8_t* bucket, size_t size)>;
+// For tests: runs on every bucket in host memory after it is sealed and before it is posted, with
+// its destination rank, its bytes and their size; it may change the bytes, as a faulty link would,
+// or fail the post (the update then fails with that error, as when a link goes down). Process-wide,
+// for every BucketSender; an empty function removes it.
+using SealedBucketHook = std::function<Status(int replica, int tp_rank, uint8_t* bucket, size_t size)>;
 void set_sealed_bucket_hook_for_testing(SealedBucketHook hook);
 
 class BucketSender {
@@ -131,6 +132,11 @@ class BucketSender {
   Status sync_source(Device device);
   Result<bool> send_direct(Destination& d, const sharding::Piece& piece, const Region& dst,
                            const TensorView& tensor);
+  // One of this sender's pieces of a tensor, as it lies in the local tensor, where it goes, and the
+  // copy a delta to its rank is computed against (null: none).
+  struct Route;
+  Result<DeltaBases::Base*> compare_boxes(const std::string& name, const TensorView& tensor_in, const Region& held,
+                                          const std::vector<Route>& routes, Buffer& host, TensorView& tensor);
 
   BucketSenderSettings settings_;
   std::function<void()> on_posted_;

@@ -33,6 +33,11 @@ class DeltaBases {
   };
   // The copy kept for `name`'s box `held`, when it is of `dtype` and `shape`; else null.
   const Base* find(const std::string& name, const Region& held, DType dtype, const Shape& shape) const;
+  // The same copy, to be brought up to date in place (TensorScan): its version is set to 0 (no delta is
+  // computed against it) before its bytes change, and to the new one once they all did.
+  Base* find_to_update(const std::string& name, const Region& held, DType dtype, const Shape& shape) {
+    return const_cast<Base*>(find(name, held, dtype, shape));
+  }
   // Keeps `tensor` (the local tensor, contiguous) as sent at `version`: on the host, or on its device
   // when it is on one and copies are kept there. A tensor past the bound is dropped, and warned
   // about once.

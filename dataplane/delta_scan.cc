@@ -71,15 +71,15 @@ inline uint8_t changed8(const uint8_t* a, const uint8_t* b) {
 // With Xor, the values are new XOR old.
 template <size_t E, bool Xor>
 uint64_t scan_changes(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, uint8_t* bitmap,
-                      uint8_t* values) {
+                      uint8_t* values, bool& rare) {
   const size_t width = E != 0 ? E : elem;
   uint8_t* v = values;
   size_t e = 0;
   if constexpr (E != 0) {
 #if FERRY_WIDE_SCAN
     switch (scan_in_use.load(std::memory_order_relaxed)) {
-      case ScanKind::kAvx512: e = scan_avx512<E, Xor>(before, after, n, bitmap, v); break;
-      case ScanKind::kAvx2: e = scan_avx2<E, Xor>(before, after, n, bitmap, v); break;
+      case ScanKind::kAvx512: e = scan_avx512<E, Xor>(before, after, n, bitmap, v, rare); break;
+      case ScanKind::kAvx2: e = scan_avx2<E, Xor>(before, after, n, bitmap, v, rare); break;
       case ScanKind::kNarrow: break;
     }
 #endif
@@ -115,19 +115,19 @@ uint64_t scan_changes(const uint8_t* before, const uint8_t* after, size_t n, siz
 
 template <bool Xor>
 uint64_t scan_width(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, uint8_t* bitmap,
-                    uint8_t* values) {
+                    uint8_t* values, bool& rare) {
   switch (elem) {
-    case 1: return scan_changes<1, Xor>(before, after, n, elem, bitmap, values);
-    case 2: return scan_changes<2, Xor>(before, after, n, elem, bitmap, values);
-    case 4: return scan_changes<4, Xor>(before, after, n, elem, bitmap, values);
-    default: return scan_changes<0, Xor>(before, after, n, elem, bitmap, values);
+    case 1: return scan_changes<1, Xor>(before, after, n, elem, bitmap, values, rare);
+    case 2: return scan_changes<2, Xor>(before, after, n, elem, bitmap, values, rare);
+    case 4: return scan_changes<4, Xor>(before, after, n, elem, bitmap, values, rare);
+    default: return scan_changes<0, Xor>(before, after, n, elem, bitmap, values, rare);
   }
 }
 
 uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values, uint8_t* bitmap,
-                  uint8_t* values) {
-  return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values)
-                    : scan_width<false>(before, after, n, elem, bitmap, values);
+                  uint8_t* values, bool rare = true) {
+  return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values, rare)
+                    : scan_width<false>(before, after, n, elem, bitmap, values, rare);
 }
 
 // A slice of a compare or of a bitmap's runs, at least: about 40 us of one core's compare, several
@@ -179,6 +179,12 @@ void for_each_run(const uint8_t* bitmap, size_t n, Visit visit) {
 }
 
 }  // namespace
+
+uint64_t scan_serial(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
+                     uint8_t* bitmap, uint8_t* values, bool& rare) {
+  return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values, rare)
+                    : scan_width<false>(before, after, n, elem, bitmap, values, rare);
+}
 
 std::vector<ScanKind> scans_available() {
   std::vector<ScanKind> kinds;

@@ -26,6 +26,7 @@ class Scratch {
     }
     return data_.get();
   }
+  uint8_t* data() const { return data_.get(); }
   void trim() {
     if (size_ > (size_t{64} << 20)) data_.reset(), size_ = 0;
   }
@@ -85,6 +86,13 @@ const char* scan_name(ScanKind kind);
 // threads (core/work_pool.h, within host_threads()), the caller's among them.
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values);
+
+// scan_parallel() on the calling thread alone, for a caller that shares the work out itself
+// (tensor_scan.h). The same room rules: `values` holds n values. `rare`: whether changes were rare
+// in the elements scanned just before (true to begin with): the wide compares choose how to scan
+// by it, and leave it set for the next call.
+uint64_t scan_serial(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
+                     uint8_t* bitmap, uint8_t* values, bool& rare);
 
 // The runs of the n bits of `bitmap` (padded with clear bits to whole 64-bit words) as varint pairs
 // (skip, length) into `runs` (room for limit + kRunsSlack bytes): their count and the bytes written,

@@ -52,7 +52,8 @@ __attribute__((target("avx2,popcnt"))) inline void close_up(__m128i x, unsigned 
   v += static_cast<size_t>(__builtin_popcount(m)) * E;
 }
 
-// A block of vectors is scanned one of two ways, chosen by the block before's rate of change: while
+// A block of vectors is scanned one of two ways, chosen by the block before's rate of change (`rare`,
+// carried from call to call by a caller that scans a run in several, tensor_scan.h): while
 // changes are rare, a vector with none is passed by a branch (a compare and the bitmap's store);
 // past one element in 64, when that branch would mispredict more than the stores it saves cost,
 // every vector closes its values up without one.
@@ -98,19 +99,19 @@ __attribute__((target("avx2,popcnt"))) inline void avx2_vector(const uint8_t* be
 // caller scans the rest).
 template <size_t E, bool Xor>
 __attribute__((target("avx2,popcnt"))) size_t scan_avx2(const uint8_t* before, const uint8_t* after, size_t n,
-                                                        uint8_t* bitmap, uint8_t*& v) {
+                                                        uint8_t* bitmap, uint8_t*& v, bool& rare) {
   constexpr size_t kWidth = 32 / E;
   size_t e = 0;
-  bool rare = true;
   while (e + kWidth <= n) {
     const size_t stop = e + std::min(kScanBlock, (n - e) / kWidth * kWidth);
     const uint8_t* const v0 = v;
+    const size_t start = e;
     if (rare) {
       for (; e < stop; e += kWidth) avx2_vector<E, Xor, true>(before, after, e, bitmap, v);
     } else {
       for (; e < stop; e += kWidth) avx2_vector<E, Xor, false>(before, after, e, bitmap, v);
     }
-    rare = rare_changes(static_cast<size_t>(v - v0) / E, kScanBlock);
+    rare = rare_changes(static_cast<size_t>(v - v0) / E, e - start);
   }
   return e;
 }
@@ -154,19 +155,20 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt"))) inline void avx51
 template <size_t E, bool Xor>
 __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt"))) size_t scan_avx512(const uint8_t* before,
                                                                                   const uint8_t* after, size_t n,
-                                                                                  uint8_t* bitmap, uint8_t*& v) {
+                                                                                  uint8_t* bitmap, uint8_t*& v,
+                                                                                  bool& rare) {
   constexpr size_t kWidth = 64 / E;
   size_t e = 0;
-  bool rare = true;
   while (e + kWidth <= n) {
     const size_t stop = e + std::min(kScanBlock, (n - e) / kWidth * kWidth);
     const uint8_t* const v0 = v;
+    const size_t start = e;
     if (rare) {
       for (; e < stop; e += kWidth) avx512_vector<E, Xor, true>(before, after, e, bitmap, v);
     } else {
       for (; e < stop; e += kWidth) avx512_vector<E, Xor, false>(before, after, e, bitmap, v);
     }
-    rare = rare_changes(static_cast<size_t>(v - v0) / E, kScanBlock);
+    rare = rare_changes(static_cast<size_t>(v - v0) / E, e - start);
   }
   return e;
 }

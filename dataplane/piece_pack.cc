@@ -28,11 +28,12 @@ Status put(Device bucket_device, uint8_t* where, const void* from, size_t bytes)
 
 // A compared part into the bucket: as its encoding (`pd`; `fill(where)` writes its `encoded_bytes`
 // into the bucket) when it has one that fits, else as its dense bytes `now` (in the memory of
-// `now_device`).
+// `now_device`), or, with no `now`, box `src` of the host tensor `host`.
 template <typename Fill>
 Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
                       DType dtype, size_t bytes, const PartDelta& pd, uint64_t base_version, size_t encoded_bytes,
-                      Fill fill, const uint8_t* now, Device now_device, DeltaTally& tally) {
+                      Fill fill, const uint8_t* now, Device now_device, DeltaTally& tally,
+                      const TensorView* host = nullptr) {
   tally.elements += static_cast<uint64_t>(src.numel());
   tally.changed += pd.changed;
   if (pd.encoding != 0 && encoded_bytes <= bucket.payload_room()) {
@@ -49,6 +50,12 @@ Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t para
   }
   tally.dense_bytes += bytes;
   uint8_t* where = bucket.add_piece(param, dst, dtype, bytes);
+  if (now == nullptr) {
+    if (bucket_device.is_cpu()) return pack_region(*host, src, where, bytes);
+    FERRY_ASSIGN_OR_RETURN(Buffer packed, Buffer::allocate(bytes));
+    FERRY_RETURN_IF_ERROR(pack_region(*host, src, packed.data(), bytes));
+    return copy_now(bucket_device.index, where, packed.data(), bytes);
+  }
   if (now_device.is_cpu()) return put(bucket_device, where, now, bytes);
   return copy_bytes(where, bucket_device, now, now_device, bytes);
 }
@@ -56,11 +63,12 @@ Status place_compared(BucketBuilder& bucket, Device bucket_device, uint32_t para
 // place_compared() of an encoding held in host memory.
 Status place_encoded(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
                      DType dtype, size_t bytes, const PartDelta& pd, uint64_t base_version,
-                     const std::vector<uint8_t>& encoded, const uint8_t* now, Device now_device, DeltaTally& tally) {
+                     const std::vector<uint8_t>& encoded, const uint8_t* now, Device now_device, DeltaTally& tally,
+                     const TensorView* host = nullptr) {
   return place_compared(
       bucket, bucket_device, param, src, dst, dtype, bytes, pd, base_version, encoded.size(),
-      [&](uint8_t* where) { return put(bucket_device, where, encoded.data(), encoded.size()); }, now, now_device,
-      tally);
+      [&](uint8_t* where) { return put(bucket_device, where, encoded.data(), encoded.size()); }, now, now_device, tally,
+      host);
 }
 
 // A part compared on the device against a copy kept there (the same shape, so a box is one run of
@@ -179,9 +187,14 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
     return st;
   }
   if (base != nullptr) {
-    // The new elements: read in place when the box is one run of the host tensor.
+    // A part of a box the sender compared with the rest of the tensor (TensorScan) is encoded from
+    // that scan, against the version the copy held then; any other is compared here.
+    const bool scanned = scratch.scan.covers(src);
+    const uint64_t version = scanned ? scratch.scan.version() : base->version;
+    // The new elements: read in place when the box is one run of the host tensor (a scanned part
+    // needs them only to go dense, and is packed then).
     const uint8_t* now = region_span(host, src);
-    if (now == nullptr) {
+    if (now == nullptr && !scanned) {
       scratch.packed.resize(bytes);
       FERRY_RETURN_IF_ERROR(pack_region(host, src, scratch.packed.data(), bytes));
       now = scratch.packed.data();
@@ -191,31 +204,35 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
       scratch.encoded_parts.clear();
     }
     for (const PackScratch::EncodedPart& e : scratch.encoded_parts) {
-      if (e.version == base->version && e.src == src) {
-        return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, e.pd, base->version, e.bytes, now,
-                             Device::cpu(), tally);
+      if (e.version == version && e.src == src) {
+        return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, e.pd, version, e.bytes, now,
+                             Device::cpu(), tally, &host);
       }
     }
     const auto compare_start = std::chrono::steady_clock::now();
-    FERRY_ASSIGN_OR_RETURN(const PartDelta pd,
-                           encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
+    PartDelta pd;
+    if (scanned) {
+      pd = finish_part(scratch.scan.encode(src, delta.prefer, scratch.encoded), delta, scratch.encoded);
+    } else {
+      FERRY_ASSIGN_OR_RETURN(pd, encode_part(*base, src, now, bytes, delta, scratch.old, scratch.encoded));
+      scratch.compared_bytes += bytes;
+    }
     scratch.compare_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - compare_start).count();
-    scratch.compared_bytes += bytes;
     // (Kept while the tensor's encodings stay small: an encoding as large as its part, a delta
     // preferred over dense bytes, is compared again instead.)
     size_t kept = scratch.encoded.size();
     for (const PackScratch::EncodedPart& e : scratch.encoded_parts) kept += e.bytes.size();
     if (kept > kMaxKeptEncodingBytes) {
-      return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, scratch.encoded,
-                           now, Device::cpu(), tally);
+      return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, version, scratch.encoded, now,
+                           Device::cpu(), tally, &host);
     }
     PackScratch::EncodedPart& e = scratch.encoded_parts.emplace_back();
     e.src = src;
-    e.version = base->version;
+    e.version = version;
     e.pd = pd;
     e.bytes.swap(scratch.encoded);
-    return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, base->version, e.bytes, now,
-                         Device::cpu(), tally);
+    return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, version, e.bytes, now, Device::cpu(),
+                         tally, &host);
   }
   tally.dense_bytes += bytes;
   uint8_t* where = bucket.add_piece(param, dst, dtype, bytes);

@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "dataplane/delta_base.h"
+#include "dataplane/tensor_scan.h"
 
 namespace ferry::dataplane {
 
@@ -51,12 +52,16 @@ struct PackScratch {
   };
   const DeltaBases::Base* encoded_of = nullptr;
   std::vector<EncodedPart> encoded_parts;
+  // The boxes of the tensor being sent that go as deltas, compared together (TensorScan): parts of
+  // them are encoded from it.
+  TensorScan scan;
   uint64_t compared_bytes = 0;  // bytes compared against kept copies (host or device), each part once
   double compare_seconds = 0;   // spent comparing and encoding those parts
   double copy_seconds = 0;      // spent keeping the copies the next update compares against
 
   // A new update: no encoding kept, nothing compared yet.
   void begin_update() {
+    scan.clear();
     encoded_of = nullptr;
     encoded_parts = {};
     compared_bytes = 0;

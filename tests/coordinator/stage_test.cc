@@ -102,6 +102,7 @@ class StageTest : public ::testing::Test {
       if (total_pauses(c) > before) ++w.paused_during;
       // (Pause-first ranks answer nothing until the update ends: not waited for.)
       if (serves && !serving.answers(20)) w.served_during = false;
+      return ok_status();
     });
     coordinator::UpdateOptions o;
     o.stage = stage;

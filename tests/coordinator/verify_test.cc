@@ -29,19 +29,20 @@ class Corrupter {
     dataplane::set_sealed_bucket_hook_for_testing([this](int, int tp_rank, uint8_t* data, size_t size) {
       std::lock_guard<std::mutex> lock(mu_);
       const int seq = seen_[tp_rank]++;
-      if (!armed_ || tp_rank != rank_ || seq != target_) return;
+      if (!armed_ || tp_rank != rank_ || seq != target_) return ok_status();
       armed_ = false;
       wire::BucketHeader h;
       Status st = dataplane::decode_bucket(data, size, &h);
       if (!st.ok() || h.pieces_size() == 0 || h.pieces(0).ref_alloc() != 0 || h.pieces(0).offset() % 2 != 0) {
         error_ = "bucket to corrupt: " + st.to_string();
-        return;
+        return ok_status();
       }
       for (const auto& p : h.pieces()) params_.insert(static_cast<int>(p.param()));
       // The high byte of the first bf16 element: its exponent moves by 2^64 or more.
       data[h.pieces(0).offset() + 1] ^= 0x40;
       first_param_ = static_cast<int>(h.pieces(0).param());
       flipped_ = true;
+      return ok_status();
     });
   }
   ~Corrupter() { dataplane::set_sealed_bucket_hook_for_testing(nullptr); }
