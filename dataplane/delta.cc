@@ -199,25 +199,41 @@ DeltaEncoding choose_delta(uint64_t k, size_t n, size_t elem, bool prefer_delta,
 
 DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_t k, size_t n, size_t elem,
                            bool prefer_delta, std::vector<uint8_t>& out) {
-  out.clear();
   thread_local Scratch runs_memory;
   const size_t map_bytes = (n + 7) / 8;
   // The runs' varints, for as long as they stay smaller than the bitmap (past it, the bitmap wins).
   uint8_t* runs = runs_memory.get(map_bytes + kRunsSlack);
   const auto found = runs_of(bitmap, n, map_bytes, runs);
+  const ValueSpan span{values, static_cast<size_t>(k) * elem};
+  const DeltaChoice choice = encode_found(bitmap, {&span, 1}, k, n, elem, prefer_delta, found, runs, out);
+  runs_memory.trim();
+  return choice;
+}
+
+DeltaChoice encode_found(const uint8_t* bitmap, std::span<const ValueSpan> values, uint64_t k, size_t n, size_t elem,
+                         bool prefer_delta, std::optional<std::pair<uint64_t, size_t>> found, const uint8_t* runs,
+                         std::vector<uint8_t>& out) {
+  out.clear();
+  const size_t map_bytes = (n + 7) / 8;
   const DeltaChoice choice{choose_delta(k, n, elem, prefer_delta, found), k};
   const size_t value_bytes = static_cast<size_t>(k) * elem;
+  uint8_t* o = nullptr;
   if (choice.encoding == DeltaEncoding::kRuns) {
     out.resize(varint_bytes(found->first) + found->second + value_bytes);
-    uint8_t* o = put_varint(out.data(), found->first);
+    o = put_varint(out.data(), found->first);
     std::memcpy(o, runs, found->second);
-    if (value_bytes != 0) std::memcpy(o + found->second, values, value_bytes);
+    o += found->second;
   } else if (choice.encoding == DeltaEncoding::kBitmap) {
     out.resize(map_bytes + value_bytes);
     std::memcpy(out.data(), bitmap, map_bytes);
-    if (value_bytes != 0) std::memcpy(out.data() + map_bytes, values, value_bytes);
+    o = out.data() + map_bytes;
+  } else {
+    return choice;
   }
-  runs_memory.trim();
+  for (const ValueSpan& v : values) {
+    if (v.bytes != 0) std::memcpy(o, v.data, v.bytes);
+    o += v.bytes;
+  }
   return choice;
 }
 

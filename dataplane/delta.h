@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,16 @@ DeltaChoice encode_delta(const uint8_t* before, const uint8_t* after, size_t n, 
 // elements (padded with clear bits to whole 64-bit words) and the k changed `values` in order.
 DeltaChoice encode_scanned(const uint8_t* bitmap, const uint8_t* values, uint64_t k, size_t n, size_t elem,
                            bool prefer_delta, std::vector<uint8_t>& out);
+
+// encode_scanned() with the runs found already (runs_of(), join_runs(): `found`, their pairs at
+// `runs`), and the k values in pieces, in order.
+struct ValueSpan {
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+DeltaChoice encode_found(const uint8_t* bitmap, std::span<const ValueSpan> values, uint64_t k, size_t n, size_t elem,
+                         bool prefer_delta, std::optional<std::pair<uint64_t, size_t>> found, const uint8_t* runs,
+                         std::vector<uint8_t>& out);
 
 // The choice encode_delta (and encode_scanned) makes for k changed of n elements of `elem` bytes,
 // given their runs (count, and their pairs' bytes; nullopt once those passed the bitmap's size):

@@ -230,6 +230,67 @@ uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, si
   return k;
 }
 
+RunsSlice slice_runs(const uint8_t* bitmap, size_t lo, size_t hi, size_t limit, uint8_t* pairs) {
+  // Kept in locals while the pairs are written (a byte store may alias any field of a slice).
+  RunsSlice S;
+  uint8_t* w = pairs;
+  uint64_t at = 0;
+  for_each_run(bitmap + lo / 8, hi - lo, [&](uint64_t first_in, uint64_t len) {
+    const uint64_t first = lo + first_in, end = first + len;
+    if (S.count == 0) {
+      S.first_start = first;
+      S.first_end = end;
+    } else {
+      S.last_at = static_cast<size_t>(w - pairs);
+      S.before_last_end = at;
+      w = put_varint(put_varint(w, first - at), len);
+    }
+    S.last_start = first;
+    S.last_end = at = end;
+    ++S.count;
+    S.over = static_cast<size_t>(w - pairs) > limit;
+    return !S.over;
+  });
+  S.bytes = static_cast<size_t>(w - pairs);
+  return S;
+}
+
+std::optional<std::pair<uint64_t, size_t>> join_runs(const RunsSlice* slices, const uint8_t* const* pairs, size_t count,
+                                                     size_t limit, uint8_t* runs) {
+  uint8_t* w = runs;
+  uint64_t r = 0, at = 0, start = 0, end = 0;
+  bool pending = false;
+  const auto put_pending = [&] {
+    w = put_varint(put_varint(w, start - at), end - start);
+    at = end;
+    ++r;
+    return static_cast<size_t>(w - runs) <= limit;
+  };
+  for (size_t t = 0; t < count; ++t) {
+    const RunsSlice& S = slices[t];
+    if (S.over) return std::nullopt;
+    if (S.count == 0) continue;
+    if (pending && end == S.first_start) {
+      end = S.first_end;  // one run across the border
+    } else {
+      if (pending && !put_pending()) return std::nullopt;
+      start = S.first_start;
+      end = S.first_end;
+      pending = true;
+    }
+    if (S.count < 2) continue;
+    if (!put_pending() || static_cast<size_t>(w - runs) + S.last_at > limit) return std::nullopt;
+    std::memcpy(w, pairs[t], S.last_at);
+    w += S.last_at;
+    at = S.before_last_end;
+    r += S.count - 2;
+    start = S.last_start;
+    end = S.last_end;
+  }
+  if (pending && !put_pending()) return std::nullopt;
+  return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
+}
+
 std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs) {
   const size_t slices = slices_for(n, kSliceElements, kMaxScanSlices);
   if (slices < 2) {
@@ -245,13 +306,6 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
     if (!fits) return std::nullopt;
     return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
   }
-  struct Slice {
-    uint64_t count = 0;
-    uint64_t first_start = 0, first_end = 0, last_start = 0, last_end = 0, before_last_end = 0;
-    size_t last_at = 0;  // where the last run's pair starts in the slice's pairs (those of runs 2, 3, ...)
-    size_t bytes = 0;
-    bool over = false;
-  };
   // The calling thread's, taken here (a lambda run on another thread would name that thread's own,
   // and an allocation failing there would end the process), and given back past 64 MiB on any exit.
   thread_local std::vector<Scratch> memory_of_this_thread(kMaxScanSlices);
@@ -262,68 +316,15 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
       for (Scratch& s : m) s.trim();
     }
   } const trim{memory};
-  std::vector<uint8_t*> bases(slices);
+  std::vector<const uint8_t*> bases(slices);
   for (size_t t = 0; t < slices; ++t) bases[t] = memory[t].get(limit + kRunsSlack);
   const size_t step = (n / slices) & ~size_t{63};
-  std::vector<Slice> sl(slices);
+  std::vector<RunsSlice> sl(slices);
   run_pieces(slices, [&](size_t t) {
     const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
-    // Kept in locals while the pairs are written (a byte store may alias any field of sl[t]).
-    Slice S;
-    uint8_t* const base = bases[t];
-    uint8_t* w = base;
-    uint64_t at = 0;
-    for_each_run(bitmap + lo / 8, hi - lo, [&](uint64_t first_in, uint64_t len) {
-      const uint64_t first = lo + first_in, end = first + len;
-      if (S.count == 0) {
-        S.first_start = first;
-        S.first_end = end;
-      } else {
-        S.last_at = static_cast<size_t>(w - base);
-        S.before_last_end = at;
-        w = put_varint(put_varint(w, first - at), len);
-      }
-      S.last_start = first;
-      S.last_end = at = end;
-      ++S.count;
-      S.over = static_cast<size_t>(w - base) > limit;
-      return !S.over;
-    });
-    S.bytes = static_cast<size_t>(w - base);
-    sl[t] = S;
+    sl[t] = slice_runs(bitmap, lo, hi, limit, memory[t].data());
   });
-  uint8_t* w = runs;
-  uint64_t r = 0, at = 0, start = 0, end = 0;
-  bool pending = false;
-  const auto put_pending = [&] {
-    w = put_varint(put_varint(w, start - at), end - start);
-    at = end;
-    ++r;
-    return static_cast<size_t>(w - runs) <= limit;
-  };
-  for (size_t t = 0; t < slices; ++t) {
-    const Slice& S = sl[t];
-    if (S.over) return std::nullopt;
-    if (S.count == 0) continue;
-    if (pending && end == S.first_start) {
-      end = S.first_end;  // one run across the border
-    } else {
-      if (pending && !put_pending()) return std::nullopt;
-      start = S.first_start;
-      end = S.first_end;
-      pending = true;
-    }
-    if (S.count < 2) continue;
-    if (!put_pending() || static_cast<size_t>(w - runs) + S.last_at > limit) return std::nullopt;
-    std::memcpy(w, bases[t], S.last_at);
-    w += S.last_at;
-    at = S.before_last_end;
-    r += S.count - 2;
-    start = S.last_start;
-    end = S.last_end;
-  }
-  if (pending && !put_pending()) return std::nullopt;
-  return std::pair<uint64_t, size_t>{r, static_cast<size_t>(w - runs)};
+  return join_runs(sl.data(), bases.data(), slices, limit, runs);
 }
 
 // Eight bytes at a time while a word cannot hold more ends than remain.

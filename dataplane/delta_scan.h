@@ -102,6 +102,24 @@ uint64_t scan_serial(const uint8_t* before, const uint8_t* after, size_t n, size
 // it); the pairs between go as they are.
 std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t n, size_t limit, uint8_t* runs);
 
+// The runs of bits [lo, hi) of a bitmap (lo a multiple of 64; hi too, or the bitmap's end, padded
+// with clear bits to a whole word), found on a thread of their own, to be joined with the runs of
+// the slices around them (join_runs): the first run kept apart (its skip depends on where the
+// slice before ended, and a run across the border is one run), as is the last (the next slice's
+// first may continue it); the pairs between written to `pairs` (room for limit + kRunsSlack bytes)
+// as they are. Positions are the bitmap's.
+struct RunsSlice {
+  uint64_t count = 0;
+  uint64_t first_start = 0, first_end = 0, last_start = 0, last_end = 0, before_last_end = 0;
+  size_t last_at = 0;  // where the last run's pair starts in `pairs` (those of runs 2, 3, ...)
+  size_t bytes = 0;
+  bool over = false;  // the pairs passed `limit` (and the slice stopped there)
+};
+RunsSlice slice_runs(const uint8_t* bitmap, size_t lo, size_t hi, size_t limit, uint8_t* pairs);
+// The runs of consecutive slices, in order, as runs_of() writes them; nullopt once they pass `limit`.
+std::optional<std::pair<uint64_t, size_t>> join_runs(const RunsSlice* slices, const uint8_t* const* pairs, size_t count,
+                                                     size_t limit, uint8_t* runs);
+
 // Past the first `count` varints from p (a varint ends at its first byte under 0x80); nullptr when
 // `end` comes first.
 const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count);

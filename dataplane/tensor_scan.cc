@@ -131,10 +131,14 @@ bool TensorScan::compare(const TensorView& now, uint8_t* old, const std::vector<
     b.n = b.rows * b.row_elems;
     detail::scan_bitmap(b.bitmap, b.n);
     b.values.get(std::max<size_t>(b.n * elem_, 1));
-    const size_t slices = static_cast<size_t>(std::clamp<uint64_t>(b.n / kSliceElements, 1, most));
-    const uint64_t step = (b.n / slices) & ~uint64_t{7};
+    // Slices of whole bitmap words, so that each finds the runs of its own.
+    size_t slices = static_cast<size_t>(std::clamp<uint64_t>(b.n / kSliceElements, 1, most));
+    const uint64_t step = (b.n / slices) & ~uint64_t{63};
+    if (step == 0) slices = 1;
     b.segments.assign(slices, Segment{});
+    if (b.pairs.size() < slices) b.pairs.resize(slices);
     for (size_t s = 0; s < slices; ++s) {
+      b.pairs[s].get((b.n + 7) / 8 + detail::kRunsSlack);
       b.segments[s].first = s * step;
       b.segments[s].end = s + 1 == slices ? b.n : (s + 1) * step;
       jobs.push_back(Job{&b, s});
@@ -159,6 +163,9 @@ bool TensorScan::compare(const TensorView& now, uint8_t* old, const std::vector<
       e += len;
     }
     s.count = static_cast<uint64_t>(v - values) / elem_;
+    // Its runs, while its bitmap is in the core's cache; no more than the box's bitmap's bytes (past
+    // those the bitmap encoding is the smaller).
+    s.runs = detail::slice_runs(bitmap, s.first, s.end, (b.n + 7) / 8, b.pairs[jobs[j].segment].data());
   });
   for (size_t i = 0; i < used_; ++i) {
     Box& b = boxes_[i];
@@ -190,8 +197,25 @@ DeltaChoice TensorScan::encode(const Region& part, bool prefer_delta, std::vecto
   const uint64_t n = b.region.rank() == 0 ? b.n : static_cast<uint64_t>(part.size[0]) * per_row;
   const uint8_t* bitmap = b.bitmap.data();
   const uint8_t* all_values = b.values.data();
-  if (from == 0 && n == b.n && b.segments.size() == 1) {
-    return encode_scanned(bitmap, all_values, b.changed, static_cast<size_t>(n), elem_, prefer_delta, out);
+  if (from == 0 && n == b.n) {
+    // The whole box: its slices' runs joined, its slices' values in order.
+    thread_local detail::Scratch runs_memory;
+    const size_t map_bytes = (n + 7) / 8;
+    std::vector<detail::RunsSlice> runs(b.segments.size());
+    std::vector<const uint8_t*> pairs(b.segments.size());
+    std::vector<ValueSpan> values(b.segments.size());
+    for (size_t i = 0; i < b.segments.size(); ++i) {
+      const Segment& s = b.segments[i];
+      runs[i] = s.runs;
+      pairs[i] = b.pairs[i].data();
+      values[i] = ValueSpan{all_values + s.first * elem_, s.count * elem_};
+    }
+    uint8_t* joined = runs_memory.get(map_bytes + detail::kRunsSlack);
+    const auto found = detail::join_runs(runs.data(), pairs.data(), runs.size(), map_bytes, joined);
+    const DeltaChoice choice =
+        encode_found(bitmap, values, b.changed, static_cast<size_t>(n), elem_, prefer_delta, found, joined, out);
+    runs_memory.trim();
+    return choice;
   }
   // The part's bits from bit 0, padded with clear bits to whole words, and its values in one run.
   thread_local detail::Scratch part_bitmap, part_values;

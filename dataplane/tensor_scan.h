@@ -46,6 +46,7 @@ class TensorScan {
     uint64_t first = 0;  // the slice's first element; its values begin at values + first * elem
     uint64_t end = 0;
     uint64_t count = 0;
+    detail::RunsSlice runs;  // its runs, found right after its compare
   };
   struct Box {
     Region region;
@@ -53,6 +54,7 @@ class TensorScan {
     uint64_t n = 0, changed = 0;
     detail::Scratch bitmap, values;
     std::vector<Segment> segments;
+    std::vector<detail::Scratch> pairs;  // each segment's runs' pairs
   };
   const Box* box_of(const Region& part) const;
 

@@ -13,7 +13,7 @@ build=${1:-build}
 out=${FERRY_GPU_DIR:-.gpu}
 rm -rf "$out/stage" && mkdir -p "$out/stage/bin" "$out/stage/lib"
 bins=(core_region_copy_test kernels_quantize_test kernels_exhaustive_test kernels_gptq_test kernels_gemm_test kernels_bad_input_test
-      kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test dataplane_delta_test dataplane_delta_threads_test dataplane_delta_device_test
+      kernels_engine_layout_test kernels_marlin_test kernels_gptq_marlin_test dataplane_delta_test dataplane_delta_threads_test dataplane_tensor_scan_test dataplane_delta_device_test
       reload_gpu_test reload_stability_test reload_oracle_test reload_instrument_test reload_band_test reload_delta_test
       core_buffer_test dataplane_bucket_test transport_conformance_test coordinator_bucket_plan_test
       ferry ferry-demo ferry-tiny-decoder ferry-fault-peer
