@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <zstd.h>
 
+#include "core/work_pool.h"
 #include "dataplane/delta_scan.h"
 
 namespace ferry::dataplane {
@@ -69,7 +70,7 @@ Result<uint64_t> walk_runs(const uint8_t* enc, size_t bytes, size_t n, size_t el
   if constexpr (Threads) {
     if (auto split = detail::split_runs(p, end, r, n, elem)) {
       std::atomic<bool> no_memory = false;  // a visit's allocation failed on a worker thread
-      on_threads(split->chunks.size(), [&](size_t t) {
+      run_pieces(split->chunks.size(), [&](size_t t) {
         const RunsChunk& c = split->chunks[t];
         const uint8_t* q = c.begin;
         const uint8_t* v = split->values + c.value * elem;

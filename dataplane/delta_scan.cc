@@ -362,7 +362,7 @@ std::optional<RunsSplit> split_runs(const uint8_t* pairs, const uint8_t* end, ui
     bool good = false;
   };
   std::vector<Sums> sums(count);
-  on_threads(count, [&](size_t t) {
+  run_pieces(count, [&](size_t t) {
     const RunsChunk& c = split.chunks[t];
     const uint8_t* q = c.begin;
     uint64_t at = 0, k = 0;

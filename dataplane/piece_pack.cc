@@ -201,9 +201,10 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
     }
     if (scratch.encoded_of != base) {
       scratch.encoded_of = base;
-      scratch.encoded_parts.clear();
+      scratch.encoded_used = 0;
     }
-    for (const PackScratch::EncodedPart& e : scratch.encoded_parts) {
+    for (size_t i = 0; i < scratch.encoded_used; ++i) {
+      const PackScratch::EncodedPart& e = scratch.encoded_parts[i];
       if (e.version == version && e.src == src) {
         return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, e.pd, version, e.bytes, now,
                              Device::cpu(), tally, &host);
@@ -221,12 +222,15 @@ Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, co
     // (Kept while the tensor's encodings stay small: an encoding as large as its part, a delta
     // preferred over dense bytes, is compared again instead.)
     size_t kept = scratch.encoded.size();
-    for (const PackScratch::EncodedPart& e : scratch.encoded_parts) kept += e.bytes.size();
+    for (size_t i = 0; i < scratch.encoded_used; ++i) kept += scratch.encoded_parts[i].bytes.size();
     if (kept > kMaxKeptEncodingBytes) {
       return place_encoded(bucket, bucket_device, param, src, dst, dtype, bytes, pd, version, scratch.encoded, now,
                            Device::cpu(), tally, &host);
     }
-    PackScratch::EncodedPart& e = scratch.encoded_parts.emplace_back();
+    // (An entry of an earlier tensor is taken again, and the bytes it held become the scratch the
+    // next part is encoded into: no part's encoding starts from fresh memory.)
+    if (scratch.encoded_used == scratch.encoded_parts.size()) scratch.encoded_parts.emplace_back();
+    PackScratch::EncodedPart& e = scratch.encoded_parts[scratch.encoded_used++];
     e.src = src;
     e.version = version;
     e.pd = pd;

@@ -43,7 +43,8 @@ struct PackScratch {
   // The host encodings of the tensor compared last, by part: another destination that takes the
   // same part against the same copy (a rank of another replica: the plan cuts identical replicas'
   // buckets alike) gets the encoding again instead of a second compare. Dropped when a part of
-  // another copy is compared.
+  // another copy is compared (the first `encoded_used` entries are this copy's; the others' memory
+  // is kept for the next).
   struct EncodedPart {
     Region src;
     uint64_t version = 0;
@@ -52,6 +53,7 @@ struct PackScratch {
   };
   const DeltaBases::Base* encoded_of = nullptr;
   std::vector<EncodedPart> encoded_parts;
+  size_t encoded_used = 0;
   // The boxes of the tensor being sent that go as deltas, compared together (TensorScan): parts of
   // them are encoded from it.
   TensorScan scan;
@@ -63,7 +65,7 @@ struct PackScratch {
   void begin_update() {
     scan.clear();
     encoded_of = nullptr;
-    encoded_parts = {};
+    encoded_used = 0;
     compared_bytes = 0;
     compare_seconds = copy_seconds = 0;
   }

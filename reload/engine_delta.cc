@@ -132,7 +132,11 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
   if (dst.rank() == 0 || dst.size[0] == 0) return;
   // Element e of the packed piece lies in row dst.offset[0] + e / (elements per row of the piece).
   const uint64_t per_row = static_cast<uint64_t>(dst.numel() / dst.size[0]);
+  // Past the rows noted so far, from this piece's first element on (runs come in order: a run that
+  // ends before it adds no row, and costs no division; at a few percent changed, a row holds many).
+  uint64_t noted = 0;
   for (const auto& [first, count] : runs) {
+    if (first + count <= noted) continue;
     const int64_t r0 = dst.offset[0] + static_cast<int64_t>(first / per_row);
     const int64_t r1 = dst.offset[0] + static_cast<int64_t>((first + count - 1) / per_row) + 1;
     if (!p.changed_rows.empty() && p.changed_rows.back().second >= r0 && p.changed_rows.back().first <= r0) {
@@ -140,6 +144,7 @@ void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
     } else {
       p.changed_rows.emplace_back(r0, r1);
     }
+    noted = static_cast<uint64_t>(r1 - dst.offset[0]) * per_row;
   }
 }
 
