@@ -95,7 +95,7 @@ class AdamTrajectory {
 };
 
 struct CaseFigures {
-  std::vector<double> wire, seconds, window, apply, transfer, compare, copy;
+  std::vector<double> wire, seconds, window, apply, start, transfer, finish, compare, copy;
   uint64_t changed = 0, elements = 0;
   bool staged = true;
 };
@@ -137,7 +137,11 @@ Status run_one(const E2eOptions& o, const std::string& transport, bool delta, bo
     out->window.push_back(r.pause_window_seconds);
     // The apply: staged, from a replica's Apply to its ranks' finalize; else the ranks' processing.
     out->apply.push_back(r.staged ? r.apply_seconds : r.process_seconds);
+    // The update's three phases: the start (the pause, the plan, connections), the sending, and the
+    // finish (the ranks' last buckets, their finalize, the resume).
+    out->start.push_back(r.pause_seconds + r.plan_seconds);
     out->transfer.push_back(r.transfer_seconds);
+    out->finish.push_back(r.seconds - r.pause_seconds - r.plan_seconds - r.transfer_seconds);
     out->compare.push_back(r.compare_seconds);
     out->copy.push_back(r.copy_seconds);
     out->staged = out->staged && r.staged;
@@ -158,9 +162,10 @@ Status run_one(const E2eOptions& o, const std::string& transport, bool delta, bo
 std::string figures_json(const CaseFigures& f) {
   return fmt::format(
       "{{\"wire_bytes\":{:.0f},\"seconds\":{:.6f},\"pause_window\":{:.6f},\"apply\":{:.6f},\"staged\":{},"
-      "\"sending\":{:.6f},\"compare\":{:.6f},\"copy\":{:.6f}}}",
+      "\"start\":{:.6f},\"sending\":{:.6f},\"finish\":{:.6f},\"compare\":{:.6f},\"copy\":{:.6f}}}",
       e2e::median(f.wire), e2e::median(f.seconds), e2e::median(f.window), e2e::median(f.apply),
-      f.staged ? "true" : "false", e2e::median(f.transfer), e2e::median(f.compare), e2e::median(f.copy));
+      f.staged ? "true" : "false", e2e::median(f.start), e2e::median(f.transfer), e2e::median(f.finish),
+      e2e::median(f.compare), e2e::median(f.copy));
 }
 
 }  // namespace
@@ -208,10 +213,11 @@ Status run_delta_case(const E2eOptions& o, const std::string& transport) {
                100 * changed);
     for (int k = 0; k < kCases; ++k) {
       fmt::print(
-          "    {:<13} wire {:>11.0f} B  update {:.4f} s (sending {:.4f}: compare {:.4f}, copy {:.4f})  not serving "
-          "{:.4f} s  apply {:.4f} s{}\n",
-          names[k], e2e::median(f[k].wire), e2e::median(f[k].seconds), e2e::median(f[k].transfer),
-          e2e::median(f[k].compare), e2e::median(f[k].copy), e2e::median(f[k].window), e2e::median(f[k].apply),
+          "    {:<13} wire {:>11.0f} B  update {:.4f} s (start {:.4f}, sending {:.4f}: compare {:.4f}, copy {:.4f}; "
+          "finish {:.4f})  not serving {:.4f} s  apply {:.4f} s{}\n",
+          names[k], e2e::median(f[k].wire), e2e::median(f[k].seconds), e2e::median(f[k].start),
+          e2e::median(f[k].transfer), e2e::median(f[k].compare), e2e::median(f[k].copy), e2e::median(f[k].finish),
+          e2e::median(f[k].window), e2e::median(f[k].apply),
           (k == 2 || k == 3) && !f[k].staged ? "  (fell back to pause first)" : "");
     }
     fmt::print(

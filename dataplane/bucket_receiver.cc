@@ -179,9 +179,10 @@ Status BucketReceiver::take_delta(const wire::PieceHeader& p, const Region& dst,
   const size_t elem = std::max<size_t>(dtype_bits(dtype) / 8, 1);
   const size_t n = p.bytes() / elem;
   reload::ReloadEngine::DeltaSource source;
-  source.apply = [&](uint8_t* values, size_t, std::vector<std::pair<uint64_t, uint64_t>>* changed) -> Status {
+  source.apply = [&](uint8_t* values, size_t, std::vector<std::pair<uint64_t, uint64_t>>* changed,
+                     uint64_t per_row) -> Status {
     FERRY_ASSIGN_OR_RETURN(const uint8_t* e, host_bytes());
-    return apply_delta(encoding, e, p.encoded_bytes(), values, n, elem, changed);
+    return apply_delta(encoding, e, p.encoded_bytes(), values, n, elem, changed, per_row);
   };
   source.apply_on_device = [&](void* values, size_t, Device device, uint64_t per_row, uint8_t* row_marks) -> Status {
     const RowMarks rows{per_row, row_marks};

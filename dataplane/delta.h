@@ -78,11 +78,13 @@ bool compress_delta(std::vector<uint8_t>& encoded, int level);
 // holding the old ones. DataLoss, and nothing written, when the encoding does not describe exactly
 // n elements (a count, a run past the end, values too few or too many).
 // `changed`, when given, receives the runs [first, first + count) of the elements it wrote (left as
-// it was when the encoding is refused).
+// it was when the encoding is refused), each widened to whole units of `granularity` elements (a
+// caller that needs only the rows a delta wrote in passes the elements of a row: a few runs per
+// piece instead of one per changed run).
 // `field`: a piece's encoding field, the encoding with its flags (a zstd frame must inflate to
 // no more than any encoding of n elements can take).
 Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n, size_t elem,
-                   std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr);
+                   std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr, uint64_t granularity = 1);
 inline Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values,
                           size_t n, size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr) {
   return apply_delta(static_cast<uint32_t>(encoding), encoded, encoded_bytes, values, n, elem, changed);

@@ -161,9 +161,10 @@ class ReloadEngine {
   // values of version `base_version`) into the new ones in place; the engine then takes them as a
   // copied piece. Refused (FailedPrecondition, nothing applied) unless the shadow holds exactly
   // `base_version`: a delta never lands on any other version.
-  // `changed` receives the runs of elements (of the piece, packed) it changed.
-  using DeltaApply =
-      std::function<Status(uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed)>;
+  // `changed` receives the runs of elements (of the piece, packed) it changed, widened to whole rows
+  // of `per_row` elements.
+  using DeltaApply = std::function<Status(uint8_t* values, size_t bytes,
+                                          std::vector<std::pair<uint64_t, uint64_t>>* changed, uint64_t per_row)>;
   // A delta as the engine may take it: applied onto host values, or onto `bytes` of values in the
   // memory of `device` (a device shadow's; returns once written). The values are rows of `per_row`
   // elements: `row_marks` (host memory, a byte per row, cleared) gets a 1 for each row the delta

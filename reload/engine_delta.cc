@@ -99,9 +99,11 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   // written; the update then fails, and a failed update leaves the shadow without a version, so
   // those values are never a delta's base.
   std::vector<std::pair<uint64_t, uint64_t>> runs;
+  // Only the rows a delta writes in matter (note_changed_rows): its runs come widened to them.
+  const uint64_t per_row = dst.rank() == 0 || dst.size[0] == 0 ? 1 : static_cast<uint64_t>(dst.numel() / dst.size[0]);
   if (const uint8_t* span = region_span(shadow, dst); span != nullptr) {
     auto* at = const_cast<uint8_t*>(span);
-    FERRY_RETURN_IF_ERROR(apply_delta(at, bytes, &runs).with_context(name));
+    FERRY_RETURN_IF_ERROR(apply_delta(at, bytes, &runs, per_row).with_context(name));
     note_changed_rows(params_[param], dst, runs);
     static const std::shared_ptr<const void> kUntilTheUpdateEnds;
     const DeltaIntake taking(in_delta_);
@@ -111,7 +113,7 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   }
   FERRY_ASSIGN_OR_RETURN(Buffer values, pool_.take(bytes));
   Status st = pack_region(shadow, dst, values.data(), bytes);
-  if (st.ok()) st = apply_delta(static_cast<uint8_t*>(values.data()), bytes, &runs);
+  if (st.ok()) st = apply_delta(static_cast<uint8_t*>(values.data()), bytes, &runs, per_row);
   if (!st.ok()) {
     pool_.give(std::move(values));
     return st.with_context(name);

@@ -193,6 +193,25 @@ TEST(Delta, LargeRunsEncodingsAreAppliedInChunksAsOnePassWould) {
     ASSERT_TRUE(apply_delta(field, enc.data(), enc.size(), got.data(), n, elem, &changed).ok());
     EXPECT_TRUE(got == after);
     EXPECT_TRUE(changed == runs) << changed.size() << " runs noted of " << runs.size();
+    // Noted by rows of 3 and of 1,000 elements (a caller that needs the rows a delta wrote in): the rows
+    // holding a changed element, as runs of whole rows (the last row short), merged when they touch.
+    for (const uint64_t per_row : {uint64_t{3}, uint64_t{1000}}) {
+      Bytes again = before;
+      std::vector<std::pair<uint64_t, uint64_t>> rows, want;
+      ASSERT_TRUE(apply_delta(field, enc.data(), enc.size(), again.data(), n, elem, &rows, per_row).ok());
+      EXPECT_TRUE(again == after);
+      for (const auto& [first, len] : runs) {
+        for (uint64_t r = first / per_row; r <= (first + len - 1) / per_row; ++r) {
+          const uint64_t lo = r * per_row, hi = std::min<uint64_t>(lo + per_row, n);
+          if (!want.empty() && want.back().first + want.back().second >= lo) {
+            want.back().second = std::max(want.back().first + want.back().second, hi) - want.back().first;
+          } else {
+            want.emplace_back(lo, hi - lo);
+          }
+        }
+      }
+      EXPECT_TRUE(rows == want) << rows.size() << " row runs noted of " << want.size() << ", rows of " << per_row;
+    }
     DeltaBitmap bits;
     ASSERT_TRUE(delta_bitmap(field, enc.data(), enc.size(), n, elem, bits).ok());
     Bytes map((n + 7) / 8, 0);

@@ -31,13 +31,14 @@ Status delta_on_first(ReloadEngine& e, uint64_t base, bool* applied) {
   const auto& p = e.spec().params.front();
   const Region dst = sharding::slice_dst_region(p.slices.front(), p);
   const DType dtype = e.input_layout(0).front().dtype;
-  return e.take_delta_piece(0, 0, dst, dtype, dtype_bytes(dtype, dst.numel()), base,
-                            [applied](uint8_t* v, size_t n, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
-                              for (size_t i = 0; i < n; ++i) v[i] ^= 0xff;
-                              changed->assign(1, {0, n / 2});
-                              *applied = true;
-                              return ok_status();
-                            });
+  return e.take_delta_piece(
+      0, 0, dst, dtype, dtype_bytes(dtype, dst.numel()), base,
+      [applied](uint8_t* v, size_t n, std::vector<std::pair<uint64_t, uint64_t>>* changed, uint64_t) {
+        for (size_t i = 0; i < n; ++i) v[i] ^= 0xff;
+        changed->assign(1, {0, n / 2});
+        *applied = true;
+        return ok_status();
+      });
 }
 
 TEST(DeltaShadow, ADeltaAgainstAnotherVersionIsRefusedAndNothingIsApplied) {
@@ -238,7 +239,7 @@ void delta_v2(Scheme scheme, bool on_device, const std::function<void(std::vecto
       ASSERT_OK(pack_region(src, s.src, now.data(), n));
       const size_t elem = dtype_bytes(src.dtype(), 1);
       ReloadEngine::DeltaSource delta;
-      delta.apply = [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed) {
+      delta.apply = [&](uint8_t* values, size_t bytes, std::vector<std::pair<uint64_t, uint64_t>>* changed, uint64_t) {
         changed->clear();
         for (size_t e = 0; e < bytes / elem; ++e) {
           if (std::memcmp(values + e * elem, now.data() + e * elem, elem) != 0) changed->emplace_back(e, 1);
