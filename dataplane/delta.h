@@ -86,8 +86,9 @@ bool compress_delta(std::vector<uint8_t>& encoded, int level);
 Status apply_delta(uint32_t field, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values, size_t n, size_t elem,
                    std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr, uint64_t granularity = 1);
 inline Status apply_delta(DeltaEncoding encoding, const uint8_t* encoded, size_t encoded_bytes, uint8_t* values,
-                          size_t n, size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr) {
-  return apply_delta(static_cast<uint32_t>(encoding), encoded, encoded_bytes, values, n, elem, changed);
+                          size_t n, size_t elem, std::vector<std::pair<uint64_t, uint64_t>>* changed = nullptr,
+                          uint64_t granularity = 1) {
+  return apply_delta(static_cast<uint32_t>(encoding), encoded, encoded_bytes, values, n, elem, changed, granularity);
 }
 
 // A delta's changed elements as the bitmap of the n elements (bit i % 8 of byte i / 8 set when

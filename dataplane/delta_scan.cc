@@ -317,8 +317,11 @@ std::optional<std::pair<uint64_t, size_t>> runs_of(const uint8_t* bitmap, size_t
     }
   } const trim{memory};
   std::vector<const uint8_t*> bases(slices);
-  for (size_t t = 0; t < slices; ++t) bases[t] = memory[t].get(limit + kRunsSlack);
   const size_t step = (n / slices) & ~size_t{63};
+  // (A slice's pairs take no more bytes than its elements: a varint is never longer than its value.)
+  for (size_t t = 0; t < slices; ++t) {
+    bases[t] = memory[t].get(std::min(limit, (t + 1 == slices ? n : (t + 1) * step) - t * step) + kRunsSlack);
+  }
   std::vector<RunsSlice> sl(slices);
   run_pieces(slices, [&](size_t t) {
     const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;

@@ -127,7 +127,7 @@ const uint8_t* past_varints(const uint8_t* p, const uint8_t* end, uint64_t count
 // The most chunks split_runs() cuts an encoding into.
 inline constexpr size_t kMaxRunsChunks = 8;
 
-// A share of a runs encoding's pairs, decoded on a thread of its own.
+// A share of a runs encoding's pairs, decoded as one piece of a job on the work pool.
 struct RunsChunk {
   const uint8_t* begin = nullptr;  // its first pair
   const uint8_t* end = nullptr;    // past its last pair
@@ -144,10 +144,10 @@ struct RunsSplit {
   uint64_t changed = 0;             // how many
 };
 // The r pairs of a runs encoding at `pairs` (its count read; values follow up to `end`) cut at pair
-// borders into chunks for up to kMaxRunsChunks threads, each checked on one: every pair two varints of at most
-// 10 bytes, every length at least 1, the runs ending within n elements, as many values of `elem`
-// bytes following as they cover. nullopt when the pairs are too few to share out, or when a check
-// fails (a single pass over the encoding then says which, as for a small one).
+// borders into up to kMaxRunsChunks chunks, each checked as one piece of a job on the work pool: every pair two varints
+// of at most 10 bytes, every length at least 1, the runs ending within n elements, as many values of `elem` bytes
+// following as they cover. nullopt when the pairs are too few to share out, or when a check fails (a single pass over
+// the encoding then says which, as for a small one).
 std::optional<RunsSplit> split_runs(const uint8_t* pairs, const uint8_t* end, uint64_t r, size_t n, size_t elem);
 
 }  // namespace ferry::dataplane::detail

@@ -166,6 +166,20 @@ std::optional<std::pair<uint64_t, uint64_t>> row_runs(const Shape& shape, DType 
   return std::pair<uint64_t, uint64_t>{dtype_bytes(dtype, first), dtype_bytes(dtype, row)};
 }
 
+void PackScratch::begin_update() {
+  scan.trim();
+  encoded_of = nullptr;
+  encoded_used = 0;
+  size_t held = encoded.capacity();
+  for (const EncodedPart& e : encoded_parts) held += e.bytes.capacity();
+  if (held > kMaxKeptEncodingBytes) {
+    encoded_parts = {};
+    encoded = {};
+  }
+  compared_bytes = 0;
+  compare_seconds = copy_seconds = 0;
+}
+
 Status host_copy(const TensorView& tensor, Buffer& host, TensorView& view) {
   if (view.device().is_cpu()) return ok_status();
   FERRY_ASSIGN_OR_RETURN(host, Buffer::allocate(tensor.nbytes()));

@@ -61,14 +61,9 @@ struct PackScratch {
   double compare_seconds = 0;   // spent comparing and encoding those parts
   double copy_seconds = 0;      // spent keeping the copies the next update compares against
 
-  // A new update: no encoding kept, nothing compared yet.
-  void begin_update() {
-    scan.clear();
-    encoded_of = nullptr;
-    encoded_used = 0;
-    compared_bytes = 0;
-    compare_seconds = copy_seconds = 0;
-  }
+  // A new update: no encoding kept, nothing compared yet; the memory of earlier updates' encodings
+  // and scans given back past a bound.
+  void begin_update();
 };
 
 // One part of a piece (rows [row, row + rows) of it, box `src` of the local tensor) into `bucket`
@@ -77,7 +72,9 @@ struct PackScratch {
 // fits when `delta` prefers it; else dense: from `host` on the host, or on a device straight from
 // `tensor` when its rows are `runs`. Device copies land when the bucket is sealed. A copy kept on
 // the device (FERRY_DELTA_COPY=device) is compared there, its runs found there too, and the piece
-// goes as the encoding chosen (copied from the device into the bucket), or as its dense bytes.
+// goes as the encoding chosen (copied from the device into the bucket), or as its dense bytes. A
+// part of a box `scratch.scan` compared (TensorScan: the tensor's boxes at once) is encoded from
+// that scan, against the version the copy held then, and goes dense packed straight from `host`.
 Status pack_part(BucketBuilder& bucket, Device bucket_device, uint32_t param, const Region& src, const Region& dst,
                  DType dtype, const std::optional<std::pair<uint64_t, uint64_t>>& runs, const TensorView& tensor,
                  const TensorView& host, int64_t row, int64_t rows, size_t row_bytes, const DeltaBases::Base* base,

@@ -91,6 +91,15 @@ void TensorScan::clear() {
   compared_bytes_ = 0;
 }
 
+void TensorScan::trim() {
+  clear();
+  for (Box& b : boxes_) {
+    b.bitmap.trim();
+    b.values.trim();
+    for (detail::Scratch& s : b.pairs) s.trim();
+  }
+}
+
 bool TensorScan::compare(const TensorView& now, uint8_t* old, const std::vector<Region>& boxes, bool xor_values,
                          bool keep, uint64_t version) {
   clear();
@@ -138,7 +147,10 @@ bool TensorScan::compare(const TensorView& now, uint8_t* old, const std::vector<
     b.segments.assign(slices, Segment{});
     if (b.pairs.size() < slices) b.pairs.resize(slices);
     for (size_t s = 0; s < slices; ++s) {
-      b.pairs[s].get((b.n + 7) / 8 + detail::kRunsSlack);
+      // A slice's pairs take no more bytes than its elements (a varint is never longer than the
+      // value it holds), nor, before it stops, more than the box's bitmap.
+      const uint64_t elements = (s + 1 == slices ? b.n : (s + 1) * step) - s * step;
+      b.pairs[s].get(std::min<uint64_t>((b.n + 7) / 8, elements) + detail::kRunsSlack);
       b.segments[s].first = s * step;
       b.segments[s].end = s + 1 == slices ? b.n : (s + 1) * step;
       jobs.push_back(Job{&b, s});
@@ -219,15 +231,11 @@ DeltaChoice TensorScan::encode(const Region& part, bool prefer_delta, std::vecto
   }
   // The part's bits from bit 0, padded with clear bits to whole words, and its values in one run.
   thread_local detail::Scratch part_bitmap, part_values;
-  const uint8_t* map = bitmap;
-  if (from != 0 || n != b.n) {
-    uint8_t* bits = detail::scan_bitmap(part_bitmap, static_cast<size_t>(n));
-    for (uint64_t w = 0; w * 64 < n; ++w) {
-      uint64_t x = bits_at(bitmap, from + w * 64);
-      if (n - w * 64 < 64) x &= (uint64_t{1} << (n - w * 64)) - 1;
-      std::memcpy(bits + w * 8, &x, 8);
-    }
-    map = bits;
+  uint8_t* map = detail::scan_bitmap(part_bitmap, static_cast<size_t>(n));
+  for (uint64_t w = 0; w * 64 < n; ++w) {
+    uint64_t x = bits_at(bitmap, from + w * 64);
+    if (n - w * 64 < 64) x &= (uint64_t{1} << (n - w * 64)) - 1;
+    std::memcpy(map + w * 8, &x, 8);
   }
   uint8_t* values = part_values.get(std::max<size_t>(b.changed * elem_, 1));
   uint64_t k = 0;

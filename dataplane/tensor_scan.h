@@ -40,6 +40,8 @@ class TensorScan {
   uint64_t compared_bytes() const { return compared_bytes_; }
   // Nothing covered.
   void clear();
+  // Nothing covered, and the memory of boxes past 64 MiB given back (a sender's, once an update).
+  void trim();
 
  private:
   struct Segment {

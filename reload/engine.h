@@ -326,7 +326,14 @@ class ReloadEngine {
   // Processes only the changed rows of a delta-only parameter; false when it cannot (the kernel is
   // not row-local for them, or its pieces were processed on arrival), and the caller processes all.
   Result<bool> process_changed_rows(Param& p, const sharding::ParamSpec& ps, const kernels::Exec& exec);
-  void note_changed_rows(Param& p, const Region& dst, const std::vector<std::pair<uint64_t, uint64_t>>& runs);
+  // `runs` of the delta codec's units (delta.h: elements, or bytes of packed int4), `per_row` of
+  // them a row of `dst` (units_per_row()); with 0 (rows that are not whole bytes), every row of a
+  // piece a delta changed at all.
+  void note_changed_rows(Param& p, const Region& dst, const std::vector<std::pair<uint64_t, uint64_t>>& runs,
+                         uint64_t per_row);
+  // The delta codec's units in a row of `dst`, a box of `dtype` elements: 0 when a row of packed
+  // int4 is not whole bytes.
+  static uint64_t units_per_row(DType dtype, const Region& dst);
   // After an update's layers are released: the pool's host cap for the next (BufferPool::settle_host).
   void settle_pool();
   Status hold(Layer& layer, uint32_t param, uint32_t input, const Region& dst, const void* data, size_t bytes,

@@ -100,11 +100,12 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   // those values are never a delta's base.
   std::vector<std::pair<uint64_t, uint64_t>> runs;
   // Only the rows a delta writes in matter (note_changed_rows): its runs come widened to them.
-  const uint64_t per_row = dst.rank() == 0 || dst.size[0] == 0 ? 1 : static_cast<uint64_t>(dst.numel() / dst.size[0]);
+  const uint64_t per_row = units_per_row(dtype, dst);
+  const uint64_t granularity = std::max<uint64_t>(per_row, 1);
   if (const uint8_t* span = region_span(shadow, dst); span != nullptr) {
     auto* at = const_cast<uint8_t*>(span);
-    FERRY_RETURN_IF_ERROR(apply_delta(at, bytes, &runs, per_row).with_context(name));
-    note_changed_rows(params_[param], dst, runs);
+    FERRY_RETURN_IF_ERROR(apply_delta(at, bytes, &runs, granularity).with_context(name));
+    note_changed_rows(params_[param], dst, runs, per_row);
     static const std::shared_ptr<const void> kUntilTheUpdateEnds;
     const DeltaIntake taking(in_delta_);
     Status st = apply(param, input, dst, dtype, at, bytes, &kUntilTheUpdateEnds);
@@ -113,12 +114,12 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   }
   FERRY_ASSIGN_OR_RETURN(Buffer values, pool_.take(bytes));
   Status st = pack_region(shadow, dst, values.data(), bytes);
-  if (st.ok()) st = apply_delta(static_cast<uint8_t*>(values.data()), bytes, &runs, per_row);
+  if (st.ok()) st = apply_delta(static_cast<uint8_t*>(values.data()), bytes, &runs, granularity);
   if (!st.ok()) {
     pool_.give(std::move(values));
     return st.with_context(name);
   }
-  note_changed_rows(params_[param], dst, runs);
+  note_changed_rows(params_[param], dst, runs, per_row);
   // The new values go in as a copied piece: coverage, the shadow, and processing as for any other.
   {
     const DeltaIntake taking(in_delta_);
@@ -129,11 +130,22 @@ Status ReloadEngine::take_delta_piece(uint32_t param, uint32_t input, const Regi
   return st;
 }
 
+uint64_t ReloadEngine::units_per_row(DType dtype, const Region& dst) {
+  if (dst.rank() == 0 || dst.size[0] == 0) return 1;
+  const uint64_t elements = static_cast<uint64_t>(dst.numel() / dst.size[0]);
+  const auto bits = static_cast<uint64_t>(dtype_bits(dtype));
+  if (bits >= 8) return elements;
+  return elements * bits % 8 == 0 ? elements * bits / 8 : 0;
+}
+
 void ReloadEngine::note_changed_rows(Param& p, const Region& dst,
-                                     const std::vector<std::pair<uint64_t, uint64_t>>& runs) {
-  if (dst.rank() == 0 || dst.size[0] == 0) return;
-  // Element e of the packed piece lies in row dst.offset[0] + e / (elements per row of the piece).
-  const uint64_t per_row = static_cast<uint64_t>(dst.numel() / dst.size[0]);
+                                     const std::vector<std::pair<uint64_t, uint64_t>>& runs, uint64_t per_row) {
+  if (dst.rank() == 0 || dst.size[0] == 0 || runs.empty()) return;
+  if (per_row == 0) {
+    p.changed_rows.emplace_back(dst.offset[0], dst.offset[0] + dst.size[0]);
+    return;
+  }
+  // Unit e of the packed piece lies in row dst.offset[0] + e / (units per row of the piece).
   // Past the rows noted so far, from this piece's first element on (runs come in order: a run that
   // ends before it adds no row, and costs no division; at a few percent changed, a row holds many).
   uint64_t noted = 0;

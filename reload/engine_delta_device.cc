@@ -37,7 +37,9 @@ Status ReloadEngine::take_device_delta(uint32_t param, uint32_t input, const Reg
   // The rows of the piece the delta writes in, marked on the device as it writes them, noted as
   // the host path notes its runs: only those rows are processed again (process_changed_rows).
   const uint64_t rows = dst.rank() > 0 ? static_cast<uint64_t>(dst.size[0]) : 0;
-  const uint64_t per_row = rows > 0 ? static_cast<uint64_t>(dst.numel()) / rows : 0;
+  // (In the codec's units, as the device marks them; rows of packed int4 that are not whole bytes
+  // are not marked, and noted whole.)
+  const uint64_t per_row = rows > 0 ? units_per_row(dtype, dst) : 0;
   std::vector<uint8_t> marks(per_row > 0 ? rows : 0);
   FERRY_RETURN_IF_ERROR(
       delta.apply_on_device(target, bytes, device, per_row > 0 ? per_row : 1, per_row > 0 ? marks.data() : nullptr)
@@ -53,7 +55,9 @@ Status ReloadEngine::take_device_delta(uint32_t param, uint32_t input, const Reg
       while (r < rows && marks[r] != 0) ++r;
       runs.emplace_back(r0 * per_row, (r - r0) * per_row);
     }
-    note_changed_rows(params_[param], dst, runs);
+    note_changed_rows(params_[param], dst, runs, per_row);
+  } else if (rows > 0) {
+    note_changed_rows(params_[param], dst, {{0, 1}}, 0);
   }
   // The shadow's own bytes stay put until the update ends (every region is written once per update).
   static const std::shared_ptr<const void> kUntilTheUpdateEnds;

@@ -211,6 +211,16 @@ TEST(Delta, LargeRunsEncodingsAreAppliedInChunksAsOnePassWould) {
         }
       }
       EXPECT_TRUE(rows == want) << rows.size() << " row runs noted of " << want.size() << ", rows of " << per_row;
+      // The same rows from a bitmap encoding (noted element by element).
+      std::vector<uint8_t> bitmap;
+      ASSERT_EQ(encode_delta(before.data(), after.data(), n, elem, false, bitmap).encoding, DeltaEncoding::kBitmap);
+      again = before;
+      rows.clear();
+      ASSERT_TRUE(
+          apply_delta(DeltaEncoding::kBitmap, bitmap.data(), bitmap.size(), again.data(), n, elem, &rows, per_row)
+              .ok());
+      EXPECT_TRUE(again == after);
+      EXPECT_TRUE(rows == want) << rows.size() << " row runs noted from a bitmap of " << want.size();
     }
     DeltaBitmap bits;
     ASSERT_TRUE(delta_bitmap(field, enc.data(), enc.size(), n, elem, bits).ok());
