@@ -107,9 +107,11 @@ TEST(DeltaBuckets, ABucketOfComparedPartsGoesOnceItHoldsAnEighthOfABucket) {
 
 // The compare brings a tensor's kept copy up to the new version before its parts are sent. An
 // update that fails part way through sending a tensor (a bucket in its middle cannot be posted)
-// leaves the ranks on the version before (they staged) and the trainer's copies partly at the
-// failed one: the next update goes dense and lands the reference's bytes, and the one after is
-// deltas against the copies that update kept, and lands them too.
+// leaves the ranks on the version before (they staged) and the copies of the tensors the trainer
+// compared at the failed one: the next update goes dense (the coordinator drops the ranks' delta
+// bases after a failure; the copy of the tensor whose send failed also has no version) and lands
+// the reference's bytes, and the one after is deltas against the copies that update kept, and
+// lands them too.
 TEST(DeltaKept, AnUpdateThatFailsInsideATensorIsFollowedByExactUpdates) {
   ScopedEnv transport("FERRY_TRANSPORT", "tcp");
   ScopedEnv delta("FERRY_DELTA", "on");
