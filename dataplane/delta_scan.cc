@@ -124,12 +124,6 @@ uint64_t scan_width(const uint8_t* before, const uint8_t* after, size_t n, size_
   }
 }
 
-uint64_t scan_any(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values, uint8_t* bitmap,
-                  uint8_t* values, bool rare = true) {
-  return xor_values ? scan_width<true>(before, after, n, elem, bitmap, values, rare)
-                    : scan_width<false>(before, after, n, elem, bitmap, values, rare);
-}
-
 // A slice of a compare or of a bitmap's runs, at least: about 40 us of one core's compare, several
 // times what handing it to the work pool costs.
 constexpr size_t kSliceElements = size_t{1} << 17;
@@ -214,13 +208,17 @@ const char* scan_name(ScanKind kind) {
 uint64_t scan_parallel(const uint8_t* before, const uint8_t* after, size_t n, size_t elem, bool xor_values,
                        uint8_t* bitmap, uint8_t* values) {
   const size_t slices = slices_for(n, kSliceElements, kMaxScanSlices);
-  if (slices < 2) return scan_any(before, after, n, elem, xor_values, bitmap, values);
+  if (slices < 2) {
+    bool rare = true;
+    return scan_serial(before, after, n, elem, xor_values, bitmap, values, rare);
+  }
   const size_t step = (n / slices) & ~size_t{7};
   std::vector<uint64_t> counts(slices, 0);
   run_pieces(slices, [&](size_t t) {
     const size_t lo = t * step, hi = t + 1 == slices ? n : (t + 1) * step;
-    counts[t] =
-        scan_any(before + lo * elem, after + lo * elem, hi - lo, elem, xor_values, bitmap + lo / 8, values + lo * elem);
+    bool rare = true;
+    counts[t] = scan_serial(before + lo * elem, after + lo * elem, hi - lo, elem, xor_values, bitmap + lo / 8,
+                            values + lo * elem, rare);
   });
   uint64_t k = counts[0];
   for (size_t t = 1; t < slices; ++t) {

@@ -209,46 +209,47 @@ DeltaChoice TensorScan::encode(const Region& part, bool prefer_delta, std::vecto
   const uint64_t n = b.region.rank() == 0 ? b.n : static_cast<uint64_t>(part.size[0]) * per_row;
   const uint8_t* bitmap = b.bitmap.data();
   const uint8_t* all_values = b.values.data();
+  const size_t map_bytes = (n + 7) / 8;
+  thread_local detail::Scratch runs_memory, part_bitmap;
+  uint8_t* runs = runs_memory.get(map_bytes + detail::kRunsSlack);
+  // The part's bitmap (padded with clear bits to whole words), its values as the slices left them,
+  // and its runs: a whole box's are its slices' joined; a part's are found in its bits.
+  const uint8_t* map = bitmap;
+  std::vector<ValueSpan> values;
+  uint64_t k = 0;
+  std::optional<std::pair<uint64_t, size_t>> found;
   if (from == 0 && n == b.n) {
-    // The whole box: its slices' runs joined, its slices' values in order.
-    thread_local detail::Scratch runs_memory;
-    const size_t map_bytes = (n + 7) / 8;
-    std::vector<detail::RunsSlice> runs(b.segments.size());
+    std::vector<detail::RunsSlice> slices(b.segments.size());
     std::vector<const uint8_t*> pairs(b.segments.size());
-    std::vector<ValueSpan> values(b.segments.size());
     for (size_t i = 0; i < b.segments.size(); ++i) {
       const Segment& s = b.segments[i];
-      runs[i] = s.runs;
+      slices[i] = s.runs;
       pairs[i] = b.pairs[i].data();
-      values[i] = ValueSpan{all_values + s.first * elem_, s.count * elem_};
+      values.push_back(ValueSpan{all_values + s.first * elem_, s.count * elem_});
     }
-    uint8_t* joined = runs_memory.get(map_bytes + detail::kRunsSlack);
-    const auto found = detail::join_runs(runs.data(), pairs.data(), runs.size(), map_bytes, joined);
-    const DeltaChoice choice =
-        encode_found(bitmap, values, b.changed, static_cast<size_t>(n), elem_, prefer_delta, found, joined, out);
-    runs_memory.trim();
-    return choice;
+    k = b.changed;
+    found = detail::join_runs(slices.data(), pairs.data(), slices.size(), map_bytes, runs);
+  } else {
+    uint8_t* bits = detail::scan_bitmap(part_bitmap, static_cast<size_t>(n));
+    for (uint64_t w = 0; w * 64 < n; ++w) {
+      uint64_t x = bits_at(bitmap, from + w * 64);
+      if (n - w * 64 < 64) x &= (uint64_t{1} << (n - w * 64)) - 1;
+      std::memcpy(bits + w * 8, &x, 8);
+    }
+    map = bits;
+    for (const Segment& s : b.segments) {
+      const uint64_t lo = std::max(s.first, from), hi = std::min(s.end, from + n);
+      if (lo >= hi || s.count == 0) continue;
+      const uint64_t skip = count_bits(bitmap, s.first, lo), take = count_bits(bitmap, lo, hi);
+      values.push_back(ValueSpan{all_values + (s.first + skip) * elem_, take * elem_});
+      k += take;
+    }
+    found = detail::runs_of(map, static_cast<size_t>(n), map_bytes, runs);
   }
-  // The part's bits from bit 0, padded with clear bits to whole words, and its values in one run.
-  thread_local detail::Scratch part_bitmap, part_values;
-  uint8_t* map = detail::scan_bitmap(part_bitmap, static_cast<size_t>(n));
-  for (uint64_t w = 0; w * 64 < n; ++w) {
-    uint64_t x = bits_at(bitmap, from + w * 64);
-    if (n - w * 64 < 64) x &= (uint64_t{1} << (n - w * 64)) - 1;
-    std::memcpy(map + w * 8, &x, 8);
-  }
-  uint8_t* values = part_values.get(std::max<size_t>(b.changed * elem_, 1));
-  uint64_t k = 0;
-  for (const Segment& s : b.segments) {
-    const uint64_t lo = std::max(s.first, from), hi = std::min(s.end, from + n);
-    if (lo >= hi || s.count == 0) continue;
-    const uint64_t skip = count_bits(bitmap, s.first, lo), take = count_bits(bitmap, lo, hi);
-    std::memcpy(values + k * elem_, all_values + (s.first + skip) * elem_, take * elem_);
-    k += take;
-  }
-  const DeltaChoice choice = encode_scanned(map, values, k, static_cast<size_t>(n), elem_, prefer_delta, out);
+  const DeltaChoice choice =
+      encode_found(map, values, k, static_cast<size_t>(n), elem_, prefer_delta, found, runs, out);
+  runs_memory.trim();
   part_bitmap.trim();
-  part_values.trim();
   return choice;
 }
 

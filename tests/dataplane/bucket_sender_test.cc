@@ -20,16 +20,22 @@
 namespace ferry::dataplane {
 namespace {
 
-// Each trainer rank sends the pieces the plan gives its index: an index the plan does not have would
-// send nothing and leave the ranks waiting, so it is refused before any connection.
-TEST(BucketSender, RefusesASenderIndexOutsideThePlan) {
+// One layer of a 64-wide Llama with a vocabulary of `vocab`.
+sharding::LlamaConfig tiny_llama(int vocab) {
   sharding::LlamaConfig c;
   c.hidden_size = 64;
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.intermediate_size = 128;
-  c.vocab_size = 100;
+  c.vocab_size = vocab;
   c.num_layers = 1;
+  return c;
+}
+
+// Each trainer rank sends the pieces the plan gives its index: an index the plan does not have would
+// send nothing and leave the ranks waiting, so it is refused before any connection.
+TEST(BucketSender, RefusesASenderIndexOutsideThePlan) {
+  const sharding::LlamaConfig c = tiny_llama(100);
   const std::vector<sharding::RankSpec> ranks = {*sharding::llama_rank_spec(c, 0, 1, Scheme::kNone)};
   auto plan = sharding::make_plan(sharding::llama_manifest(c), ranks, std::vector<sharding::SenderInfo>(2),
                                   sharding::PlanOptions{4096});
@@ -48,13 +54,7 @@ TEST(BucketSender, RefusesASenderIndexOutsideThePlan) {
 // holds no base at all; this is the sender's own guard.) Real tcp to a listener that records what
 // each bucket carries.
 TEST(BucketSender, ACopyAFailedSendBroughtUpToDateIsNoDeltaBase) {
-  sharding::LlamaConfig c;
-  c.hidden_size = 64;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.intermediate_size = 128;
-  c.vocab_size = 512;
-  c.num_layers = 1;
+  const sharding::LlamaConfig c = tiny_llama(512);
   const sharding::Manifest manifest = sharding::llama_manifest(c);
   const std::vector<sharding::RankSpec> ranks = {*sharding::llama_rank_spec(c, 0, 1, Scheme::kNone)};
   // Buckets of a few KiB: the first tensor (the embedding, 64 KiB) spans several.
